@@ -1,0 +1,236 @@
+"""What is trained and how it is split: ``TrainSpec`` and ``ParallelConfig``.
+
+These are inputs of the cost model (calculon keeps application, execution and system apart);
+``autopar`` re-exports them. Both validate in ``__post_init__`` and raise ``AutoparError``
+(a ``ValueError``) naming the field at fault.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
+from typing import Sequence
+
+from .errors import AutoparError
+
+
+class Precision(StrEnum):
+    """Precision policy of the training step."""
+
+    BF16 = "bf16"
+    """bf16 compute and activations, fp32 master weights and optimizer states (Megatron, ZeRO)."""
+    FP16 = "fp16"
+    """As bf16 with fp16 compute (the Megatron-LM and ZeRO papers)."""
+    BF16_PURE = "bf16-pure"
+    """Everything in bf16: weights, gradients and optimizer states; no fp32 master copy."""
+    FP32 = "fp32"
+    """Everything in fp32 (TF32 matmuls on A100/H100)."""
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+
+
+class Schedule(StrEnum):
+    """Pipeline schedule."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class Checkpoint(StrEnum):
+    """Activation checkpoint policy of one block (Korthikanti et al., 2022)."""
+
+    NONE = "none"
+    """Keep every activation the backward pass needs."""
+    SELECTIVE = "selective"
+    """Recompute the attention core (scores, softmax, dropout): the activations that grow with s^2."""
+    FULL = "full"
+    """Keep only the block input; recompute the whole block in the backward pass."""
+
+
+def _choice(enum: type[StrEnum], value: object, name: str) -> StrEnum:
+    try:
+        return enum(value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in enum)
+        raise AutoparError(
+            f"{name}={value!r} is not one of {allowed}", where=name, fix=f"use one of {allowed}"
+        ) from None
+
+
+def _positive_int(value: object, name: str, *, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise AutoparError(
+            f"{name} must be an integer >= {minimum}, got {value!r}",
+            where=name,
+            fix=f"pass an integer of at least {minimum}",
+        )
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """What one optimizer step trains."""
+
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel replicas."""
+    seq_len: int = 2048
+    """Tokens per sequence."""
+    precision: Precision = Precision.BF16
+    """Precision policy; see ``Precision``."""
+    optimizer: Optimizer = Optimizer.ADAMW
+    """Optimizer, which sets the optimizer-state bytes per parameter."""
+
+    def __post_init__(self) -> None:
+        _positive_int(self.global_batch, "global_batch")
+        _positive_int(self.seq_len, "seq_len")
+        object.__setattr__(self, "precision", _choice(Precision, self.precision, "precision"))
+        object.__setattr__(self, "optimizer", _choice(Optimizer, self.optimizer, "optimizer"))
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the step is split over the GPUs: the decisions a plan makes.
+
+    The mesh is dp x tp x pp x cp GPUs. Expert parallelism, as in Megatron and torchtitan, is
+    carved from the dp x cp ranks: ``ep`` must divide ``dp * cp``.
+    """
+
+    dp: int = 1
+    """Data-parallel degree (replicas, or ZeRO shards)."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row sharding inside each block)."""
+    pp: int = 1
+    """Pipeline-parallel degree (stages)."""
+    cp: int = 1
+    """Context-parallel degree (the sequence split across ranks, ring attention)."""
+    ep: int = 1
+    """Expert-parallel degree (experts split across ranks of the dp x cp group)."""
+    zero: int = 0
+    """ZeRO stage: 0 replicate, 1 shard optimizer states, 2 + gradients, 3 + parameters."""
+    micro_batch: int = 1
+    """Sequences per micro-batch on one pipeline."""
+    num_microbatches: int | None = None
+    """Micro-batches per step per pipeline; ``None``: global_batch / (dp * micro_batch)."""
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    """Pipeline schedule."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved schedule only)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms and dropout sharded over the tp ranks."""
+    checkpoint: Checkpoint | tuple[Checkpoint, ...] = Checkpoint.NONE
+    """One policy for every block, or one policy per block."""
+    offload: bool = False
+    """Keep optimizer states (and the fp32 master weights) in CPU memory, step on the CPU."""
+    fusions: tuple[str, ...] = field(default_factory=tuple)
+    """Names of fused kernels applied (see ``autopar.kernels``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "virtual_stages"):
+            _positive_int(getattr(self, name), name)
+        if self.num_microbatches is not None:
+            _positive_int(self.num_microbatches, "num_microbatches")
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise AutoparError(
+                f"zero={self.zero!r} is not a ZeRO stage", where="zero", fix="use 0, 1, 2 or 3"
+            )
+        schedule = _choice(Schedule, self.schedule, "schedule")
+        object.__setattr__(self, "schedule", schedule)
+        if self.virtual_stages > 1 and schedule is not Schedule.INTERLEAVED:
+            raise AutoparError(
+                f"virtual_stages={self.virtual_stages} needs the interleaved schedule, "
+                f"not {schedule.value!r}",
+                where="virtual_stages",
+                fix="set schedule='interleaved' or virtual_stages=1",
+            )
+        if self.sequence_parallel and self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)
+        if isinstance(self.checkpoint, (str, StrEnum)):
+            object.__setattr__(
+                self, "checkpoint", _choice(Checkpoint, self.checkpoint, "checkpoint")
+            )
+        else:
+            policies = tuple(_choice(Checkpoint, c, "checkpoint") for c in self.checkpoint)
+            if not policies:
+                raise AutoparError(
+                    "checkpoint is an empty list", where="checkpoint",
+                    fix="give one policy, or one per block",
+                )
+            object.__setattr__(self, "checkpoint", policies)
+        if (self.dp * self.cp) % self.ep:
+            raise AutoparError(
+                f"ep={self.ep} does not divide dp*cp={self.dp * self.cp}: expert parallelism "
+                "is carved from the data- and context-parallel ranks",
+                where="ep",
+                fix="choose ep among the divisors of dp*cp",
+            )
+        object.__setattr__(self, "fusions", tuple(self.fusions))
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def checkpoint_of(self, num_blocks: int) -> tuple[Checkpoint, ...]:
+        """The policy of each of ``num_blocks`` blocks."""
+        if isinstance(self.checkpoint, tuple):
+            if len(self.checkpoint) != num_blocks:
+                raise AutoparError(
+                    f"checkpoint lists {len(self.checkpoint)} policies for a model of "
+                    f"{num_blocks} blocks",
+                    where="checkpoint",
+                    fix=f"give one policy, or exactly {num_blocks}",
+                )
+            return self.checkpoint
+        return (self.checkpoint,) * num_blocks
+
+    def microbatches(self, train: TrainSpec) -> int:
+        """Micro-batches per step on one pipeline; raises if the batch does not divide."""
+        per_replica, rest = divmod(train.global_batch, self.dp * self.micro_batch)
+        if self.num_microbatches is not None:
+            if self.num_microbatches * self.dp * self.micro_batch != train.global_batch:
+                raise AutoparError(
+                    f"num_microbatches={self.num_microbatches} x dp={self.dp} x "
+                    f"micro_batch={self.micro_batch} != global_batch={train.global_batch}",
+                    where="num_microbatches",
+                    fix="leave num_microbatches unset, or make the product equal the batch",
+                )
+            return self.num_microbatches
+        if rest or per_replica == 0:
+            raise AutoparError(
+                f"global_batch={train.global_batch} is not a multiple of dp={self.dp} x "
+                f"micro_batch={self.micro_batch}",
+                where="global_batch / micro_batch",
+                fix="pick a micro-batch size and dp whose product divides the global batch",
+            )
+        return per_replica
+
+    def with_(self, **changes: object) -> ParallelConfig:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = [str(v) if isinstance(v, StrEnum) else v for v in value]
+            elif isinstance(value, StrEnum):
+                value = value.value
+            out[f.name] = value
+        return out
+
+
+def parse_checkpoint(value: str | Sequence[str]) -> Checkpoint | tuple[Checkpoint, ...]:
+    """A CLI or JSON checkpoint value: one policy, or a comma-separated list per block."""
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        if len(parts) == 1:
+            return _choice(Checkpoint, parts[0], "checkpoint")  # type: ignore[return-value]
+        value = parts
+    return tuple(_choice(Checkpoint, v, "checkpoint") for v in value)  # type: ignore[misc]
