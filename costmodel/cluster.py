@@ -1,0 +1,299 @@
+"""``ClusterSpec``: the machines a plan runs on, from a preset or a YAML/JSON file.
+
+Units are SI and named in the keys (``*_bytes``, ``*_bytes_per_s``, ``*_s``, ``*_flop_per_s``);
+a file holds plain numbers (``989e12``, ``85899345920``; quoted or not). Every GPU and link number
+of a preset cites its datasheet in ``autopar.costmodel.hardware``.
+
+Presets, 8 GPUs per node each; host memory from NVIDIA's DGX user guides ("2TB" is 32 x 64 GB
+DIMMs, i.e. 2 TiB binary):
+  dgx-a100-80g   A100-SXM4-80GB, NVLink3, IB HDR 200G per GPU, PCIe Gen4, 2 TiB (DGX A100 640GB)
+  dgx-a100-40g   A100-SXM4-40GB, as above with 1 TiB host (DGX A100 320GB)
+  hgx-h100-80g   H100-SXM5-80GB, NVLink4, IB NDR 400G per GPU, PCIe Gen5, 2 TiB host (DGX H100)
+  hgx-h100-roce  hgx-h100-80g with 400GbE RoCE v2 (ConnectX-7) between the nodes
+  hgx-h200       H200-SXM-141GB, NVLink4, IB NDR 400G per GPU, PCIe Gen5, 2 TiB host (DGX H200)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import yaml
+
+from .errors import AutoparError
+from .hardware import (A100_SXM4_40GB, A100_SXM4_80GB, H100_SXM5_80GB, H200_SXM_141GB, IB_HDR,
+                       IB_NDR, NVLINK3, NVLINK4, PCIE4_X16, PCIE5_X16, ROCE_400G, GiB, GPUSpec,
+                       LinkSpec, TiB, check_positive, did_you_mean, format_bytes,
+                       format_bytes_per_s, gpu_preset, link_preset)
+
+DEFAULT_HBM_RESERVED_BYTES = 4 * GiB
+"""HBM per GPU that a training program cannot use: 4 GiB (binary), a fixed amount because none of
+its parts grows with the HBM size. It holds the CUDA context with the cuBLAS/cuDNN workspaces
+(about 0.5-1 GiB on A100/H100, not counted by ``torch.cuda.memory_allocated``: PyTorch "CUDA
+semantics"), NCCL buffers (NCCL_BUFFSIZE is 4 MiB per channel and peer, a few hundred MiB over the
+dp/tp/pp communicators), memory the driver keeps (nvidia-smi shows 81559 of 81920 MiB on an H100
+80GB) and caching-allocator fragmentation (1-2 GiB)."""
+
+_LINKS = ("intra_node", "inter_node", "host_link")
+_TOP_KEYS = ("name", "base", "nodes", "gpus_per_node", "gpu", *_LINKS, "host_memory_bytes",
+             "hbm_reserved_bytes")
+_SECTION_KEYS = {"gpu": ("name", "peak_flop_per_s", "hbm_bytes", "hbm_bytes_per_s", "source"),
+                 **{k: ("name", "bytes_per_s", "latency_s", "source") for k in _LINKS}}
+_HINT = {"nodes": "an integer, e.g. 4", "gpus_per_node": "an integer, e.g. 8", "name": "a name",
+         "hbm_bytes": "bytes, e.g. 85899345920 (80 GiB)", "hbm_bytes_per_s": "B/s, e.g. 3.35e12",
+         "peak_flop_per_s": "a map of dtype to dense FLOP/s, e.g. {bf16: 989e12}",
+         "bytes_per_s": "B/s per GPU per direction, e.g. 450e9", "latency_s": "seconds, e.g. 2e-6",
+         "host_memory_bytes": "bytes per node, e.g. 2199023255552 (2 TiB)",
+         "hbm_reserved_bytes": "bytes per GPU, e.g. 4294967296 (4 GiB)"}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A homogeneous cluster: ``nodes`` x ``gpus_per_node`` GPUs of one kind."""
+
+    name: str
+    """Name shown in reports, e.g. ``dgx-a100-80g``."""
+    gpu: GPUSpec
+    """The GPU in every slot."""
+    gpus_per_node: int
+    """GPUs joined by ``intra_node``."""
+    nodes: int
+    """Nodes joined by ``inter_node``."""
+    intra_node: LinkSpec
+    """GPU-to-GPU link inside a node (NVLink through NVSwitch), per GPU per direction."""
+    inter_node: LinkSpec
+    """Network between nodes (InfiniBand, RoCE), per GPU per direction."""
+    host_link: LinkSpec
+    """GPU-to-CPU link (PCIe), used for offload, per GPU per direction."""
+    host_memory_bytes: int
+    """CPU memory per node, in bytes."""
+    hbm_reserved_bytes: int = DEFAULT_HBM_RESERVED_BYTES
+    """HBM per GPU the training program cannot use; see ``DEFAULT_HBM_RESERVED_BYTES``."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise AutoparError("name must be a non-empty string", where="name", fix="write a name")
+        for key, kind in (("gpu", GPUSpec), *((k, LinkSpec) for k in _LINKS)):
+            if not isinstance(getattr(self, key), kind):
+                raise AutoparError(f"{key} must be a {kind.__name__}", where=key,
+                                   fix=f"pass a {kind.__name__}, e.g. a preset of hardware.py")
+        for key in ("gpus_per_node", "nodes", "host_memory_bytes"):
+            check_positive(getattr(self, key), key, integer=True)
+        reserved = self.hbm_reserved_bytes
+        if isinstance(reserved, bool) or not isinstance(reserved, int) or \
+                not 0 <= reserved < self.gpu.hbm_bytes:
+            raise AutoparError(f"hbm_reserved_bytes must be an integer from 0 to below "
+                               f"gpu.hbm_bytes ({self.gpu.hbm_bytes}), got {reserved!r}",
+                               where="hbm_reserved_bytes", fix=_HINT["hbm_reserved_bytes"])
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def usable_hbm_bytes(self) -> int:
+        """HBM per GPU a training program can use: ``gpu.hbm_bytes - hbm_reserved_bytes``."""
+        return self.gpu.hbm_bytes - self.hbm_reserved_bytes
+
+    def with_nodes(self, nodes: int) -> ClusterSpec:
+        """The same cluster with ``nodes`` nodes."""
+        return replace(self, nodes=nodes)
+
+    @classmethod
+    def preset(cls, name: str, nodes: int = 1) -> ClusterSpec:
+        """A built-in cluster (see ``preset_names()``) with ``nodes`` nodes."""
+        if name not in _PRESETS:
+            raise AutoparError(f"no cluster preset called {name!r}", where="cluster",
+                               fix=f"use one of {', '.join(_PRESETS)}"
+                                   + did_you_mean(name, _PRESETS))
+        return _PRESETS[name].with_nodes(nodes)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> ClusterSpec:
+        """Read a cluster from a ``.yaml``/``.yml`` or ``.json`` file; see ``from_dict``."""
+        p = Path(path)
+        kind = p.suffix.lower()
+        if kind not in (".yaml", ".yml", ".json"):
+            raise AutoparError(f"cannot tell the format of {p.name!r} from its extension",
+                               where=str(p), fix="name the file *.yaml, *.yml or *.json")
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise AutoparError(f"cannot read the cluster file ({e.strerror})", where=str(p),
+                               fix="check the path, or use a preset name instead") from None
+        try:
+            data = json.loads(text) if kind == ".json" else yaml.safe_load(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as e:
+            mark = getattr(e, "problem_mark", None)
+            line = getattr(e, "lineno", None) or (mark.line + 1 if mark is not None else "?")
+            problem = getattr(e, "problem", None) or getattr(e, "msg", None) or str(e)
+            raise AutoparError(f"the file does not parse as {kind[1:].upper()}: {problem}",
+                               where=f"{p}, line {line}", fix="fix the syntax there") from None
+        return cls.from_dict(data, where=str(p), default_name=p.stem)
+
+    @classmethod
+    def from_dict(cls, data: object, *, where: str = "", default_name: str = "custom"
+                  ) -> ClusterSpec:
+        """Build from the ``to_dict`` layout. ``base: <preset>`` starts from that preset and
+        overrides what is given (``gpu``, links and ``peak_flop_per_s`` merge key by key);
+        ``gpu`` and each link may also name a preset of ``hardware.GPUS``/``hardware.LINKS``.
+        Errors give ``where`` (the file) and the dotted field."""
+        loc = f"{where}: " if where else ""
+        top = _as_map(data, "", loc, _TOP_KEYS)
+        merged: dict[str, Any] = {}
+        base = top.pop("base", None)
+        if base is not None:
+            with _located(loc, "base", replace_where=True):
+                merged = cls.preset(str(base)).to_dict()
+        merged["name"] = default_name
+        for key, value in top.items():
+            if key in _SECTION_KEYS:
+                section = _section(key, value, loc)
+                if not isinstance(value, str):  # a map overrides; a preset name replaces
+                    section.setdefault("source", (where or "user input") +
+                                       (f", over preset {base}" if base is not None else ""))
+                    section = _merge(merged.get(key, {}), section)
+                value = section
+            merged[key] = value
+        return _build(merged, loc)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file layout: ``from_dict(to_dict())`` gives back an equal spec."""
+        return {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+                "gpu": asdict(self.gpu), **{k: asdict(getattr(self, k)) for k in _LINKS},
+                "host_memory_bytes": self.host_memory_bytes,
+                "hbm_reserved_bytes": self.hbm_reserved_bytes}
+
+    def to_file(self, path: str | os.PathLike[str]) -> None:
+        """Write ``to_dict()`` as JSON (``.json``) or YAML (otherwise)."""
+        d, p = self.to_dict(), Path(path)
+        p.write_text(json.dumps(d, indent=2) if p.suffix.lower() == ".json"
+                     else yaml.safe_dump(d, sort_keys=False))
+
+    def describe(self) -> list[tuple[str, str]]:
+        """Rows of (field, value with units) for a table a person reads."""
+        g = self.gpu
+        peaks = ", ".join(f"{d} {v / 1e12:.4g}" for d, v in g.peak_flop_per_s.items())
+        rows = [("Cluster", f"{self.name}: {self.nodes} x {self.gpus_per_node} = "
+                            f"{self.num_gpus} x {g.name}"),
+                ("Peak per GPU", f"{peaks} TFLOP/s (dense)"),
+                ("HBM", f"{format_bytes(g.hbm_bytes)}, {format_bytes_per_s(g.hbm_bytes_per_s)}"),
+                ("HBM usable", f"{format_bytes(self.usable_hbm_bytes)} "
+                               f"({format_bytes(self.hbm_reserved_bytes)} reserved)")]
+        for label, lk in zip(("Intra-node", "Inter-node", "Host link"),
+                             (self.intra_node, self.inter_node, self.host_link)):
+            rows.append((label, f"{lk.name}: {format_bytes_per_s(lk.bytes_per_s)} per GPU per "
+                                f"direction, {lk.latency_s * 1e6:.3g} us"))
+        rows.append(("Host memory", f"{format_bytes(self.host_memory_bytes)} per node"))
+        return rows
+
+
+def preset_names() -> list[str]:
+    """Names accepted by ``ClusterSpec.preset``."""
+    return list(_PRESETS)
+
+
+def _merge(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """``new`` over ``old``; maps inside (``peak_flop_per_s``) merge key by key too."""
+    return {**old, **{k: {**old[k], **v} if isinstance(v, Mapping) and
+                      isinstance(old.get(k), Mapping) else v for k, v in new.items()}}
+
+
+def _as_map(value: object, dotted: str, loc: str, known: tuple[str, ...] | None) -> dict[str, Any]:
+    """``value`` as a dict with string keys, every key among ``known`` (if given)."""
+    if not isinstance(value, Mapping):
+        raise AutoparError(f"{dotted or 'the cluster'} must be a map of keys to values, not "
+                           f"{type(value).__name__}", where=f"{loc}{dotted or 'top level'}",
+                           fix="write `key: value` lines (YAML) or an object (JSON)")
+    for key in value:
+        if known is not None and key not in known:
+            field = f"{dotted}.{key}" if dotted else key
+            raise AutoparError(f"unknown key {key!r}", where=f"{loc}{field}",
+                               fix=f"remove it or fix its spelling{did_you_mean(str(key), known)};"
+                                   f" known keys: {', '.join(known)}")
+    return {str(k): v for k, v in value.items()}
+
+
+def _section(key: str, value: object, loc: str) -> dict[str, Any]:
+    """A ``gpu`` or link section as a dict; a preset name expands to that preset's fields."""
+    if isinstance(value, str):
+        with _located(loc, key, replace_where=True):
+            return asdict(gpu_preset(value) if key == "gpu" else link_preset(value))
+    return _as_map(value, key, loc, _SECTION_KEYS[key])
+
+
+def _get(section: Mapping[str, Any], key: str, dotted: str, loc: str) -> Any:
+    if key not in section:
+        raise AutoparError(f"required field {dotted} is missing", where=f"{loc}{dotted}",
+                           fix=f"add {dotted}: {_HINT.get(key, 'a value')}, or start from a "
+                               f"preset with `base:` ({', '.join(_PRESETS)})")
+    return section[key]
+
+
+def _number(section: Mapping[str, Any], key: str, dotted: str, loc: str, *,
+            integer: bool = False, default: int | None = None) -> Any:
+    """``section[key]`` as a number: an int, a float, or a string such as "989e12"."""
+    value = section.get(key, default) if default is not None else _get(section, key, dotted, loc)
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if isinstance(value, str):
+        text = value.strip()
+        with suppress(ValueError):
+            number = int(text) if text.lstrip("+-").isdigit() else float(text)
+    if number is not None and math.isfinite(number) and (not integer or float(number).is_integer()):
+        return int(number) if integer else float(number)
+    raise AutoparError(f"{dotted} must be {'a whole number' if integer else 'a number'}, got "
+                       f"{value!r}", where=f"{loc}{dotted}",
+                       fix=f"write a plain number, {_HINT.get(key, 'e.g. 989e12')}; "
+                           "the unit is in the key name")
+
+
+def _build(d: dict[str, Any], loc: str) -> ClusterSpec:
+    """Check presence and types and convert numbers here; the dataclasses check the ranges."""
+    g = _as_map(_get(d, "gpu", "gpu", loc), "gpu", loc, _SECTION_KEYS["gpu"])
+    peak = _as_map(_get(g, "peak_flop_per_s", "gpu.peak_flop_per_s", loc),
+                   "gpu.peak_flop_per_s", loc, None)
+    args = (str(_get(g, "name", "gpu.name", loc)),
+            {k: _number(peak, k, f"gpu.peak_flop_per_s.{k}", loc) for k in peak},
+            _number(g, "hbm_bytes", "gpu.hbm_bytes", loc, integer=True),
+            _number(g, "hbm_bytes_per_s", "gpu.hbm_bytes_per_s", loc), str(g.get("source", "")))
+    with _located(loc, "gpu."):
+        gpu = GPUSpec(*args)
+    links = {}
+    for key in _LINKS:
+        s = _as_map(_get(d, key, key, loc), key, loc, _SECTION_KEYS[key])
+        bandwidth = _number(s, "bytes_per_s", f"{key}.bytes_per_s", loc)
+        latency = _number(s, "latency_s", f"{key}.latency_s", loc)
+        with _located(loc, f"{key}."):
+            links[key] = LinkSpec(str(s.get("name", key)), bandwidth, latency,
+                                  str(s.get("source", "")))
+    ints = {k: _number(d, k, k, loc, integer=True) for k in
+            ("gpus_per_node", "nodes", "host_memory_bytes")}
+    ints["hbm_reserved_bytes"] = _number(d, "hbm_reserved_bytes", "hbm_reserved_bytes", loc,
+                                         integer=True, default=DEFAULT_HBM_RESERVED_BYTES)
+    with _located(loc, ""):
+        return ClusterSpec(str(_get(d, "name", "name", loc)), gpu, **links, **ints)
+
+
+@contextmanager
+def _located(loc: str, prefix: str, *, replace_where: bool = False) -> Iterator[None]:
+    """Re-raise an ``AutoparError`` at ``loc`` + ``prefix`` (+ its own field unless replaced)."""
+    try:
+        yield
+    except AutoparError as e:
+        field = prefix if replace_where else prefix + e.where
+        raise AutoparError(e.what, where=f"{loc}{field}", fix=e.fix) from None
+
+
+_PRESETS: dict[str, ClusterSpec] = {name: ClusterSpec(name, gpu, 8, 1, intra, inter, host, memory)
+                                    for name, gpu, intra, inter, host, memory in (
+    ("dgx-a100-80g", A100_SXM4_80GB, NVLINK3, IB_HDR, PCIE4_X16, 2 * TiB),
+    ("dgx-a100-40g", A100_SXM4_40GB, NVLINK3, IB_HDR, PCIE4_X16, 1 * TiB),
+    ("hgx-h100-80g", H100_SXM5_80GB, NVLINK4, IB_NDR, PCIE5_X16, 2 * TiB),
+    ("hgx-h100-roce", H100_SXM5_80GB, NVLINK4, ROCE_400G, PCIE5_X16, 2 * TiB),
+    ("hgx-h200", H200_SXM_141GB, NVLINK4, IB_NDR, PCIE5_X16, 2 * TiB),
+)}

@@ -1,0 +1,241 @@
+"""GPU and link specifications, each number with its source.
+
+Units are SI inside (seconds, bytes, bytes per second, FLOP per second) and named in the field
+(``*_s``, ``*_bytes``, ``*_bytes_per_s``, ``*_flop_per_s``). Bandwidths use decimal prefixes
+(1 GB/s = 1e9 B/s, as every datasheet does); memory capacities use binary prefixes
+(1 _T = TypeVar("_T")
+
+GiB = 2**30 B) unless the vendor states a decimal figure, which is then said at the place.
+
+Compute figures are dense (no 2:4 sparsity) tensor-core peaks; datasheets print the sparse figure
+with an asterisk and the dense one is half of it.
+
+Sources:
+  [A100] NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf),
+         "SXM" column.
+  [H100] NVIDIA H100 Tensor Core GPU datasheet (h100-datasheet-2287922), "H100 SXM" column.
+  [H200] NVIDIA H200 Tensor Core GPU datasheet (h200-datasheet-2768943), "H200 SXM" column.
+  [DGXA100] NVIDIA DGX A100 System Architecture whitepaper and DGX A100 User Guide: 8x single-port
+         ConnectX-6 HDR 200 Gb/s for the compute fabric, one per GPU; PCIe Gen4 GPU<->CPU.
+  [DGXH100] NVIDIA DGX H100 User Guide: 8x ConnectX-7 400 Gb/s (NDR) compute ports, one per GPU;
+         PCIe Gen5 GPU<->CPU.
+  [PCIe] PCI-SIG base specifications 4.0 (16 GT/s) and 5.0 (32 GT/s) per lane, 128b/130b coding.
+  [NCCL] NVIDIA/nccl src/graph/tuning.cc, ``hwLat``: NCCL's own per-step latency model, in us,
+         per ring step: NVLink 0.47 (LL) / 1.9 (LL128) / 3.4 (Simple); PCI 1.0 / 2.5 / 5.7;
+         network 2.7 / 4.0 / 9.6. Simple figures include the time of a 256 kB chunk, so the LL128
+         figure is the one used here as the alpha of an alpha-beta model. These are typical
+         measured values NCCL is tuned to, not datasheet values.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, TypeVar
+
+from .errors import AutoparError
+
+DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+"""Dtype names a ``GPUSpec`` may give a peak for."""
+
+_T = TypeVar("_T")
+
+GiB = 2**30
+"""Binary gibibyte, for memory capacities."""
+TiB = 2**40
+"""Binary tebibyte, for host memory."""
+GB = 10**9
+"""Decimal gigabyte, for bandwidths (and capacities a vendor states in decimal)."""
+
+
+def check_positive(value: object, name: str, *, integer: bool = False) -> None:
+    """Raise ``AutoparError`` naming ``name`` unless ``value`` is a finite number > 0."""
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not 0 < value < math.inf:
+        what = "a positive integer" if integer else "a positive number"
+        raise AutoparError(f"{name} must be {what}, got {value!r}", where=name,
+                           fix=f"write {what}, in the unit its name ends with")
+
+
+def format_bytes(n: int) -> str:
+    """Memory in binary units (GiB); a whole number of decimal GB that is no whole GiB says so."""
+    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", 2**20)):
+        if n >= size:
+            text = f"{n / size:.4g} {unit}"
+            return f"{text} = {n // GB} GB" if n % size and n % GB == 0 else text
+    return f"{n} B"
+
+
+def format_bytes_per_s(bytes_per_s: float) -> str:
+    """Bandwidth in decimal units (GB/s, TB/s)."""
+    if bytes_per_s >= 1e12:
+        return f"{bytes_per_s / 1e12:.4g} TB/s"
+    return f"{bytes_per_s / 1e9:.4g} GB/s"
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` (difflib), or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU: peak compute per dtype, HBM capacity and bandwidth."""
+
+    name: str
+    """Marketing name, e.g. ``H100-SXM5-80GB``."""
+    peak_flop_per_s: Mapping[str, float] = field(hash=False)
+    """Dense peak FLOP/s per dtype name (see ``DTYPES``); tensor-core figures where there are."""
+    hbm_bytes: int
+    """HBM capacity in bytes."""
+    hbm_bytes_per_s: float
+    """HBM bandwidth in bytes per second (decimal)."""
+    source: str = ""
+    """Where the numbers come from."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.peak_flop_per_s, Mapping) or not self.peak_flop_per_s:
+            raise AutoparError("peak_flop_per_s must map dtype names to FLOP/s, and not be empty",
+                               where="peak_flop_per_s", fix="write e.g. {bf16: 989e12}")
+        for dtype, value in self.peak_flop_per_s.items():
+            if dtype not in DTYPES:
+                raise AutoparError(f"unknown dtype {dtype!r}", where=f"peak_flop_per_s.{dtype}",
+                                   fix=f"use one of {', '.join(DTYPES)}"
+                                       + did_you_mean(dtype, DTYPES))
+            check_positive(value, f"peak_flop_per_s.{dtype}")
+        check_positive(self.hbm_bytes, "hbm_bytes", integer=True)
+        check_positive(self.hbm_bytes_per_s, "hbm_bytes_per_s")
+        ordered = {d: float(self.peak_flop_per_s[d]) for d in DTYPES if d in self.peak_flop_per_s}
+        object.__setattr__(self, "peak_flop_per_s", ordered)
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s of one GPU for ``dtype``."""
+        try:
+            return self.peak_flop_per_s[dtype]
+        except KeyError:
+            have = ", ".join(self.peak_flop_per_s)
+            raise AutoparError(f"{self.name} has no peak FLOP/s figure for {dtype!r}",
+                               where=f"gpu.peak_flop_per_s.{dtype}",
+                               fix=f"use one of {have}, or add the figure to the GPU spec"
+                               ) from None
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One kind of link, seen from one GPU."""
+
+    name: str
+    """Short name, e.g. ``NVLink4``."""
+    bytes_per_s: float
+    """Bandwidth per GPU, per direction, in bytes per second (decimal)."""
+    latency_s: float
+    """Latency of one hop of a small message (the alpha of an alpha-beta model), in seconds."""
+    source: str = ""
+    """Where the numbers come from."""
+
+    def __post_init__(self) -> None:
+        check_positive(self.bytes_per_s, "bytes_per_s")
+        check_positive(self.latency_s, "latency_s")
+
+
+# --- GPUs -------------------------------------------------------------------------------------
+
+_A100_PEAK = {
+    "fp64": 19.5e12,  # [A100] FP64 Tensor Core 19.5 TFLOPS (FP64 vector: 9.7 TFLOPS)
+    "fp32": 19.5e12,  # [A100] FP32 19.5 TFLOPS (no tensor core)
+    "tf32": 156e12,  # [A100] TF32 Tensor Core 156 TFLOPS (312 with sparsity)
+    "bf16": 312e12,  # [A100] BF16 Tensor Core 312 TFLOPS (624 with sparsity)
+    "fp16": 312e12,  # [A100] FP16 Tensor Core 312 TFLOPS (624 with sparsity)
+}
+# H100 SXM and H200 SXM have the same compute [H100], [H200]; sparse figures are twice these.
+_HOPPER_PEAK = {
+    "fp64": 67e12,  # FP64 Tensor Core 67 TFLOPS (FP64 vector: 34 TFLOPS)
+    "fp32": 67e12,  # FP32 67 TFLOPS
+    "tf32": 494e12,  # TF32 Tensor Core 989 TFLOPS sparse -> 494 dense
+    "bf16": 989e12,  # BF16 Tensor Core 1,979 TFLOPS sparse -> 989 dense
+    "fp16": 989e12,  # FP16 Tensor Core 1,979 TFLOPS sparse -> 989 dense
+    "fp8": 1979e12,  # FP8 Tensor Core 3,958 TFLOPS sparse -> 1,979 dense
+}
+
+A100_SXM4_80GB = GPUSpec(
+    "A100-SXM4-80GB", _A100_PEAK,
+    hbm_bytes=80 * GiB,  # [A100] 80GB HBM2e: 5 stacks of 16 GiB; nvidia-smi shows 81920 MiB
+    hbm_bytes_per_s=2.039e12,  # [A100] 2,039 GB/s
+    source="NVIDIA A100 datasheet, SXM 80GB: dense TC peaks, 80 GiB HBM2e at 2,039 GB/s",
+)
+A100_SXM4_40GB = GPUSpec(
+    "A100-SXM4-40GB", _A100_PEAK,
+    hbm_bytes=40 * GiB,  # [A100] 40GB HBM2
+    hbm_bytes_per_s=1.555e12,  # [A100] 1,555 GB/s
+    source="NVIDIA A100 datasheet, SXM 40GB: dense TC peaks, 40 GiB HBM2 at 1,555 GB/s",
+)
+H100_SXM5_80GB = GPUSpec(
+    "H100-SXM5-80GB", _HOPPER_PEAK,
+    hbm_bytes=80 * GiB,  # [H100] 80GB HBM3 (80 GiB physical; nvidia-smi shows 81559 MiB)
+    hbm_bytes_per_s=3.35e12,  # [H100] 3.35 TB/s
+    source="NVIDIA H100 datasheet, H100 SXM: dense TC peaks (half the sparse), "
+    "80 GiB HBM3 at 3.35 TB/s",
+)
+H200_SXM_141GB = GPUSpec(
+    "H200-SXM-141GB", _HOPPER_PEAK,
+    # [H200] "141GB HBM3e", taken as decimal GB: 141e9 B (131.3 GiB). This is conservative:
+    # nvidia-smi reports 143771 MiB (140.4 GiB) visible; override hbm_bytes if you rely on it.
+    hbm_bytes=141 * GB,
+    hbm_bytes_per_s=4.8e12,  # [H200] 4.8 TB/s
+    source="NVIDIA H200 datasheet, H200 SXM: compute as H100 SXM, 141 GB (decimal) HBM3e "
+    "at 4.8 TB/s",
+)
+
+GPUS: dict[str, GPUSpec] = {g.name: g for g in (A100_SXM4_80GB, A100_SXM4_40GB,
+                                                H100_SXM5_80GB, H200_SXM_141GB)}
+
+# --- Links ------------------------------------------------------------------------------------
+
+_NVLINK_LAT = 1.9e-6  # [NCCL] NVLink per-step latency, LL128 (typical measured, not datasheet)
+_NET_LAT = 4.0e-6  # [NCCL] network per-step latency, LL128; NCCL has one figure for IB and RoCE
+_PCIE_LAT = 2.5e-6  # [NCCL] PCI per-step latency, LL128; excludes a cudaMemcpy launch (~us)
+
+NVLINK3 = LinkSpec("NVLink3", 300e9, _NVLINK_LAT,
+                   "[A100] NVLink 600 GB/s total (12 links x 50 GB/s, both directions) -> "
+                   "300 GB/s per direction; latency: NCCL tuning model (typical, LL128)")
+NVLINK4 = LinkSpec("NVLink4", 450e9, _NVLINK_LAT,
+                   "[H100]/[H200] NVLink 900 GB/s total (18 links x 50 GB/s, both directions) -> "
+                   "450 GB/s per direction; latency: NCCL tuning model (typical, LL128)")
+IB_HDR = LinkSpec("IB-HDR-200G", 25e9, _NET_LAT,
+                  "[DGXA100] one ConnectX-6 HDR 200 Gb/s per GPU = 25 GB/s per direction; "
+                  "latency: NCCL tuning model (typical, LL128)")
+IB_NDR = LinkSpec("IB-NDR-400G", 50e9, _NET_LAT,
+                  "[DGXH100] one ConnectX-7 NDR 400 Gb/s per GPU = 50 GB/s per direction; "
+                  "latency: NCCL tuning model (typical, LL128)")
+ROCE_400G = LinkSpec("RoCE-400GbE", 50e9, _NET_LAT,
+                     "one ConnectX-7 400GbE port per GPU (RoCE v2) = 50 GB/s per direction; "
+                     "latency: NCCL tuning model, same network figure as IB (typical, LL128)")
+PCIE4_X16 = LinkSpec("PCIe-Gen4-x16", 32e9, _PCIE_LAT,
+                     "[PCIe] 16 GT/s x 16 lanes = 32 GB/s per direction nominal (31.5 after "
+                     "128b/130b); [A100] lists 64 GB/s both directions; latency: NCCL PCI (LL128)")
+PCIE5_X16 = LinkSpec("PCIe-Gen5-x16", 64e9, _PCIE_LAT,
+                     "[PCIe] 32 GT/s x 16 lanes = 64 GB/s per direction nominal (63 after "
+                     "128b/130b); [H100] lists 128 GB/s both directions; latency: NCCL PCI (LL128)")
+
+LINKS: dict[str, LinkSpec] = {lk.name: lk for lk in (NVLINK3, NVLINK4, IB_HDR, IB_NDR, ROCE_400G,
+                                                     PCIE4_X16, PCIE5_X16)}
+
+
+def gpu_preset(name: str) -> GPUSpec:
+    """The ``GPUSpec`` preset called ``name`` (case-insensitive)."""
+    return _lookup(GPUS, name, "GPU")
+
+
+def link_preset(name: str) -> LinkSpec:
+    """The ``LinkSpec`` preset called ``name`` (case-insensitive)."""
+    return _lookup(LINKS, name, "link")
+
+
+def _lookup(table: Mapping[str, _T], name: str, kind: str) -> _T:
+    by_lower = {k.lower(): v for k, v in table.items()}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    raise AutoparError(f"no {kind} preset called {name!r}", where=name,
+                       fix=f"use one of {', '.join(table)}{did_you_mean(name, table)}")
