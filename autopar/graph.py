@@ -14,10 +14,12 @@ Conventions
   ``relu``, ``add``, ``mul``, ``sub``, ``div``, ``neg``, ``pow``, ``mean``, ``rsqrt``, ``cat``,
   ``masked_fill``, ``where``, ``topk``, ``cross_entropy``, ``view`` (every op that moves no data:
   view/reshape/transpose/permute/split/chunk/unsqueeze/expand/getitem/getattr/size/contiguous of an
-  already contiguous tensor), ``contiguous`` (a copy), ``index``, ``scatter``, ``other``...
+  already contiguous tensor), ``contiguous`` (a copy), ``index``, ``scatter``, ``grouped_mm``
+  (MoE experts as one grouped GEMM), ``cast`` (a dtype change), ``other``...
 * FLOPs and bytes are for the traced shapes (micro-batch ``GraphIR.batch``, sequence
   ``GraphIR.seq_len``), forward only, unfused: ``fwd_bytes`` = bytes of every tensor input read
-  plus every output written (parameters included), 0 for ``view``.
+  plus every output written (parameters included), 0 for ``view``; ``embedding``/``index`` read
+  only the gathered rows of their table, not all of it.
 * ``inputs`` lists the names of the nodes whose outputs this node reads, in argument order
   (activations only: not parameters, not buffers, not constants).
 """
@@ -92,6 +94,8 @@ class BlockGroup:
     """Module paths of the instances, in execution order (``layers.0``, ``layers.1``, ...)."""
     module_type: str
     """Class name of one instance."""
+    uniform: bool = True
+    """Whether every instance runs the same op sequence as instance 0 (checked by the tracer)."""
 
     @property
     def count(self) -> int:

@@ -1,0 +1,473 @@
+"""``trace``: an ``nn.Module``'s training forward (loss included) as a ``GraphIR``.
+
+Steps, each a function below:
+
+1. ``_plan_feed``: read the forward's signature. Zoo-style models take ``forward(tokens,
+   targets=None)`` and return the loss; transformers causal LMs take ``input_ids=``/``labels=``
+   and return an output with ``.loss`` (``use_cache=False`` is passed where accepted). Token ids
+   and targets are int64 zeros of shape (batch, seq_len) on the model's device (meta for big
+   models).
+2. ``_trace_fx``: ``torch.fx.symbolic_trace`` (other defaulted arguments fixed through
+   ``concrete_args``), then shapes by running the graph on meta tensors (``FakeTensorMode`` when
+   the weights are real). ``_trace_export``: if fx fails, ``torch.export.export(strict=False)``,
+   whose nodes carry ``meta["val"]``; higher-order ops (``wrap_with_set_grad_enabled`` around
+   transformers' rotary embedding) are inlined with ``run_decompositions({})``. transformers MoE
+   models set to the data-dependent "eager" experts path are switched to "grouped_mm" (static
+   shapes, exports) for the trace. If both fail, ``AutoparError`` names the module and line.
+3. ``_build_nodes``: one ``NodeInfo`` per computing node, with the canonical op
+   (``tracing_ops.OP_NAMES``), shapes, FLOPs, bytes, parameters and module path. Parameters and
+   buffers are not nodes: a parameter read through ``get_attr``, a lifted placeholder, or a view
+   of either (``w.t()``) is attributed to the node that consumes it.
+4. ``tracing_blocks``: the repeated block group and each node's instance.
+
+Cost: linear in the number of nodes, one meta forward, no ``FlopCounterMode``
+(llama3-405b at seq 8192: see ``bench/results/trace_time.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import re
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+from torch import nn
+from torch.fx.node import _get_qualified_name
+from torch.utils import _pytree as pytree
+
+from autopar.costmodel.specs import TrainSpec
+from autopar.graph import GraphIR, NodeInfo, TensorMeta
+from autopar.tracing_blocks import assign_blocks, find_block_group
+from autopar.tracing_errors import (
+    ModuleStack,
+    no_token_input_error,
+    not_a_module_error,
+    quiet_torch_logs,
+    untraceable_error,
+)
+from autopar.tracing_ops import (
+    CANONICAL_OPS,
+    OP_NAMES,
+    canonical_op,
+    forward_bytes,
+    forward_flop,
+    is_skipped,
+    unmapped_ops,
+)
+
+__all__ = ["CANONICAL_OPS", "DEFAULT_SEQ_LEN", "OP_NAMES", "trace", "unmapped_ops"]
+
+DEFAULT_SEQ_LEN = 128
+"""Sequence length when neither the TrainSpec nor the model's config gives one."""
+
+_TARGET_NAMES = ("targets", "labels", "target", "y")
+"""Forward argument names that receive the target token ids."""
+
+_MODULE_ATTRS = ("p", "eps", "approximate", "normalized_shape", "padding_idx")
+"""Attributes of ``call_module`` leaves reported in ``scalar_args`` as (name, value)."""
+
+
+@dataclass(frozen=True)
+class _Feed:
+    """How to call the model's forward with token ids (and targets)."""
+
+    token: str
+    """Argument name of the token ids."""
+    target: str | None
+    """Argument name of the targets, or None (then the trace ends at the logits)."""
+    fixed: dict[str, object] = field(default_factory=dict)
+    """Other arguments with fixed values (their defaults; ``use_cache=False``)."""
+
+    def kwargs(self, tokens: torch.Tensor, targets: torch.Tensor) -> dict[str, object]:
+        out: dict[str, object] = {self.token: tokens}
+        if self.target is not None:
+            out[self.target] = targets
+        return {**out, **self.fixed}
+
+
+@dataclass
+class _Traced:
+    """A traced graph with ``meta["val"]`` on every node, and what its placeholders are."""
+
+    gm: torch.fx.GraphModule
+    method: str
+    params: dict[str, str] = field(default_factory=dict)
+    """Placeholder name -> parameter FQN (export's lifted parameters)."""
+    consts: set[str] = field(default_factory=set)
+    """Placeholder names of lifted buffers and constants (export)."""
+
+
+def trace(
+    model: nn.Module, train: TrainSpec | None = None, *, batch: int = 1, seq_len: int | None = None
+) -> GraphIR:
+    """Trace ``model``'s training forward, loss included, at micro-batch ``batch``.
+
+    ``seq_len`` defaults to ``train.seq_len``, else the model's ``config.seq_len`` or
+    ``config.max_position_embeddings``, else ``DEFAULT_SEQ_LEN``. Raises ``AutoparError`` for a
+    non-module, a forward without a token input, or a model neither torch.fx nor torch.export
+    can trace (naming the module and line at fault).
+    """
+    if not isinstance(model, nn.Module):
+        raise not_a_module_error(model)
+    seq = _resolve_seq_len(model, train, seq_len)
+    feed = _plan_feed(model)
+    device = _model_device(model)
+    tokens = torch.zeros(batch, seq, dtype=torch.long, device=device)
+    targets = torch.zeros(batch, seq, dtype=torch.long, device=device)
+    was_training = model.training
+    model.train()  # the training forward: dropout active
+    try:
+        try:
+            traced = _trace_fx(model, feed, tokens, targets)
+        except Exception as fx_error:  # noqa: BLE001 - any fx failure falls back to export
+            traced = _trace_export(model, feed, tokens, targets, fx_error)
+    finally:
+        model.train(was_training)
+    nodes = _build_nodes(model, traced)
+    group = find_block_group(model)
+    if group is not None:
+        group = assign_blocks(nodes, group)
+    params = {
+        name: TensorMeta(tuple(p.shape), p.dtype) for name, p in model.named_parameters()
+    }
+    return GraphIR(
+        nodes=nodes, params=params, blocks=group, batch=batch, seq_len=seq,
+        method=traced.method, gm=traced.gm, model_name=type(model).__name__,
+    )
+
+
+# ---------------------------------------------------------------------------------- inputs
+
+
+def _resolve_seq_len(model: nn.Module, train: TrainSpec | None, seq_len: int | None) -> int:
+    if seq_len is not None:
+        return int(seq_len)
+    if train is not None:
+        return int(train.seq_len)
+    config = getattr(model, "config", None)
+    for name in ("seq_len", "max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return DEFAULT_SEQ_LEN
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _plan_feed(model: nn.Module) -> _Feed:
+    """Which forward arguments receive the tokens and targets (see the module docstring)."""
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError) as err:
+        raise no_token_input_error(model, f"its signature cannot be read ({err})") from None
+    params = sig.parameters
+    named = [p for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if "input_ids" in params:  # transformers convention
+        target = "labels" if "labels" in params else None
+        fixed: dict[str, object] = {"use_cache": False} if "use_cache" in params else {}
+        token = "input_ids"
+    else:
+        positional = [p for p in named if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if not positional:
+            raise no_token_input_error(model, "forward takes no positional argument for token ids")
+        token = positional[0].name
+        target = next((n for n in _TARGET_NAMES if n in params and n != token), None)
+        fixed = {}
+    for p in named:
+        if p.name in (token, target) or p.name in fixed:
+            continue
+        if p.default is p.empty:
+            raise no_token_input_error(
+                model, f"argument {p.name!r} has no default and is neither the token ids "
+                f"({token!r}) nor the targets ({', '.join(_TARGET_NAMES)})")
+        fixed[p.name] = p.default
+    return _Feed(token=token, target=target, fixed=fixed)
+
+
+# ---------------------------------------------------------------------------------- tracing
+
+
+def _trace_fx(
+    model: nn.Module, feed: _Feed, tokens: torch.Tensor, targets: torch.Tensor
+) -> _Traced:
+    """``symbolic_trace`` plus meta/fake shape propagation; raises on any failure."""
+    gm = torch.fx.symbolic_trace(model, concrete_args=dict(feed.fixed) or None)
+    if feed.fixed:
+        _drop_concrete_arg_checks(gm, {feed.token, feed.target})
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    by_name = {feed.token: tokens, **({feed.target: targets} if feed.target else {})}
+    args = [by_name.get(n.target) for n in placeholders if n.target in by_name]
+    if len(args) != len(by_name):
+        raise RuntimeError("symbolic_trace lost the token or target placeholder")
+    _propagate(gm, args)
+    return _Traced(gm=gm, method="fx")
+
+
+def _drop_concrete_arg_checks(gm: torch.fx.GraphModule, fed: set[str | None]) -> None:
+    """Erase the checks symbolic_trace adds for ``concrete_args`` (``mask is None``, ``s == 1``).
+
+    They assert that a fixed argument keeps its value; they compute nothing of the model.
+    ``fed`` are the argument names that receive tensors; every other placeholder is fixed.
+    """
+    fixed_ph = {n for n in gm.graph.nodes if n.op == "placeholder" and n.target not in fed}
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op not in ("call_function", "call_method") or node.users:
+            continue
+        name = getattr(node.target, "__name__", str(node.target))
+        reads_fixed = node.all_input_nodes and all(a in fixed_ph for a in node.all_input_nodes)
+        if name in ("_assert", "_assert_is_none") or reads_fixed:
+            gm.graph.erase_node(node)
+    gm.recompile()
+
+
+class _ValRecorder(torch.fx.Interpreter):
+    """Runs the graph and stores each node's result in ``node.meta["val"]``."""
+
+    def run_node(self, n: torch.fx.Node) -> object:
+        result = super().run_node(n)
+        n.meta["val"] = result
+        return result
+
+
+def _propagate(gm: torch.fx.GraphModule, args: list[torch.Tensor]) -> None:
+    """Shapes for every node: a meta-tensor run, under ``FakeTensorMode`` if weights are real."""
+    on_meta = all(t.device.type == "meta" for t in (*gm.parameters(), *gm.buffers(), *args))
+    if on_meta:
+        with torch.no_grad():
+            _ValRecorder(gm).run(*args)
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode, torch.no_grad():
+        _ValRecorder(gm).run(*[mode.from_tensor(a) for a in args])
+
+
+@contextlib.contextmanager
+def _static_experts(model: nn.Module) -> Iterator[None]:
+    """Switch transformers MoE experts from the data-dependent "eager" loop to "grouped_mm"."""
+    can_set = getattr(model, "_can_set_experts_implementation", None)
+    getter = getattr(model, "get_experts_implementation", None)
+    if not (callable(can_set) and callable(getter) and can_set()):
+        yield
+        return
+    original = getter()
+    if "eager" not in set(original.values()):
+        yield
+        return
+    model.set_experts_implementation(
+        {k: "grouped_mm" if v == "eager" else v for k, v in original.items()})
+    try:
+        yield
+    finally:
+        model.set_experts_implementation(original)
+
+
+def _trace_export(
+    model: nn.Module, feed: _Feed, tokens: torch.Tensor, targets: torch.Tensor,
+    fx_error: BaseException,
+) -> _Traced:
+    """``torch.export.export(strict=False)``; raises ``AutoparError`` if it fails too."""
+    from torch.export.graph_signature import InputKind
+
+    stack = ModuleStack(model)
+    try:
+        with _static_experts(model), quiet_torch_logs(), stack:
+            ep = torch.export.export(model, (), feed.kwargs(tokens, targets), strict=False)
+    except Exception as export_error:  # noqa: BLE001 - reported with its location
+        raise untraceable_error(model, fx_error, export_error, stack.innermost) from export_error
+    if any(isinstance(n.target, torch._ops.HigherOrderOperator) for n in ep.graph.nodes):
+        with warnings.catch_warnings():  # a LeafSpec FutureWarning from torch's own deepcopy
+            warnings.simplefilter("ignore", FutureWarning)
+            ep = ep.run_decompositions({})  # inline set_grad/autocast regions; keeps linear, sdpa
+    traced = _Traced(gm=ep.graph_module, method="export")
+    for spec in ep.graph_signature.input_specs:
+        name = getattr(spec.arg, "name", None)
+        if name is None:
+            continue
+        if spec.kind == InputKind.PARAMETER and spec.target is not None:
+            traced.params[name] = spec.target
+        elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
+            traced.consts.add(name)
+    return traced
+
+
+# ---------------------------------------------------------------------------------- nodes
+
+_BRACKET = re.compile(r"\[['\"]?([^\]'\"]+)['\"]?\]")
+_GETATTR = re.compile(r"getattr\(([^(),]*), ['\"]([^'\"]+)['\"]\)")
+
+
+def normalise_module_path(raw: str) -> str:
+    """``L['self'].layers[3].attn`` / ``getattr(L['self'].layers, '3')`` -> ``layers.3.attn``."""
+    s = raw.replace("L['self']", "").replace('L["self"]', "")
+    while "getattr(" in s:
+        new = _GETATTR.sub(r"\1.\2", s)
+        if new == s:
+            break
+        s = new
+    s = _BRACKET.sub(r".\1", s)
+    return ".".join(part for part in s.split(".") if part)
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path = next(reversed(stack.values()))[0]
+    return normalise_module_path(str(path))
+
+
+def _tensor_metas(value: object) -> tuple[TensorMeta, ...]:
+    return tuple(
+        TensorMeta(tuple(int(d) for d in v.shape), v.dtype)
+        for v in pytree.tree_leaves(value)
+        if isinstance(v, torch.Tensor)
+    )
+
+
+def _raw_name(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, str]:
+    """(raw op name for ``OP_NAMES``, printable target) of a call node."""
+    target = node.target
+    if node.op == "call_module":
+        return type(gm.get_submodule(str(target))).__name__, str(target)
+    if node.op == "call_method":
+        return str(target), str(target)
+    if isinstance(target, torch._ops.OpOverload):
+        return target.overloadpacket.__name__, str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return target.name(), target.name()
+    name = getattr(target, "__name__", str(target))
+    try:
+        return name, _get_qualified_name(target)  # type: ignore[arg-type]
+    except (RuntimeError, AttributeError, TypeError):
+        return name, str(target)
+
+
+def _scalar(value: object) -> object:
+    """A plain Python value for a SymInt/SymFloat/SymBool; the value itself otherwise."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    return value
+
+
+def _build_nodes(model: nn.Module, traced: _Traced) -> list[NodeInfo]:
+    """One ``NodeInfo`` per computing node (see the module docstring, step 3)."""
+    gm = traced.gm
+    canon = {id(p): name for name, p in model.named_parameters()}
+    param_nbytes = {name: p.numel() * p.element_size() for name, p in model.named_parameters()}
+    # Non-activation values: node name -> parameter names they carry (() for buffers/consts).
+    const: dict[str, tuple[str, ...]] = {}
+    inputs_ph: set[str] = set()
+    nodes: list[NodeInfo] = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in traced.params:
+                fqn = traced.params[node.name]
+                const[node.name] = (canon.get(id(model.get_parameter(fqn)), fqn),)
+            elif node.name in traced.consts:
+                const[node.name] = ()
+            else:
+                inputs_ph.add(node.name)
+            continue
+        if node.op == "get_attr":
+            obj = _fetch_attr(gm, str(node.target))
+            if isinstance(obj, nn.Parameter):
+                const[node.name] = (canon.get(id(obj), str(node.target)),)
+                node.meta.setdefault("val", obj)
+            else:
+                const[node.name] = ()
+                if isinstance(obj, torch.Tensor):
+                    node.meta.setdefault("val", obj)
+            continue
+        if node.op == "output":
+            continue
+        info = _node_info(node, gm, canon, param_nbytes, const, inputs_ph)
+        if info is not None:
+            nodes.append(info)
+    return nodes
+
+
+def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> object:
+    obj: object = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _node_info(
+    node: torch.fx.Node, gm: torch.fx.GraphModule, canon: dict[int, str],
+    param_nbytes: dict[str, int], const: dict[str, tuple[str, ...]], inputs_ph: set[str],
+) -> NodeInfo | None:
+    """The ``NodeInfo`` of one call node, or None (an assertion, or a view of a parameter)."""
+    raw, target = _raw_name(node, gm)
+    if is_skipped(raw):
+        return None
+    flat_args: list[object] = []
+    torch.fx.node.map_aggregate((node.args, node.kwargs), flat_args.append)
+    operands: list[TensorMeta] = []
+    params: list[str] = []
+    inputs: list[str] = []
+    scalars: list[object] = []
+    tensor_index = False
+    first_contiguous = False
+    n_tensor_args = 0
+    n_const_args = 0
+    for pos, leaf in enumerate(flat_args):
+        if not isinstance(leaf, torch.fx.Node):
+            if leaf is not None:
+                scalars.append(leaf)
+            continue
+        val = leaf.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            if not isinstance(val, (tuple, list)) and val is not None:
+                scalars.append(_scalar(val))
+            continue
+        n_tensor_args += 1
+        if n_tensor_args == 1:
+            first_contiguous = val.is_contiguous()
+        if pos > 0:
+            tensor_index = True
+        operands.append(TensorMeta(tuple(int(d) for d in val.shape), val.dtype))
+        if leaf.name in const:
+            n_const_args += 1
+            params.extend(p for p in const[leaf.name] if p not in params)
+        elif leaf.name not in inputs_ph and leaf.name not in inputs:
+            inputs.append(leaf.name)
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        for p in module.parameters():
+            name = canon.get(id(p), f"{node.target}.?")
+            if name not in params:
+                params.append(name)
+        for t in (*module.parameters(), *module.buffers()):
+            operands.append(TensorMeta(tuple(t.shape), t.dtype))
+        scalars.extend((a, getattr(module, a)) for a in _MODULE_ATTRS if hasattr(module, a))
+    outputs = _tensor_metas(node.meta.get("val"))
+    op = canonical_op(raw, operands, outputs, tensor_index=tensor_index and raw == "getitem",
+                      first_contiguous=first_contiguous)
+    if op == "view" and n_tensor_args and n_const_args == n_tensor_args and not inputs:
+        const[node.name] = tuple(params)  # a view of weights: folded into its consumer
+        return None
+    param_bytes = sum(param_nbytes.get(name, 0) for name in params)
+    return NodeInfo(
+        name=node.name, op=op, target=target, inputs=tuple(inputs), outputs=outputs,
+        fwd_flop=forward_flop(op, raw, operands, outputs, scalars),
+        fwd_bytes=forward_bytes(op, operands, outputs),
+        params=tuple(params), param_bytes=param_bytes, module_path=_module_path(node),
+        scalar_args=tuple(scalars),
+    )
