@@ -1,6 +1,10 @@
 """autopar: automatic parallelism planner and compiler for training large models with PyTorch."""
 
+from autopar import models
+from autopar.api import estimate, workload_of
+from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.errors import AutoparError
+from autopar.costmodel.estimate import Estimate
 from autopar.costmodel.specs import (
     Checkpoint,
     ParallelConfig,
@@ -8,13 +12,22 @@ from autopar.costmodel.specs import (
     Schedule,
     TrainSpec,
 )
+from autopar.graph import GraphIR
+from autopar.tracing import trace
 
 __all__ = [
     "AutoparError",
     "Checkpoint",
+    "ClusterSpec",
+    "Estimate",
+    "GraphIR",
     "ParallelConfig",
     "Precision",
     "Schedule",
     "TrainSpec",
+    "estimate",
+    "models",
+    "trace",
+    "workload_of",
 ]
 __version__ = "0.1.0"

@@ -434,7 +434,12 @@ def _node_info(
             continue
         val = leaf.meta.get("val")
         if not isinstance(val, torch.Tensor):
-            if not isinstance(val, (tuple, list)) and val is not None:
+            if isinstance(val, (tuple, list)):
+                # A multi-output producer (split, unbind, topk): getitem reads its activations.
+                if (any(isinstance(v, torch.Tensor) for v in val) and leaf.name not in const
+                        and leaf.name not in inputs_ph and leaf.name not in inputs):
+                    inputs.append(leaf.name)
+            elif val is not None:
                 scalars.append(_scalar(val))
             continue
         n_tensor_args += 1

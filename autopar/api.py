@@ -1,0 +1,38 @@
+"""The public entry points. This module only orchestrates: trace -> workload -> cost model."""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from autopar.costmodel.cluster import ClusterSpec
+from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from autopar.costmodel.estimate import Estimate
+from autopar.costmodel.memory import activation_bytes_per_element
+from autopar.costmodel.specs import ParallelConfig, TrainSpec
+from autopar.costmodel.step import check_world, estimate_step
+from autopar.costmodel.workload import Workload
+from autopar.graph import GraphIR
+from autopar.tracing import trace
+from autopar.workload import build_workload
+
+
+def workload_of(model: nn.Module | GraphIR, train: TrainSpec) -> Workload:
+    """Trace ``model`` (unless given a ``GraphIR``) and build the cost model's tables."""
+    graph = model if isinstance(model, GraphIR) else trace(model, train)
+    return build_workload(graph, activation_bytes_per_element(train.precision),
+                          name=type(model).__name__ if not isinstance(model, GraphIR) else "")
+
+
+def estimate(
+    model: nn.Module | GraphIR | Workload,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    config: ParallelConfig,
+    *,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
+) -> Estimate:
+    """Predicted step time and memory of ``model`` on ``cluster`` under ``config``."""
+    check_world(config, cluster)
+    config.microbatches(train)
+    work = model if isinstance(model, Workload) else workload_of(model, train)
+    return estimate_step(work, cluster, train, config, efficiency=efficiency)

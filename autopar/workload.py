@@ -1,0 +1,354 @@
+"""From a traced ``GraphIR`` to the cost model's ``Workload``.
+
+Three analyses over the graph, each a small function:
+
+* **Tensor-parallel classes** (``classify_tp``): a forward propagation of Megatron's sharding
+  states over each layer. A linear fed a replicated activation is column-parallel (its output is
+  sharded over heads / ffn / vocabulary); a linear fed a sharded one is row-parallel (its partial
+  output is all-reduced back to replicated); other ops carry their inputs' state. A router (a
+  linear whose output feeds a top-k) stays replicated. This is the fixed Megatron assignment the
+  cost model prices for a given ``tp``; the search (a later stage) chooses per-op strategies.
+* **Saved activations** (``saved_tensors``): which tensors each op keeps for its backward pass,
+  by op (a GEMM keeps its activation inputs, softmax its output, dropout a one-byte mask, GELU
+  its input...), deduplicated through views to the tensor that owns the storage. For a GPT
+  block with eager attention this gives Korthikanti et al.'s 34*s*h + 5*a*s^2 bytes exactly.
+* **Costs per op** (``op_costs``): FLOPs and bytes per sequence, and which roofline applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from autopar.costmodel.workload import (
+    LayerCost,
+    OpCost,
+    OpKind,
+    Phase,
+    SavedTensor,
+    Shard,
+    TPCollective,
+    Workload,
+)
+from autopar.graph import GraphIR, NodeInfo
+
+GEMM_OPS = frozenset({"linear", "matmul", "bmm", "baddbmm", "mm", "addmm", "einsum", "grouped_mm"})
+ACTIVATIONS_SAVING_INPUT = frozenset({"gelu", "silu", "tanh", "sigmoid", "pow", "log", "sin",
+                                      "cos"})
+SAVING_OUTPUT = frozenset({"softmax", "log_softmax", "relu", "rsqrt", "exp", "sqrt"})
+NOTHING_SAVED = frozenset({
+    "add", "sub", "neg", "cat", "stack", "view", "contiguous", "masked_fill", "where", "mean",
+    "sum", "cumsum", "one_hot", "zeros", "ones", "full", "arange", "eq", "lt", "gt", "le", "ge",
+    "ne", "to", "type_as", "float", "argmax", "clone", "copy", "fill", "new_zeros", "zeros_like",
+    "ones_like", "max", "min", "clamp", "floor", "ceil", "triu", "tril", "bool", "long", "cast",
+    "sort", "argsort", "histc", "pad", "bincount",
+})
+INDEX_SAVING = frozenset({"topk", "scatter", "scatter_add", "index_add", "gather", "index",
+                          "index_select", "index_put", "embedding"})
+MUL_LIKE = frozenset({"mul", "div"})
+NORMS = frozenset({"layer_norm", "rms_norm", "group_norm"})
+KNOWN_OPS = (GEMM_OPS | ACTIVATIONS_SAVING_INPUT | SAVING_OUTPUT | NOTHING_SAVED | INDEX_SAVING
+             | MUL_LIKE | NORMS | {"sdpa", "dropout", "cross_entropy"})
+
+R, S = "replicated", "sharded"
+
+
+@dataclass
+class _TP:
+    state: dict[str, str]
+    column: set[str]
+    row: set[str]
+    router: set[str]
+    expert: set[str]
+
+
+def _base(graph: GraphIR, name: str) -> str:
+    """The node owning the storage of ``name``'s output (through views)."""
+    while graph.has_node(name):
+        node = graph.node(name)
+        if node.op != "view" or not node.inputs:
+            return name
+        name = node.inputs[0]
+    return name
+
+
+def _consumers(nodes: list[NodeInfo]) -> dict[str, list[NodeInfo]]:
+    out: dict[str, list[NodeInfo]] = {}
+    for n in nodes:
+        for i in n.inputs:
+            out.setdefault(i, []).append(n)
+    return out
+
+
+def _feeds_topk(name: str, consumers: dict[str, list[NodeInfo]], depth: int = 3) -> bool:
+    frontier = [name]
+    for _ in range(depth):
+        nxt = []
+        for f in frontier:
+            for c in consumers.get(f, []):
+                if c.op == "topk":
+                    return True
+                nxt.append(c.name)
+        frontier = nxt
+    return False
+
+
+def _is_weight_gemm(graph: GraphIR, node: NodeInfo) -> bool:
+    return node.op in GEMM_OPS and bool(node.params) and len(node.inputs) == 1
+
+
+def classify_tp(graph: GraphIR, nodes: list[NodeInfo]) -> _TP:
+    """Megatron sharding states over ``nodes`` (inputs from outside are replicated)."""
+    tp = _TP({}, set(), set(), set(), set())
+    consumers = _consumers(nodes)
+    for n in nodes:
+        ins = [tp.state.get(i, R) for i in n.inputs]
+        sharded_in = S in ins
+        expert = n.op in GEMM_OPS and any(len(graph.params[p].shape) == 3 for p in n.params
+                                          if p in graph.params)
+        if expert:
+            tp.expert.add(n.name)
+        if n.op == "embedding":
+            tp.state[n.name] = R  # vocabulary-parallel: partial sums all-reduced
+            tp.row.add(n.name)
+        elif _is_weight_gemm(graph, n) or expert:
+            if sharded_in:
+                tp.row.add(n.name)
+                tp.state[n.name] = R
+            elif _feeds_topk(n.name, consumers):
+                tp.router.add(n.name)
+                tp.state[n.name] = R
+            else:
+                tp.column.add(n.name)
+                tp.state[n.name] = S
+        elif n.op == "cross_entropy":
+            tp.state[n.name] = R  # vocabulary-parallel loss
+        else:
+            tp.state[n.name] = S if sharded_in else R
+    return tp
+
+
+def _shard(tp: _TP, n: NodeInfo) -> Shard:
+    if n.op not in KNOWN_OPS:
+        return Shard.REPLICATED
+    return Shard.TP if tp.state.get(n.name) == S else Shard.SEQ
+
+
+def _op_shard(tp: _TP, n: NodeInfo) -> Shard:
+    """How an op's work divides: a column- or row-parallel GEMM and any op reading a sharded
+    activation run on 1/tp of the data; the vocabulary-parallel embedding does a full lookup."""
+    if n.op == "embedding":
+        return Shard.SEQ
+    if n.name in tp.column or n.name in tp.row or n.name in tp.expert:
+        return Shard.TP
+    if any(tp.state.get(i) == S for i in n.inputs):
+        return Shard.TP
+    return _shard(tp, n)
+
+
+def _is_attention_core(n: NodeInfo, seq_len: int) -> bool:
+    out = n.out
+    return out is not None and len(out.shape) >= 2 and out.shape[-1] == seq_len \
+        and out.shape[-2] == seq_len and n.op != "sdpa"
+
+
+def _dropout_p(n: NodeInfo) -> float:
+    """The dropout probability of a dropout node (0 in eval mode or when p = 0)."""
+    for a in n.scalar_args:
+        if isinstance(a, tuple) and len(a) == 2 and a[0] in ("p", "train"):
+            if a[0] == "train" and a[1] is False:
+                return 0.0
+            if a[0] == "p" and isinstance(a[1], float):
+                return a[1]
+        elif isinstance(a, float):
+            return a
+    return 0.0
+
+
+def _kind(n: NodeInfo) -> OpKind:
+    if n.op in GEMM_OPS:
+        return OpKind.MATMUL
+    if n.op == "sdpa":
+        return OpKind.ATTENTION
+    if n.op == "view" or (n.op == "dropout" and _dropout_p(n) == 0.0):
+        return OpKind.FREE
+    return OpKind.MEMORY
+
+
+def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[SavedTensor, ...]:
+    """The activations ``nodes`` keep for backward, per sequence, each storage counted once."""
+    seen: dict[str, SavedTensor] = {}
+    per_seq = 1.0 / graph.batch
+    seq = graph.seq_len
+
+    def keep(name: str) -> None:
+        base = _base(graph, name)
+        if base in seen or not graph.has_node(base):
+            return
+        src = graph.node(base)
+        if src.out is None or not src.out.dtype.is_floating_point:
+            return
+        seen[base] = SavedTensor(base, src.out.numel * per_seq, _shard(tp, src),
+                                 attention_core=_is_attention_core(src, seq))
+
+    def extra(key: str, elements: float, size: float, shard: Shard, core: bool = False) -> None:
+        seen[key] = SavedTensor(key, elements * per_seq, shard, size, core)
+
+    for n in nodes:
+        shard = _shard(tp, n)
+        if n.op in GEMM_OPS:
+            for i in n.inputs:
+                keep(i)
+        elif n.op == "sdpa":
+            for i in n.inputs[:3]:
+                keep(i)
+            keep(n.name)
+            q = graph.node(n.inputs[0]).out if n.inputs else None
+            if q is not None and len(q.shape) == 4:
+                extra(n.name + ".lse", q.shape[0] * q.shape[1] * q.shape[2], 4.0, shard)
+        elif n.op in NORMS:
+            for i in n.inputs[:1]:
+                keep(i)
+            if n.out is not None and len(n.out.shape) >= 1:
+                extra(n.name + ".stats", 2 * n.out.numel / n.out.shape[-1], 4.0, shard)
+        elif n.op in ACTIVATIONS_SAVING_INPUT:
+            for i in n.inputs[:1]:
+                keep(i)
+        elif n.op in SAVING_OUTPUT:
+            keep(n.name)
+        elif n.op == "dropout":
+            if _dropout_p(n) > 0 and n.out is not None:
+                extra(n.name + ".mask", n.out.numel, 1.0, shard, _is_attention_core(n, seq))
+        elif n.op in MUL_LIKE:
+            if len(n.inputs) >= 2:
+                for i in n.inputs:
+                    keep(i)
+            elif n.params:
+                for i in n.inputs:
+                    keep(i)
+        elif n.op == "cross_entropy":
+            if n.inputs:
+                logits = graph.node(n.inputs[0]).out if graph.has_node(n.inputs[0]) else None
+                if logits is not None:
+                    extra(n.name + ".logprobs", logits.numel, 4.0, _shard(tp, graph.node(n.inputs[0])))
+        elif n.op in INDEX_SAVING:
+            for out in n.outputs:
+                if not out.dtype.is_floating_point:
+                    extra(f"{n.name}.index{len(seen)}", out.numel, out.dtype.itemsize, shard)
+        elif n.op not in NOTHING_SAVED and n.op not in KNOWN_OPS:
+            for i in n.inputs:
+                keep(i)
+    return tuple(seen.values())
+
+
+def op_costs(graph: GraphIR, nodes: list[NodeInfo], tp: _TP, act_bytes: float
+             ) -> tuple[OpCost, ...]:
+    per_seq = 1.0 / graph.batch
+    costs = []
+    for n in nodes:
+        itemsize = n.out.dtype.itemsize if n.out is not None and n.out.dtype.is_floating_point \
+            else act_bytes
+        scale = act_bytes / itemsize
+        kv = 0.0
+        if n.op == "sdpa" and len(n.inputs) >= 3:
+            kv = sum(graph.node(i).out.numel for i in n.inputs[1:3]
+                     if graph.has_node(i) and graph.node(i).out is not None)
+        costs.append(OpCost(
+            name=n.name, op=n.op, kind=_kind(n), flop=n.fwd_flop * per_seq,
+            bytes=n.fwd_bytes * per_seq * scale, shard=_op_shard(tp, n),
+            attention_core=_is_attention_core(n, graph.seq_len),
+            expert=n.name in tp.expert, kv_elements=kv * per_seq,
+        ))
+    return tuple(costs)
+
+
+def _tp_collectives(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[TPCollective, ...]:
+    per_seq = 1.0 / graph.batch
+    out: list[TPCollective] = []
+    seen_inputs: set[str] = set()
+    for n in nodes:
+        if n.name in tp.row and n.out is not None:
+            out.append(TPCollective(n.name, n.out.numel * per_seq, Phase.FORWARD))
+        if n.name in tp.column:
+            for i in n.inputs:
+                base = _base(graph, i)
+                if base not in seen_inputs and graph.has_node(base) and graph.node(base).out:
+                    seen_inputs.add(base)
+                    out.append(TPCollective(n.name + ".dgrad",
+                                            graph.node(base).out.numel * per_seq,
+                                            Phase.BACKWARD_ACT))
+    return tuple(out)
+
+
+def _params(graph: GraphIR, nodes: Iterable[NodeInfo], tp: _TP) -> tuple[set[str], set[str], set[str]]:
+    """(all, tp-sharded, expert) parameter names read by ``nodes``."""
+    every, sharded, expert = set(), set(), set()
+    for n in nodes:
+        for p in n.params:
+            if p not in graph.params:
+                continue
+            every.add(p)
+            if n.name in tp.expert:
+                expert.add(p)
+            elif n.name in tp.column or (n.name in tp.row and len(graph.params[p].shape) >= 2):
+                sharded.add(p)
+    return every, sharded, expert
+
+
+def _numel(graph: GraphIR, names: Iterable[str]) -> int:
+    return sum(graph.params[p].numel for p in names)
+
+
+def _elements(graph: GraphIR, name: str | None) -> float:
+    if name is None or not graph.has_node(name) or graph.node(name).out is None:
+        return 0.0
+    return graph.node(name).out.numel / graph.batch
+
+
+def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: float,
+                exclude_params: frozenset[str] = frozenset()) -> LayerCost:
+    tp = classify_tp(graph, nodes)
+    names = {n.name for n in nodes}
+    external = [i for n in nodes for i in n.inputs if i not in names]
+    every, sharded, expert = _params(graph, nodes, tp)
+    every -= exclude_params
+    sharded -= exclude_params
+    a2a = 0.0
+    if tp.expert:
+        first = next(n for n in nodes if n.name in tp.expert)
+        for i in first.inputs:
+            a2a = max(a2a, _elements(graph, i))
+    return LayerCost(
+        name=name,
+        ops=op_costs(graph, nodes, tp, act_bytes),
+        saved=saved_tensors(graph, nodes, tp),
+        input_elements=_elements(graph, external[0] if external else None),
+        output_elements=_elements(graph, nodes[-1].name if nodes else None),
+        params=_numel(graph, every),
+        params_tp=_numel(graph, sharded - expert),
+        params_expert=_numel(graph, expert),
+        tp_collectives=_tp_collectives(graph, nodes, tp),
+        ep_alltoall_elements=a2a,
+        no_rule_ops=tuple(sorted({n.op for n in nodes if n.op not in KNOWN_OPS})),
+    )
+
+
+def build_workload(graph: GraphIR, act_bytes: float = 2.0, name: str = "") -> Workload:
+    """The cost model's tables for ``graph`` with ``act_bytes`` per activation element."""
+    if graph.blocks is None or graph.num_blocks == 0:
+        raise ValueError("the graph has no repeated blocks")
+    first_block = next(i for i, n in enumerate(graph.nodes) if n.block is not None)
+    pre_nodes = [n for n in graph.nodes[:first_block] if n.block is None]
+    post_nodes = [n for n in graph.nodes[first_block:] if n.block is None]
+    pre_params = {p for n in pre_nodes for p in n.params}
+    tied = pre_params & {p for n in post_nodes for p in n.params}
+    pre = build_layer(graph, "pre", pre_nodes, act_bytes)
+    post = build_layer(graph, "post", post_nodes, act_bytes, exclude_params=frozenset(tied))
+    block = build_layer(graph, "block", graph.block_nodes(0), act_bytes)
+    notes = []
+    if not graph.blocks.uniform if hasattr(graph.blocks, "uniform") else False:
+        notes.append("block instances differ; the cost model prices instance 0 for all")
+    return Workload(
+        name=name or graph.model_name, pre=pre, block=block, num_blocks=graph.num_blocks,
+        post=post, seq_len=graph.seq_len, tied_params=_numel(graph, tied), notes=tuple(notes),
+    )

@@ -1,0 +1,56 @@
+"""The handful of efficiency constants that turn peak figures into achieved ones.
+
+No per-run knobs: the same constants price every model on every cluster. Each one states what it
+stands for and why it has its value; ``bench/validate_costmodel.py`` and
+``tests/unit/test_published_runs.py`` hold the model to published runs with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fraction of peak, and fixed per-kernel costs."""
+
+    matmul: float = 0.80
+    """Large bf16/fp16 GEMMs reach ~80 % of the tensor-core peak on A100 and H100 (cuBLAS: about
+    250 of 312 TFLOP/s on A100 for 8k x 8k x 8k, the Megatron-LM paper's own GEMM sweeps; NVIDIA's
+    H100 GEMM results show a similar fraction). Smaller GEMMs lose more to wave quantisation and
+    the tail, which ``kernel_overhead_s`` adds."""
+    attention_fwd: float = 0.50
+    """Attention (QK^T, softmax, AV) forward: FlashAttention-2 reports 50-70 % of peak on A100;
+    the unfused Megatron-2021 path (two batched GEMMs around a fused softmax) lands near the low
+    end, so half of peak."""
+    attention_bwd: float = 0.40
+    """Attention backward runs below its forward (FlashAttention-2: 35-45 % on A100 backward);
+    the backward also recomputes the probabilities."""
+    memory: float = 0.75
+    """Memory-bound kernels (norms, activations, dropout, residuals, softmax, loss, optimizer)
+    stream at ~75 % of the HBM datasheet bandwidth (STREAM-like copy on A100/H100 reaches 80-90 %;
+    real elementwise kernels with reductions fall below that)."""
+    kernel_overhead_s: float = 4e-6
+    """Launch and tail cost per kernel: CUDA launch latency is 2-5 us and the last partial wave of
+    a GEMM idles part of the GPU; charged once per non-view op and phase."""
+    nvlink: float = 0.80
+    """NCCL bus bandwidth over NVLink/NVSwitch as a fraction of the per-direction link figure:
+    nccl-tests all-reduce on 8x A100 SXM reaches ~230-240 GB/s of 300 GB/s."""
+    network: float = 0.85
+    """NCCL bus bandwidth over InfiniBand/RoCE per GPU as a fraction of the NIC line rate
+    (HDR 200 Gb/s: ~21 GB/s of 25 GB/s in nccl-tests across DGX A100 nodes)."""
+    host_link: float = 0.80
+    """PCIe copy bandwidth with pinned memory: ~25 GB/s of 32 GB/s on Gen4 x16."""
+    dp_overlap: float = 0.90
+    """Fraction of the last micro-batch's backward under which the data-parallel gradient
+    reduction can hide: bucketed reduction (DDP, FSDP) starts with the first ready bucket and
+    the last bucket is always exposed."""
+    moe_load_imbalance: float = 1.10
+    """The busiest expert rank receives this multiple of the mean tokens (top-k routing with a
+    load-balancing loss keeps it near 1.1; Switch/GShard reports), which sets the expert step."""
+    cpu_adam_params_per_s: float = 1.0e9
+    """CPU Adam step throughput per GPU's share of the host (ZeRO-Offload's CPU-Adam: ~1 billion
+    parameters per second per socket share with AVX-512), for optimizer offload."""
+
+
+DEFAULT_EFFICIENCY = Efficiency()

@@ -1,0 +1,68 @@
+"""``Estimate``: the predicted memory and time of one training step under one configuration."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .specs import ParallelConfig
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Peak bytes on the most loaded GPU of one pipeline stage, by kind."""
+
+    stage: int
+    blocks: int
+    breakdown: dict[str, float]
+
+    @property
+    def peak_bytes(self) -> float:
+        return sum(self.breakdown.values())
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted cost of one optimizer step. Seconds, bytes and FLOPs (SI units)."""
+
+    config: ParallelConfig
+    step_time_s: float
+    """One optimizer step for the global batch."""
+    tokens_per_s: float
+    """Whole cluster."""
+    model_flops_per_step: float
+    """Forward and backward FLOPs of the model (3x the forward matmul and attention FLOPs), no
+    recompute: 6*N*tokens plus attention."""
+    hardware_flops_per_step: float
+    """What the GPUs execute: model FLOPs plus the recomputed forward."""
+    mfu: float
+    """model_flops_per_step / (step_time_s * GPUs * peak FLOP/s)."""
+    hfu: float
+    """hardware_flops_per_step / (step_time_s * GPUs * peak FLOP/s)."""
+    peak_memory_bytes: float
+    """The most loaded GPU."""
+    memory_breakdown: dict[str, float]
+    """Bytes on the most loaded GPU: params, grads, optimizer, activations, buffers."""
+    time_breakdown: dict[str, float]
+    """Seconds per step: compute, recompute, exposed communication by kind (comm_tp, comm_dp,
+    comm_pp, comm_cp, comm_ep), bubble, optimizer, offload. Sums to step_time_s."""
+    usable_memory_bytes: float
+    """HBM the program may use on one GPU."""
+    num_microbatches: int
+    stage_memory: tuple[StageMemory, ...] = ()
+    """Per pipeline stage, first to last."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """What the estimate assumed or could not cost (ops without sharding rules, ...)."""
+
+    @property
+    def fits(self) -> bool:
+        """Peak memory fits in usable HBM."""
+        return self.peak_memory_bytes <= self.usable_memory_bytes
+
+    def achieved_flop_per_s_per_gpu(self, num_gpus: int) -> float:
+        return self.hardware_flops_per_step / (self.step_time_s * num_gpus)
+
+    def to_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        out["config"] = self.config.to_dict()
+        out["fits"] = self.fits
+        return out

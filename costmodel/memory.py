@@ -1,0 +1,103 @@
+"""Memory per GPU: model states by ZeRO stage and precision, activations by checkpoint policy.
+
+Model states follow Rajbhandari et al. (ZeRO, SC'20): with mixed precision each parameter costs
+2 bytes of weights, 2 of gradients and K = 12 of optimizer state (fp32 master weights, Adam
+momentum and variance); stage 1 shards the optimizer state over the data-parallel ranks, stage 2
+also the gradients, stage 3 also the weights.
+
+Activations are the tensors a layer keeps for its backward pass (``SavedTensor``), as derived
+from the traced graph. For a GPT block they reproduce Korthikanti et al. (2022): per layer
+``s*b*h*(34 + 5*a*s/h)`` bytes without parallelism, ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` with
+tensor parallelism, ``s*b*h/t*(34 + 5*a*s/h)`` adding sequence parallelism, ``34*s*b*h/t`` with
+selective recomputation and ``2*s*b*h`` (``/t`` with SP) with full recomputation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .compute import Split
+from .specs import Checkpoint, Optimizer, Precision
+from .workload import LayerCost, Shard
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model state."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    """Optimizer states plus the fp32 master copy where the policy keeps one."""
+
+
+def state_bytes_per_param(precision: Precision, optimizer: Optimizer) -> StateBytes:
+    """Bytes per parameter for a precision policy and optimizer (ZeRO's 2 + 2 + K)."""
+    moments = 1 if optimizer is Optimizer.SGD else 2  # SGD momentum; Adam m and v
+    if precision in (Precision.BF16, Precision.FP16):
+        return StateBytes(2.0, 2.0, 4.0 + 4.0 * moments)
+    if precision is Precision.BF16_PURE:
+        return StateBytes(2.0, 2.0, 2.0 * moments)
+    return StateBytes(4.0, 4.0, 4.0 * moments)
+
+
+def activation_bytes_per_element(precision: Precision) -> float:
+    return 4.0 if precision is Precision.FP32 else 2.0
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes on one GPU."""
+
+    params: float
+    grads: float
+    optimizer: float
+
+
+def model_state_bytes(
+    params: float,
+    expert_params: float,
+    sb: StateBytes,
+    *,
+    zero: int,
+    dp: int,
+    expert_dp: int,
+    offload: bool,
+) -> ModelStates:
+    """Model-state bytes for ``params`` dense and ``expert_params`` expert parameters on a GPU.
+
+    Dense parameters are sharded by ZeRO over ``dp`` ranks (the data- and context-parallel
+    ranks); expert parameters over ``expert_dp`` = dp*cp/ep ranks.
+    """
+
+    def sharded(n_dense: float, n_expert: float, per_param: float, on: bool) -> float:
+        if not on:
+            return (n_dense + n_expert) * per_param
+        return (n_dense / dp + n_expert / expert_dp) * per_param
+
+    opt = 0.0 if offload else sharded(params, expert_params, sb.optimizer, zero >= 1)
+    return ModelStates(
+        params=sharded(params, expert_params, sb.weights, zero >= 3),
+        grads=sharded(params, expert_params, sb.grads, zero >= 2),
+        optimizer=opt,
+    )
+
+
+def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
+    """Bytes one micro-batch of ``layer`` keeps for the backward pass on one GPU."""
+    if policy is Checkpoint.FULL:
+        return layer.input_elements * split.act_bytes * split.scale(Shard.SEQ)
+    total = 0.0
+    for t in layer.saved:
+        if policy is Checkpoint.SELECTIVE and t.attention_core:
+            continue
+        size = t.bytes_per_element if t.bytes_per_element is not None else split.act_bytes
+        total += t.elements * size * split.scale(t.shard)
+    return total
+
+
+def recompute_working_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
+    """Extra bytes live while a recomputed layer runs its backward (one layer at a time)."""
+    if policy is Checkpoint.NONE:
+        return 0.0
+    return saved_bytes(layer, split, Checkpoint.NONE) - saved_bytes(layer, split, policy)

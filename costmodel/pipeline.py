@@ -1,0 +1,74 @@
+"""Pipeline stages and schedules: which layers each stage runs, what each keeps in flight, bubbles.
+
+Schedules (Narayanan et al., SC'21; Korthikanti et al., 2022):
+
+* GPipe runs every forward, then every backward: each stage keeps all ``m`` micro-batches.
+* 1F1B: stage ``i`` of ``p`` keeps ``min(p - i, m)`` micro-batches in flight.
+* Interleaved 1F1B with ``v`` model chunks per rank: the first stage keeps
+  ``p * (1 + (p - 1) / (p * v))`` micro-batches' worth of its layers.
+
+The bubble is ``(p - 1) / v`` stage-times of a micro-batch (v = 1 without interleaving).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import AutoparError
+from .specs import Schedule
+
+
+@dataclass(frozen=True)
+class StagePartition:
+    """Blocks per pipeline stage (all chunks of a rank together), first stage first."""
+
+    blocks: tuple[int, ...]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.blocks)
+
+    def first_block(self, stage: int) -> int:
+        return sum(self.blocks[:stage])
+
+
+def even_partition(num_blocks: int, pp: int, virtual_stages: int = 1) -> StagePartition:
+    """Split ``num_blocks`` over ``pp`` stages as evenly as possible; the remainder goes to the
+    middle stages, since the first and last also carry the embedding and the head."""
+    if pp > num_blocks:
+        raise AutoparError(
+            f"pp={pp} pipeline stages for a model of {num_blocks} blocks",
+            where="pp",
+            fix=f"use at most {num_blocks} stages",
+        )
+    chunks = pp * virtual_stages
+    if virtual_stages > 1 and num_blocks % chunks:
+        raise AutoparError(
+            f"{num_blocks} blocks do not split into pp={pp} x virtual_stages={virtual_stages} "
+            "equal chunks",
+            where="virtual_stages",
+            fix=f"choose pp*virtual_stages among the divisors of {num_blocks}",
+        )
+    base, rest = divmod(num_blocks, pp)
+    blocks = [base] * pp
+    order = sorted(range(pp), key=lambda i: (i in (0, pp - 1), abs(i - (pp - 1) / 2)))
+    for i in order[:rest]:
+        blocks[i] += 1
+    return StagePartition(tuple(blocks))
+
+
+def in_flight_microbatches(schedule: Schedule, stage: int, pp: int, m: int, v: int) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak (in units of all its
+    layers' activations for one micro-batch)."""
+    if schedule is Schedule.GPIPE:
+        return float(m)
+    if schedule is Schedule.ONE_F_ONE_B:
+        return float(min(pp - stage, m))
+    base = min(pp - stage, m)
+    return min(float(m), base * (1.0 + (pp - 1) / (pp * v)))
+
+
+def bubble_fraction(schedule: Schedule, pp: int, m: int, v: int) -> float:
+    """Idle stage-times per step as a fraction of ``m`` micro-batch stage-times."""
+    chunks = v if schedule is Schedule.INTERLEAVED else 1
+    return (pp - 1) / (chunks * m)

@@ -1,0 +1,326 @@
+"""One training step: per-stage compute and communication, the pipeline, gradient reduction.
+
+``estimate_step(workload, cluster, train, config)`` is the whole cost model. It prices one
+micro-batch on every pipeline stage (compute per op, recomputation, tensor-, context- and
+expert-parallel communication, pipeline sends), runs the schedule (micro-batches times the
+slowest stage plus the bubble), adds what the data-parallel gradient reduction cannot hide
+behind the backward pass and the optimizer step, and sizes every stage's memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cluster import ClusterSpec
+from .collectives import Collective, Group, estimate_collective_s
+from .compute import PhaseTimes, Split, estimate_layer_s
+from .efficiency import DEFAULT_EFFICIENCY, Efficiency
+from .errors import AutoparError
+from .estimate import Estimate, StageMemory
+from .memory import (
+    activation_bytes_per_element,
+    model_state_bytes,
+    recompute_working_bytes,
+    saved_bytes,
+    state_bytes_per_param,
+)
+from .pipeline import StagePartition, bubble_fraction, even_partition, in_flight_microbatches
+from .specs import Checkpoint, ParallelConfig, Precision, Schedule, TrainSpec
+from .topology import MeshGroups, mesh_groups
+from .workload import LayerCost, OpKind, Phase, Shard, Workload
+
+COMM_BUCKET_BYTES = 2 * 25 * 2**20
+"""Two 25 MiB gradient buckets in flight (DDP's default ``bucket_cap_mb``)."""
+
+_COMPUTE_DTYPE = {
+    Precision.BF16: "bf16",
+    Precision.BF16_PURE: "bf16",
+    Precision.FP16: "fp16",
+    Precision.FP32: "tf32",
+}
+
+
+@dataclass(frozen=True)
+class _StageTime:
+    """Seconds per micro-batch on one stage, by kind."""
+
+    compute: float
+    recompute: float
+    comm: dict[str, float]
+    backward: float
+    """Backward compute of one micro-batch (the window the gradient reduction hides under)."""
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.recompute + sum(self.comm.values())
+
+
+def check_world(config: ParallelConfig, cluster: ClusterSpec) -> None:
+    if config.world_size != cluster.num_gpus:
+        raise AutoparError(
+            f"dp*tp*pp*cp = {config.dp}*{config.tp}*{config.pp}*{config.cp} = "
+            f"{config.world_size} GPUs, but the cluster has {cluster.num_gpus} "
+            f"({cluster.nodes} nodes x {cluster.gpus_per_node})",
+            where="dp, tp, pp, cp",
+            fix="make dp*tp*pp*cp equal the GPU count (ep is carved from dp*cp)",
+        )
+
+
+def _stage_layers(
+    workload: Workload, part: StagePartition, stage: int
+) -> list[tuple[LayerCost, int | None]]:
+    """(layer, block index or None) of one stage in execution order."""
+    first = part.first_block(stage)
+    layers: list[tuple[LayerCost, int | None]] = []
+    if stage == 0:
+        layers.append((workload.pre, None))
+    layers += [(workload.block, first + j) for j in range(part.blocks[stage])]
+    if stage == part.num_stages - 1:
+        layers.append((workload.post, None))
+    return layers
+
+
+def _tp_comm_s(
+    layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
+    eff: Efficiency,
+) -> float:
+    total = 0.0
+    for c in layer.tp_collectives:
+        nbytes = c.elements * split.micro_batch * split.act_bytes / split.cp
+        t = estimate_collective_s(Collective.ALL_REDUCE, nbytes, g.tp, cluster, eff)
+        repeats = 2 if (c.phase is Phase.FORWARD and policy is Checkpoint.FULL) else 1
+        total += t * repeats
+    return total
+
+
+def _cp_comm_s(
+    layer: LayerCost, split: Split, g: MeshGroups, cluster: ClusterSpec, eff: Efficiency
+) -> float:
+    """Ring attention: cp-1 exchanges of a K/V chunk each way, each hidden under one chunk of
+    attention compute when it can be (forward once, backward twice the data: K/V and dK/dV)."""
+    if split.cp == 1:
+        return 0.0
+    total = 0.0
+    for op in layer.ops:
+        if op.kind is not OpKind.ATTENTION or op.kv_elements == 0:
+            continue
+        chunk = op.kv_elements * split.micro_batch * split.act_bytes / (split.cp * split.tp)
+        ring = Group(size=2, per_node=g.cp.per_node if g.cp.per_node > 1 else 1)
+        step = estimate_collective_s(Collective.SEND_RECV, chunk, ring, cluster, eff)
+        peak = cluster.gpu.peak(split.compute_dtype)
+        fwd_chunk = op.flop * split.scale(Shard.TP) / (peak * eff.attention_fwd) / split.cp
+        bwd_chunk = 2 * op.flop * split.scale(Shard.TP) / (peak * eff.attention_bwd) / split.cp
+        total += (split.cp - 1) * (max(0.0, step - fwd_chunk) + max(0.0, 2 * step - bwd_chunk))
+    return total
+
+
+def _ep_comm_s(
+    layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
+    eff: Efficiency,
+) -> float:
+    """Dispatch and combine all-to-alls, forward and backward (and again when recomputed)."""
+    if layer.ep_alltoall_elements == 0 or g.ep.size == 1:
+        return 0.0
+    nbytes = (layer.ep_alltoall_elements * split.act_bytes * split.scale(Shard.SEQ)
+              * eff.moe_load_imbalance)
+    one = estimate_collective_s(Collective.ALL_TO_ALL, nbytes, g.ep, cluster, eff)
+    passes = 3 if policy is Checkpoint.FULL else 2
+    return 2 * one * passes
+
+
+def _stage_time(
+    workload: Workload, part: StagePartition, stage: int, split: Split,
+    policies: tuple[Checkpoint, ...], config: ParallelConfig, g: MeshGroups,
+    cluster: ClusterSpec, eff: Efficiency,
+) -> _StageTime:
+    compute = PhaseTimes()
+    recompute = 0.0
+    comm = {"comm_tp": 0.0, "comm_cp": 0.0, "comm_ep": 0.0, "comm_pp": 0.0}
+    imbalance = eff.moe_load_imbalance if config.ep > 1 else 1.0
+    for layer, idx in _stage_layers(workload, part, stage):
+        policy = policies[idx] if idx is not None else Checkpoint.NONE
+        t = estimate_layer_s(layer, split, cluster, eff, expert_scale=imbalance)
+        compute = compute + t
+        if policy is Checkpoint.FULL:
+            recompute += t.forward
+        elif policy is Checkpoint.SELECTIVE:
+            recompute += estimate_layer_s(layer, split, cluster, eff, only_attention_core=True).forward
+        comm["comm_tp"] += _tp_comm_s(layer, split, policy, g, cluster, eff)
+        comm["comm_cp"] += _cp_comm_s(layer, split, g, cluster, eff)
+        comm["comm_ep"] += _ep_comm_s(layer, split, policy, g, cluster, eff)
+    if config.pp > 1:
+        # Narayanan et al.'s scatter/gather: each tp rank sends 1/tp of the boundary activation.
+        nbytes = (workload.block.output_elements * split.micro_batch * split.act_bytes
+                  / (split.tp * split.cp))
+        link = Group(size=2, per_node=1 if g.pp_crosses_node else 2)
+        one = estimate_collective_s(Collective.SEND_RECV, nbytes, link, cluster, eff)
+        chunks = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
+        comm["comm_pp"] += 2 * one * chunks  # activation forward, its gradient backward
+    return _StageTime(compute.forward + compute.backward, recompute, comm, compute.backward)
+
+
+def _stage_params(workload: Workload, part: StagePartition, stage: int, config: ParallelConfig
+                  ) -> tuple[float, float]:
+    """(dense, expert) parameters on one GPU of a stage."""
+    dense = expert = 0.0
+    for layer, _ in _stage_layers(workload, part, stage):
+        plain = layer.params - layer.params_tp - layer.params_expert
+        dense += plain + layer.params_tp / config.tp
+        expert += layer.params_expert / (config.ep * config.tp)
+    if config.pp > 1 and stage == part.num_stages - 1:
+        dense += workload.tied_params / config.tp
+    return dense, expert
+
+
+def _dp_comm_s(
+    dense: float, expert: float, grad_bytes: float, weight_bytes: float, config: ParallelConfig,
+    m: int, backward_s: float, stage_compute_s: float, g: MeshGroups, cluster: ClusterSpec,
+    eff: Efficiency,
+) -> float:
+    """Exposed data-parallel communication per step for one stage's GPU.
+
+    ZeRO 0/1: one all-reduce (ZeRO-1: reduce-scatter + all-gather, the same volume) per step,
+    hidden under the last micro-batch's backward as bucketed reduction allows. ZeRO 2: a
+    reduce-scatter per micro-batch hidden under its backward, the updated weights all-gathered
+    once. ZeRO 3 (FSDP): weights all-gathered before each forward and backward (and the
+    recomputation) and gradients reduce-scattered per micro-batch, each overlapped with the
+    micro-batch's compute by prefetching.
+    """
+    def coll(kind: Collective, n_dense: float, n_expert: float, nbytes: float) -> float:
+        return (estimate_collective_s(kind, n_dense * nbytes, g.dp_cp, cluster, eff)
+                + estimate_collective_s(kind, n_expert * nbytes, g.expert_dp, cluster, eff))
+
+    if config.zero <= 1:
+        t = coll(Collective.ALL_REDUCE, dense, expert, grad_bytes)
+        return max(t - eff.dp_overlap * backward_s, t / 8 if t else 0.0)
+    rs = coll(Collective.REDUCE_SCATTER, dense, expert, grad_bytes)
+    ag = coll(Collective.ALL_GATHER, dense, expert, weight_bytes)
+    if config.zero == 2:
+        return m * max(0.0, rs - eff.dp_overlap * backward_s) + ag
+    gathers = 3 if config.checkpoint != Checkpoint.NONE else 2
+    per_mb = rs + gathers * ag
+    return m * max(0.0, per_mb - eff.dp_overlap * stage_compute_s)
+
+
+def _optimizer_s(dense: float, expert: float, config: ParallelConfig, train: TrainSpec,
+                 g: MeshGroups, cluster: ClusterSpec, eff: Efficiency) -> tuple[float, float]:
+    """(optimizer seconds on the GPU or CPU, offload transfer seconds)."""
+    shard = dense / g.dp_cp.size + expert / g.expert_dp.size if config.zero >= 1 else dense + expert
+    sb = state_bytes_per_param(train.precision, train.optimizer)
+    if config.offload:
+        cpu = shard / eff.cpu_adam_params_per_s
+        moved = shard * (sb.grads + sb.weights)
+        return cpu, moved / (cluster.host_link.bytes_per_s * eff.host_link)
+    traffic = 2 * sb.optimizer + sb.grads + sb.weights  # read+write states, read grads, write weights
+    return shard * traffic / (cluster.gpu.hbm_bytes_per_s * eff.memory), 0.0
+
+
+def estimate_step(
+    workload: Workload,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    config: ParallelConfig,
+    *,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    partition: StagePartition | None = None,
+) -> Estimate:
+    """Predict one optimizer step of ``workload`` on ``cluster`` under ``config``."""
+    eff = efficiency
+    check_world(config, cluster)
+    m = config.microbatches(train)
+    L = workload.num_blocks
+    part = partition or even_partition(L, config.pp, config.virtual_stages)
+    policies = config.checkpoint_of(L)
+    g = mesh_groups(config, cluster)
+    act = activation_bytes_per_element(train.precision)
+    split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
+                  _COMPUTE_DTYPE[train.precision])
+    sb = state_bytes_per_param(train.precision, train.optimizer)
+
+    times = [_stage_time(workload, part, s, split, policies, config, g, cluster, eff)
+             for s in range(config.pp)]
+    slow = max(range(config.pp), key=lambda s: times[s].total)
+    t_mb = times[slow].total
+    v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
+    bubble = bubble_fraction(config.schedule, config.pp, m, v) * m * t_mb
+
+    dp_exposed, optimizer_s, offload_s = 0.0, 0.0, 0.0
+    stage_mem = []
+    for s in range(config.pp):
+        dense, expert = _stage_params(workload, part, s, config)
+        exposed = _dp_comm_s(dense, expert, sb.grads, sb.weights, config, m, times[s].backward,
+                             times[s].compute, g, cluster, eff)
+        opt, off = _optimizer_s(dense, expert, config, train, g, cluster, eff)
+        dp_exposed, optimizer_s, offload_s = (max(dp_exposed, exposed), max(optimizer_s, opt),
+                                              max(offload_s, off))
+        stage_mem.append(_stage_memory(workload, part, s, split, policies, config, m, v,
+                                       dense, expert, sb, g))
+
+    comm = {k: m * val for k, val in times[slow].comm.items()}
+    comm["comm_dp"] = dp_exposed
+    breakdown = {"compute": m * times[slow].compute, "recompute": m * times[slow].recompute,
+                 **comm, "bubble": bubble, "optimizer": optimizer_s, "offload": offload_s}
+    step = sum(breakdown.values())
+
+    fwd = workload.pre.matmul_flop + L * workload.block.matmul_flop + workload.post.matmul_flop
+    recomputed = sum(
+        workload.block.matmul_flop if p is Checkpoint.FULL else
+        sum(o.flop for o in workload.block.ops
+            if o.attention_core and o.kind in (OpKind.MATMUL, OpKind.ATTENTION))
+        if p is Checkpoint.SELECTIVE else 0.0
+        for p in policies
+    )
+    model_flops = 3 * fwd * train.global_batch
+    hw_flops = model_flops + recomputed * train.global_batch
+    peak = cluster.gpu.peak(split.compute_dtype) * cluster.num_gpus
+    worst = max(stage_mem, key=lambda sm: sm.peak_bytes)
+    notes = list(workload.notes)
+    if workload.block.no_rule_ops:
+        notes.append("ops without a sharding rule, costed as replicated: "
+                     + ", ".join(sorted(set(workload.block.no_rule_ops))))
+    return Estimate(
+        config=config,
+        step_time_s=step,
+        tokens_per_s=train.tokens_per_step / step,
+        model_flops_per_step=model_flops,
+        hardware_flops_per_step=hw_flops,
+        mfu=model_flops / (step * peak),
+        hfu=hw_flops / (step * peak),
+        peak_memory_bytes=worst.peak_bytes,
+        memory_breakdown=dict(worst.breakdown),
+        time_breakdown=breakdown,
+        usable_memory_bytes=float(cluster.usable_hbm_bytes),
+        num_microbatches=m,
+        stage_memory=tuple(stage_mem),
+        notes=tuple(notes),
+    )
+
+
+def _stage_memory(
+    workload: Workload, part: StagePartition, stage: int, split: Split,
+    policies: tuple[Checkpoint, ...], config: ParallelConfig, m: int, v: int,
+    dense: float, expert: float, sb, g: MeshGroups,
+) -> StageMemory:
+    states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
+                               expert_dp=g.expert_dp.size, offload=config.offload)
+    kept = 0.0
+    working = 0.0
+    layers = _stage_layers(workload, part, stage)
+    for layer, idx in layers:
+        policy = policies[idx] if idx is not None else Checkpoint.NONE
+        kept += saved_bytes(layer, split, policy)
+        working = max(working, recompute_working_bytes(layer, split, policy))
+    in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
+    activations = in_flight * kept + working
+    buffers = float(COMM_BUCKET_BYTES)
+    if config.zero == 3:
+        biggest = max(layer.params_tp / config.tp + layer.params - layer.params_tp
+                      for layer, _ in layers)
+        buffers += 2 * biggest * sb.weights  # the gathered layer and the prefetched next one
+    return StageMemory(
+        stage=stage,
+        blocks=part.blocks[stage],
+        breakdown={"params": states.params, "grads": states.grads,
+                   "optimizer": states.optimizer, "activations": activations,
+                   "buffers": buffers},
+    )

@@ -1,0 +1,160 @@
+"""The cost model's view of a model: per-layer tables of work, saved activations and communication.
+
+``autopar.workload.build_workload`` derives a ``Workload`` from a traced ``GraphIR``; the cost
+model reads nothing else of the model. Every quantity is for ONE sequence at the traced sequence
+length on ONE unsharded replica; the cost model scales by micro-batch and divides by the parallel
+degrees according to each entry's ``Shard`` class. Bytes of activations are in the training
+precision's activation dtype (``act_bytes`` per element), recorded here as element counts so that
+the precision policy is applied in one place (``costmodel.memory``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+
+
+class Phase(Enum):
+    """Where in the step work happens (calculon's layer phases)."""
+
+    FORWARD = "forward"
+    BACKWARD_ACT = "backward-activation"
+    BACKWARD_WEIGHT = "backward-weight"
+    OPTIMIZER = "optimizer"
+
+
+class OpKind(StrEnum):
+    """Which roofline an op runs on."""
+
+    MATMUL = "matmul"
+    """Tensor-core GEMM: linear, matmul, bmm."""
+    ATTENTION = "attention"
+    """Fused attention kernel (flash / SDPA)."""
+    MEMORY = "memory"
+    """Memory-bound: elementwise, norms, softmax, dropout, loss, copies."""
+    FREE = "free"
+    """Views and metadata: no kernel."""
+
+
+class Shard(StrEnum):
+    """How an entry divides under tensor (Megatron) parallelism."""
+
+    TP = "tp"
+    """Inside the column->row region (heads, ffn, vocabulary): divided by tp."""
+    SEQ = "seq"
+    """Replicated over the tp ranks; divided by tp only with sequence parallelism."""
+    REPLICATED = "replicated"
+    """Never divided by tp (a router, a tiny op with no rule)."""
+
+
+class CommKind(StrEnum):
+    """Communication kinds, as the time breakdown names them."""
+
+    TP = "tp"
+    DP = "dp"
+    PP = "pp"
+    CP = "cp"
+    EP = "ep"
+    OFFLOAD = "offload"
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One op of a layer, per sequence, forward, unsharded."""
+
+    name: str
+    op: str
+    kind: OpKind
+    flop: float
+    bytes: float
+    """Bytes read+written at the traced dtype's itemsize scaled to the activation dtype."""
+    shard: Shard
+    attention_core: bool = False
+    """In the s^2 region (scores, softmax, dropout of probabilities): recomputed by selective."""
+    expert: bool = False
+    """Expert computation of an MoE layer (its weights are split by ep)."""
+    kv_elements: float = 0.0
+    """For attention: K and V elements per sequence (what ring attention passes around)."""
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """An activation kept from the forward for the backward pass, per sequence, unsharded."""
+
+    name: str
+    elements: float
+    shard: Shard
+    bytes_per_element: float | None = None
+    """Fixed element size (a bool mask: 1, an fp32 statistic: 4); None: the activation dtype."""
+    attention_core: bool = False
+    """Recomputed under the selective policy."""
+
+
+@dataclass(frozen=True)
+class TPCollective:
+    """A tensor-parallel all-reduce of ``elements`` activations per sequence.
+
+    Under sequence parallelism each becomes a reduce-scatter plus an all-gather of the same
+    volume (Korthikanti et al., 2022, section 4.2.2).
+    """
+
+    name: str
+    elements: float
+    phase: Phase
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer: a repeated block, or the parts before (embedding) and after (head, loss)."""
+
+    name: str
+    ops: tuple[OpCost, ...]
+    saved: tuple[SavedTensor, ...]
+    input_elements: float
+    """Elements of the layer's input activation per sequence (kept under full recompute)."""
+    output_elements: float
+    """Elements of the layer's output per sequence (sent to the next pipeline stage)."""
+    params: int
+    """Parameters of the layer, all of them."""
+    params_tp: int
+    """Of which divided by tp."""
+    params_expert: int = 0
+    """Of which expert weights (divided by ep)."""
+    tp_collectives: tuple[TPCollective, ...] = ()
+    ep_alltoall_elements: float = 0.0
+    """Elements each dispatch (and each combine) all-to-all moves per sequence."""
+    no_rule_ops: tuple[str, ...] = ()
+    """Ops the sharding rules did not know, costed as replicated."""
+
+    @property
+    def fwd_flop(self) -> float:
+        return sum(o.flop for o in self.ops)
+
+    @property
+    def matmul_flop(self) -> float:
+        return sum(o.flop for o in self.ops if o.kind in (OpKind.MATMUL, OpKind.ATTENTION))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model as the cost model sees it."""
+
+    name: str
+    pre: LayerCost
+    """Embedding and whatever runs before the first block: on the first pipeline stage."""
+    block: LayerCost
+    """One repeated block."""
+    num_blocks: int
+    post: LayerCost
+    """Final norm, head and loss: on the last pipeline stage."""
+    seq_len: int
+    tied_params: int = 0
+    """Parameters held by both the first and the last stage (a tied embedding/head)."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def params(self) -> int:
+        return self.pre.params + self.num_blocks * self.block.params + self.post.params
+
+    def layers(self) -> tuple[LayerCost, ...]:
+        return (self.pre,) + (self.block,) * self.num_blocks + (self.post,)
