@@ -16,11 +16,13 @@ from autopar.tracing import trace
 from autopar.workload import build_workload
 
 
-def workload_of(model: nn.Module | GraphIR, train: TrainSpec) -> Workload:
+def workload_of(model: nn.Module | GraphIR, train: TrainSpec, fusions: tuple[str, ...] = ()
+                ) -> Workload:
     """Trace ``model`` (unless given a ``GraphIR``) and build the cost model's tables."""
     graph = model if isinstance(model, GraphIR) else trace(model, train)
     return build_workload(graph, activation_bytes_per_element(train.precision),
-                          name=type(model).__name__ if not isinstance(model, GraphIR) else "")
+                          name=type(model).__name__ if not isinstance(model, GraphIR) else "",
+                          fusions=fusions)
 
 
 def estimate(
@@ -34,5 +36,5 @@ def estimate(
     """Predicted step time and memory of ``model`` on ``cluster`` under ``config``."""
     check_world(config, cluster)
     config.microbatches(train)
-    work = model if isinstance(model, Workload) else workload_of(model, train)
+    work = model if isinstance(model, Workload) else workload_of(model, train, config.fusions)
     return estimate_step(work, cluster, train, config, efficiency=efficiency)

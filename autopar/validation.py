@@ -23,6 +23,8 @@ from autopar.costmodel.specs import ParallelConfig, TrainSpec
 from autopar.costmodel.step import estimate_step
 
 MICRO_BATCHES = (1, 2, 4, 8)
+MEGATRON_FUSIONS = ("scale_mask_softmax", "bias_dropout_add")
+"""The fused kernels of the Megatron-LM runs (fused scale-mask-softmax, bias-dropout-add)."""
 
 
 def load_published(path: str | Path) -> dict:
@@ -53,11 +55,11 @@ def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g") -> RunCh
     dp = gpus // (tp * pp)
     model = models.build("gpt", num_layers=row["num_layers"], hidden_size=row["hidden_size"],
                          num_heads=row["attention_heads"], vocab_size=row["vocab_size"],
-                         seq_len=row["seq_len"], device="meta")
+                         seq_len=row["seq_len"], attention="eager", dropout=0.1, device="meta")
     cluster = ClusterSpec.preset(cluster_preset, nodes=max(1, gpus // 8))
     train = TrainSpec(global_batch=row["global_batch_size"], seq_len=row["seq_len"],
                       precision="fp16", optimizer="adam")
-    work = workload_of(model, train)
+    work = workload_of(model, train, MEGATRON_FUSIONS)
     per_stage = row["num_layers"] // pp
     best: Estimate | None = None
     for mb in MICRO_BATCHES:
@@ -67,7 +69,7 @@ def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g") -> RunCh
             try:
                 config = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb,
                                         schedule="interleaved", virtual_stages=v,
-                                        checkpoint="full")
+                                        checkpoint="full", fusions=MEGATRON_FUSIONS)
                 est = estimate_step(work, cluster, train, config)
             except AutoparError:
                 continue

@@ -30,6 +30,7 @@ from autopar.costmodel.workload import (
     TPCollective,
     Workload,
 )
+from autopar.fusion_patterns import find_fusions, fused_bytes
 from autopar.graph import GraphIR, NodeInfo
 
 GEMM_OPS = frozenset({"linear", "matmul", "bmm", "baddbmm", "mm", "addmm", "einsum", "grouped_mm"})
@@ -241,14 +242,28 @@ def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[Saved
     return tuple(seen.values())
 
 
-def op_costs(graph: GraphIR, nodes: list[NodeInfo], tp: _TP, act_bytes: float
-             ) -> tuple[OpCost, ...]:
+def op_costs(graph: GraphIR, nodes: list[NodeInfo], tp: _TP, act_bytes: float,
+             fusions: tuple[str, ...] = ()) -> tuple[OpCost, ...]:
+    """Per-op costs; each match of a named fusion pattern becomes one op with the fused bytes."""
     per_seq = 1.0 / graph.batch
+    chains = {chain[0].name: (name, chain) for name, chain in find_fusions(graph, nodes, fusions)}
+    inside = {n.name for _, chain in chains.values() for n in chain[1:]}
     costs = []
     for n in nodes:
+        if n.name in inside:
+            continue
         itemsize = n.out.dtype.itemsize if n.out is not None and n.out.dtype.is_floating_point \
             else act_bytes
         scale = act_bytes / itemsize
+        if n.name in chains:
+            pattern, chain = chains[n.name]
+            costs.append(OpCost(
+                name=f"{pattern}:{n.name}", op=pattern, kind=OpKind.MEMORY,
+                flop=sum(c.fwd_flop for c in chain) * per_seq,
+                bytes=fused_bytes(chain) * per_seq * scale, shard=_op_shard(tp, n),
+                attention_core=any(_is_attention_core(c, graph.seq_len) for c in chain),
+            ))
+            continue
         kv = 0.0
         if n.op == "sdpa" and len(n.inputs) >= 3:
             kv = sum(graph.node(i).out.numel for i in n.inputs[1:3]
@@ -306,7 +321,8 @@ def _elements(graph: GraphIR, name: str | None) -> float:
 
 
 def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: float,
-                exclude_params: frozenset[str] = frozenset()) -> LayerCost:
+                exclude_params: frozenset[str] = frozenset(),
+                fusions: tuple[str, ...] = ()) -> LayerCost:
     tp = classify_tp(graph, nodes)
     names = {n.name for n in nodes}
     external = [i for n in nodes for i in n.inputs if i not in names]
@@ -320,7 +336,7 @@ def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: flo
             a2a = max(a2a, _elements(graph, i))
     return LayerCost(
         name=name,
-        ops=op_costs(graph, nodes, tp, act_bytes),
+        ops=op_costs(graph, nodes, tp, act_bytes, fusions),
         saved=saved_tensors(graph, nodes, tp),
         input_elements=_elements(graph, external[0] if external else None),
         output_elements=_elements(graph, nodes[-1].name if nodes else None),
@@ -333,8 +349,10 @@ def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: flo
     )
 
 
-def build_workload(graph: GraphIR, act_bytes: float = 2.0, name: str = "") -> Workload:
-    """The cost model's tables for ``graph`` with ``act_bytes`` per activation element."""
+def build_workload(graph: GraphIR, act_bytes: float = 2.0, name: str = "",
+                   fusions: tuple[str, ...] = ()) -> Workload:
+    """The cost model's tables for ``graph`` with ``act_bytes`` per activation element, the
+    named fusion patterns priced as fused kernels."""
     if graph.blocks is None or graph.num_blocks == 0:
         raise ValueError("the graph has no repeated blocks")
     first_block = next(i for i, n in enumerate(graph.nodes) if n.block is not None)
@@ -342,11 +360,12 @@ def build_workload(graph: GraphIR, act_bytes: float = 2.0, name: str = "") -> Wo
     post_nodes = [n for n in graph.nodes[first_block:] if n.block is None]
     pre_params = {p for n in pre_nodes for p in n.params}
     tied = pre_params & {p for n in post_nodes for p in n.params}
-    pre = build_layer(graph, "pre", pre_nodes, act_bytes)
-    post = build_layer(graph, "post", post_nodes, act_bytes, exclude_params=frozenset(tied))
-    block = build_layer(graph, "block", graph.block_nodes(0), act_bytes)
+    pre = build_layer(graph, "pre", pre_nodes, act_bytes, fusions=fusions)
+    post = build_layer(graph, "post", post_nodes, act_bytes, exclude_params=frozenset(tied),
+                       fusions=fusions)
+    block = build_layer(graph, "block", graph.block_nodes(0), act_bytes, fusions=fusions)
     notes = []
-    if not graph.blocks.uniform if hasattr(graph.blocks, "uniform") else False:
+    if not graph.blocks.uniform:
         notes.append("block instances differ; the cost model prices instance 0 for all")
     return Workload(
         name=name or graph.model_name, pre=pre, block=block, num_blocks=graph.num_blocks,

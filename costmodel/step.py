@@ -154,6 +154,8 @@ def _stage_time(
                   / (split.tp * split.cp))
         link = Group(size=2, per_node=1 if g.pp_crosses_node else 2)
         one = estimate_collective_s(Collective.SEND_RECV, nbytes, link, cluster, eff)
+        # ...and the receiving tp ranks all-gather the full activation over NVLink.
+        one += estimate_collective_s(Collective.ALL_GATHER, nbytes * split.tp, g.tp, cluster, eff)
         chunks = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
         comm["comm_pp"] += 2 * one * chunks  # activation forward, its gradient backward
     return _StageTime(compute.forward + compute.backward, recompute, comm, compute.backward)
