@@ -21,7 +21,8 @@ from autopar.costmodel.specs import ParallelConfig, TrainSpec, parse_checkpoint
 
 def _add_model_cluster_train(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model, cluster and training step")
-    g.add_argument("--model", required=True, help="a zoo preset or family (autopar models)")
+    g.add_argument("--model", required=True,
+                   help="a zoo preset or family (autopar models), or FILE.py:FACTORY")
     g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model field, e.g. --model-arg num_layers=12 (repeatable)")
     g.add_argument("--cluster", default=None, help="a cluster preset (autopar clusters)")
@@ -60,6 +61,10 @@ def _parse_value(text: str) -> object:
 
 def _model(args: argparse.Namespace):
     from autopar import models
+    from autopar.user_model import is_user_model, load_user_model
+
+    if is_user_model(args.model):
+        return load_user_model(args.model)
 
     overrides: dict[str, object] = {}
     for item in args.model_arg:

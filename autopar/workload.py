@@ -148,8 +148,9 @@ def _op_shard(tp: _TP, n: NodeInfo) -> Shard:
 
 
 def _is_attention_core(n: NodeInfo, seq_len: int) -> bool:
+    """Scores-shaped (batch, heads, s, s): the region selective recomputation drops."""
     out = n.out
-    return out is not None and len(out.shape) >= 2 and out.shape[-1] == seq_len \
+    return out is not None and len(out.shape) == 4 and out.shape[-1] == seq_len \
         and out.shape[-2] == seq_len and n.op != "sdpa"
 
 
