@@ -128,26 +128,43 @@ def _ep_comm_s(
     return 2 * one * passes
 
 
+def _layer_time(
+    layer: LayerCost, policy: Checkpoint, split: Split, config: ParallelConfig, g: MeshGroups,
+    cluster: ClusterSpec, eff: Efficiency,
+) -> tuple[PhaseTimes, float, float, float, float]:
+    """(compute, recompute, tp, cp, ep seconds) of one layer for one micro-batch."""
+    imbalance = eff.moe_load_imbalance if config.ep > 1 else 1.0
+    t = estimate_layer_s(layer, split, cluster, eff, expert_scale=imbalance)
+    recompute = 0.0
+    if policy is Checkpoint.FULL:
+        recompute = t.forward
+    elif policy is Checkpoint.SELECTIVE:
+        recompute = estimate_layer_s(layer, split, cluster, eff, only_attention_core=True).forward
+    return (t, recompute, _tp_comm_s(layer, split, policy, g, cluster, eff),
+            _cp_comm_s(layer, split, g, cluster, eff),
+            _ep_comm_s(layer, split, policy, g, cluster, eff))
+
+
 def _stage_time(
     workload: Workload, part: StagePartition, stage: int, split: Split,
     policies: tuple[Checkpoint, ...], config: ParallelConfig, g: MeshGroups,
     cluster: ClusterSpec, eff: Efficiency,
+    memo: dict[tuple[str, Checkpoint], tuple[PhaseTimes, float, float, float, float]],
 ) -> _StageTime:
     compute = PhaseTimes()
     recompute = 0.0
     comm = {"comm_tp": 0.0, "comm_cp": 0.0, "comm_ep": 0.0, "comm_pp": 0.0}
-    imbalance = eff.moe_load_imbalance if config.ep > 1 else 1.0
     for layer, idx in _stage_layers(workload, part, stage):
         policy = policies[idx] if idx is not None else Checkpoint.NONE
-        t = estimate_layer_s(layer, split, cluster, eff, expert_scale=imbalance)
+        key = (layer.name, policy)
+        if key not in memo:  # every block of a stage costs the same: price it once
+            memo[key] = _layer_time(layer, policy, split, config, g, cluster, eff)
+        t, rc, tp_s, cp_s, ep_s = memo[key]
         compute = compute + t
-        if policy is Checkpoint.FULL:
-            recompute += t.forward
-        elif policy is Checkpoint.SELECTIVE:
-            recompute += estimate_layer_s(layer, split, cluster, eff, only_attention_core=True).forward
-        comm["comm_tp"] += _tp_comm_s(layer, split, policy, g, cluster, eff)
-        comm["comm_cp"] += _cp_comm_s(layer, split, g, cluster, eff)
-        comm["comm_ep"] += _ep_comm_s(layer, split, policy, g, cluster, eff)
+        recompute += rc
+        comm["comm_tp"] += tp_s
+        comm["comm_cp"] += cp_s
+        comm["comm_ep"] += ep_s
     if config.pp > 1:
         # Narayanan et al.'s scatter/gather: each tp rank sends 1/tp of the boundary activation.
         nbytes = (workload.block.output_elements * split.micro_batch * split.act_bytes
@@ -239,7 +256,8 @@ def estimate_step(
                   _COMPUTE_DTYPE[train.precision])
     sb = state_bytes_per_param(train.precision, train.optimizer)
 
-    times = [_stage_time(workload, part, s, split, policies, config, g, cluster, eff)
+    memo: dict[tuple[str, Checkpoint], tuple[PhaseTimes, float, float, float, float]] = {}
+    times = [_stage_time(workload, part, s, split, policies, config, g, cluster, eff, memo)
              for s in range(config.pp)]
     slow = max(range(config.pp), key=lambda s: times[s].total)
     t_mb = times[slow].total
