@@ -15,14 +15,15 @@ def _seconds(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.3f} s"
 
 
-def estimate_tables(est: Estimate, cluster: ClusterSpec, title: str = "") -> Group:
+def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "") -> Group:
     c = est.config
     head = Table(title=title or "Estimate", show_header=False, box=None)
     head.add_column(style="bold")
     head.add_column()
     ckpt = c.checkpoint if isinstance(c.checkpoint, str) else ",".join(c.checkpoint)
-    head.add_row("cluster", f"{cluster.name}: {cluster.nodes} x {cluster.gpus_per_node} "
-                            f"{cluster.gpu.name}")
+    if cluster is not None:
+        head.add_row("cluster", f"{cluster.name}: {cluster.nodes} x {cluster.gpus_per_node} "
+                                f"{cluster.gpu.name}")
     head.add_row("parallel", f"dp {c.dp}  tp {c.tp}  pp {c.pp}  cp {c.cp}  ep {c.ep}  "
                              f"zero {c.zero}  sp {'on' if c.sequence_parallel else 'off'}")
     head.add_row("pipeline", f"{c.schedule}  v={c.virtual_stages}  micro-batch {c.micro_batch} x "

@@ -64,5 +64,16 @@ class Estimate:
     def to_dict(self) -> dict[str, object]:
         out = asdict(self)
         out["config"] = self.config.to_dict()
+        out["stage_memory"] = [asdict(sm) for sm in self.stage_memory]
+        out["notes"] = list(self.notes)
         out["fits"] = self.fits
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Estimate:
+        d = dict(data)
+        d.pop("fits", None)
+        d["config"] = ParallelConfig.from_dict(d["config"])
+        d["stage_memory"] = tuple(StageMemory(**sm) for sm in d.get("stage_memory", ()))
+        d["notes"] = tuple(d.get("notes", ()))
+        return cls(**d)

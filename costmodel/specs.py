@@ -94,6 +94,10 @@ class TrainSpec:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
+    def to_dict(self) -> dict[str, object]:
+        return {"global_batch": self.global_batch, "seq_len": self.seq_len,
+                "precision": self.precision.value, "optimizer": self.optimizer.value}
+
 
 @dataclass(frozen=True)
 class ParallelConfig:
@@ -210,6 +214,21 @@ class ParallelConfig:
                 fix="pick a micro-batch size and dp whose product divides the global batch",
             )
         return per_replica
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ParallelConfig:
+        """Inverse of ``to_dict``; unknown keys are an error naming the key."""
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise AutoparError(f"unknown ParallelConfig field {key!r}", where=key,
+                                   fix=f"use fields among {', '.join(sorted(known))}")
+        d = dict(data)
+        if isinstance(d.get("checkpoint"), list):
+            d["checkpoint"] = tuple(d["checkpoint"])
+        if "fusions" in d:
+            d["fusions"] = tuple(d["fusions"])
+        return cls(**d)
 
     def with_(self, **changes: object) -> ParallelConfig:
         return replace(self, **changes)

@@ -1,0 +1,229 @@
+"""``Plan``: what the search decided, what it predicts, and what came second.
+
+A frozen dataclass that validates in ``__post_init__``, round-trips to JSON byte for byte, prints
+itself as a table (``report``) and explains itself against its runner-ups (``explain``). It
+imports nothing of the search or the passes, so the passes can depend on it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+from rich.console import Console, Group
+from rich.table import Table
+
+from autopar.costmodel.estimate import Estimate
+from autopar.costmodel.specs import ParallelConfig, TrainSpec
+
+GIB = 2**30
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    """How the search ended."""
+
+    status: str
+    """``optimal`` (proven within the search space), ``feasible`` (a time limit was hit)."""
+    gap: float
+    """Relative optimality gap of the inner solves when a time limit was hit (0 otherwise)."""
+    candidates: int
+    """Outer candidates (mesh x schedule x micro-batching x ...) priced."""
+    pruned: int
+    """Candidates discarded by pruning rules before pricing."""
+    wall_s: float = 0.0
+    """Search wall time; not part of the JSON (it would break byte-identical output)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A parallel training plan for one model on one cluster."""
+
+    model: str
+    """Model name (zoo preset or class name)."""
+    cluster: str
+    """Cluster name."""
+    nodes: int
+    gpus_per_node: int
+    train: TrainSpec
+    config: ParallelConfig
+    """The decisions: mesh, ZeRO, micro-batching, schedule, checkpointing, offload, fusions."""
+    estimate: Estimate
+    """Predicted step time and memory."""
+    stage_blocks: tuple[int, ...]
+    """Blocks per pipeline stage, first stage first (it also holds the embedding, the last the
+    head)."""
+    block_strategies: tuple[tuple[str, str], ...] = ()
+    """(op, strategy) for the ops of one block, tied across the repeated blocks."""
+    ops_without_rules: tuple[str, ...] = ()
+    """Ops the strategy registry had no rule for: run replicated."""
+    alternatives: tuple[Plan, ...] = ()
+    """Runner-up plans, best first."""
+    solver: SolverInfo | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ValueError(f"a plan needs nodes >= 1 and gpus_per_node >= 1, got "
+                             f"{self.nodes} x {self.gpus_per_node}")
+        if self.config.world_size != self.nodes * self.gpus_per_node:
+            raise ValueError(f"config covers {self.config.world_size} GPUs, the cluster has "
+                             f"{self.nodes * self.gpus_per_node}")
+        if len(self.stage_blocks) != self.config.pp:
+            raise ValueError(f"{len(self.stage_blocks)} stage sizes for pp={self.config.pp}")
+        if any(b < 1 for b in self.stage_blocks):
+            raise ValueError(f"every pipeline stage needs a block: {self.stage_blocks}")
+
+    # ----- JSON -----
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "format": FORMAT_VERSION,
+            "model": self.model, "cluster": self.cluster, "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node, "train": self.train.to_dict(),
+            "config": self.config.to_dict(), "estimate": self.estimate.to_dict(),
+            "stage_blocks": list(self.stage_blocks),
+            "block_strategies": [list(s) for s in self.block_strategies],
+            "ops_without_rules": list(self.ops_without_rules),
+            "alternatives": [a.to_dict() for a in self.alternatives],
+        }
+        if self.solver is not None:
+            out["solver"] = {"status": self.solver.status, "gap": self.solver.gap,
+                             "candidates": self.solver.candidates, "pruned": self.solver.pruned}
+        return out
+
+    def to_json(self) -> str:
+        """Deterministic JSON: identical inputs give byte-identical text."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Plan:
+        solver = d.get("solver")
+        return cls(
+            model=d["model"], cluster=d["cluster"], nodes=d["nodes"],
+            gpus_per_node=d["gpus_per_node"], train=TrainSpec(**d["train"]),
+            config=ParallelConfig.from_dict(d["config"]),
+            estimate=Estimate.from_dict(d["estimate"]),
+            stage_blocks=tuple(d["stage_blocks"]),
+            block_strategies=tuple(tuple(s) for s in d.get("block_strategies", ())),
+            ops_without_rules=tuple(d.get("ops_without_rules", ())),
+            alternatives=tuple(cls.from_dict(a) for a in d.get("alternatives", ())),
+            solver=SolverInfo(**solver) if solver else None,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.from_dict(json.loads(text))
+
+    # ----- for people -----
+    def summary(self) -> str:
+        c = self.config
+        ckpt = c.checkpoint if isinstance(c.checkpoint, str) else _policy_counts(c.checkpoint)
+        parts = [f"dp{c.dp}", f"tp{c.tp}", f"pp{c.pp}"]
+        parts += [f"cp{c.cp}"] if c.cp > 1 else []
+        parts += [f"ep{c.ep}"] if c.ep > 1 else []
+        parts += [f"zero{c.zero}", f"mb{c.micro_batch}x{self.estimate.num_microbatches}"]
+        if c.pp > 1:
+            parts.append(str(c.schedule) + (f"(v{c.virtual_stages})"
+                                            if c.virtual_stages > 1 else ""))
+        if c.sequence_parallel:
+            parts.append("sp")
+        parts.append(f"ckpt:{ckpt}")
+        if c.offload:
+            parts.append("offload")
+        return " ".join(parts)
+
+    def report(self, width: int = 110) -> str:
+        """The plan as tables: configuration, memory per stage, time, what runs replicated."""
+        from autopar.report import estimate_tables
+
+        buf = io.StringIO()
+        console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+        title = (f"{self.model} on {self.cluster} ({self.nodes} x {self.gpus_per_node} GPUs): "
+                 f"{self.summary()}")
+        console.print(estimate_tables(self.estimate, None, title=title))
+        extra = []
+        if self.ops_without_rules:
+            t = Table(title="Ops without a strategy rule (run replicated)")
+            t.add_column("op")
+            for op in self.ops_without_rules:
+                t.add_row(op)
+            extra.append(t)
+        if self.alternatives:
+            t = Table(title="Runner-up plans")
+            for col in ("#", "plan", "step time", "vs best", "peak GiB", "fits"):
+                t.add_column(col, justify="right" if col != "plan" else "left")
+            for i, alt in enumerate(self.alternatives, 1):
+                t.add_row(str(i), alt.summary(), f"{alt.estimate.step_time_s:.3f} s",
+                          f"{alt.estimate.step_time_s / self.estimate.step_time_s - 1:+.1%}",
+                          f"{alt.estimate.peak_memory_bytes / GIB:.1f}",
+                          "yes" if alt.estimate.fits else "no")
+            extra.append(t)
+        if self.solver is not None:
+            extra.append(f"search: {self.solver.candidates} candidates priced, "
+                         f"{self.solver.pruned} pruned, {self.solver.status}"
+                         + (f" (gap {self.solver.gap:.2%})" if self.solver.gap else ""))
+        if extra:
+            console.print(Group(*extra))
+        return buf.getvalue()
+
+    def explain(self) -> str:
+        """Why this plan and not each runner-up: the deltas that decide it."""
+        lines = [f"Chosen: {self.summary()} -- {self.estimate.step_time_s:.3f} s per step, "
+                 f"{self.estimate.peak_memory_bytes / GIB:.1f} GiB peak of "
+                 f"{self.estimate.usable_memory_bytes / GIB:.1f} GiB usable."]
+        if not self.alternatives:
+            lines.append("No runner-up: every other candidate was infeasible or pruned.")
+        for i, alt in enumerate(self.alternatives, 1):
+            lines.append(f"#{i} {alt.summary()}: " + _why_better(self.estimate, alt.estimate))
+        return "\n".join(lines)
+
+
+def _policy_counts(policies: tuple) -> str:
+    counts: dict[str, int] = {}
+    for p in policies:
+        counts[str(p)] = counts.get(str(p), 0) + 1
+    return "+".join(f"{n}{k}" for k, n in counts.items())
+
+
+def _why_better(best: Estimate, alt: Estimate) -> str:
+    """The breakdown deltas that make ``alt`` slower (or the memory that makes it not fit)."""
+    dt = alt.step_time_s - best.step_time_s
+    keys = sorted(set(best.time_breakdown) | set(alt.time_breakdown))
+    deltas = sorted(((alt.time_breakdown.get(k, 0.0) - best.time_breakdown.get(k, 0.0), k)
+                     for k in keys), reverse=True)
+    decisive = [f"{k} {d:+.3f} s" for d, k in deltas if abs(d) > 0.05 * abs(dt) and d > 0][:3]
+    gains = [f"{k} {d:+.3f} s" for d, k in reversed(deltas) if d < 0][:2]
+    text = f"{dt:+.3f} s per step ({dt / best.step_time_s:+.1%})"
+    if decisive:
+        text += "; it loses on " + ", ".join(decisive)
+    if gains:
+        text += "; it gains on " + ", ".join(gains)
+    if not alt.fits:
+        text += f"; and it does not fit ({alt.peak_memory_bytes / GIB:.1f} GiB)"
+    return text + "."
+
+
+def diff(a: Plan, b: Plan) -> str:
+    """What changed from plan ``a`` to plan ``b``: decisions, then predictions."""
+    lines = [f"a: {a.summary()}", f"b: {b.summary()}"]
+    ca, cb = a.config.to_dict(), b.config.to_dict()
+    for key in ca:
+        if ca[key] != cb[key]:
+            lines.append(f"  {key}: {ca[key]} -> {cb[key]}")
+    if a.stage_blocks != b.stage_blocks:
+        lines.append(f"  stage_blocks: {list(a.stage_blocks)} -> {list(b.stage_blocks)}")
+    sa, sb = dict(a.block_strategies), dict(b.block_strategies)
+    for op in sorted(set(sa) | set(sb)):
+        if sa.get(op) != sb.get(op):
+            lines.append(f"  strategy {op}: {sa.get(op)} -> {sb.get(op)}")
+    ea, eb = a.estimate, b.estimate
+    lines.append(f"  step time: {ea.step_time_s:.3f} s -> {eb.step_time_s:.3f} s "
+                 f"({eb.step_time_s / ea.step_time_s - 1:+.1%})")
+    lines.append(f"  peak memory: {ea.peak_memory_bytes / GIB:.2f} GiB -> "
+                 f"{eb.peak_memory_bytes / GIB:.2f} GiB")
+    for k in sorted(set(ea.time_breakdown) | set(eb.time_breakdown)):
+        x, y = ea.time_breakdown.get(k, 0.0), eb.time_breakdown.get(k, 0.0)
+        if abs(y - x) > 1e-3 * max(ea.step_time_s, 1e-12):
+            lines.append(f"  {k}: {x:.3f} s -> {y:.3f} s")
+    return "\n".join(lines)
