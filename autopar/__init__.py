@@ -13,6 +13,7 @@ from autopar.costmodel.specs import (
     TrainSpec,
 )
 from autopar.graph import GraphIR
+from autopar.plan import Plan, diff
 from autopar.tracing import trace
 
 __all__ = [
@@ -22,9 +23,11 @@ __all__ = [
     "Estimate",
     "GraphIR",
     "ParallelConfig",
+    "Plan",
     "Precision",
     "Schedule",
     "TrainSpec",
+    "diff",
     "estimate",
     "models",
     "trace",
