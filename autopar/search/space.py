@@ -1,0 +1,186 @@
+"""The search space as data: every outer decision, its candidate values, and the pruning rules.
+
+``outer_candidates`` enumerates the decisions taken outside the per-candidate ILP: the mesh
+(dp x tp x pp x cp, ep carved from dp x cp), the micro-batch size, the pipeline schedule and its
+chunks, ZeRO stage, sequence parallelism and offload. ``constraints`` (any ``ParallelConfig``
+field) fix a decision; the checkpoint policy, per-op strategies and stage boundaries are left to
+the inner solve.
+
+Pruning rules, each with why it cannot lose the optimum under the cost model:
+
+* ``gpipe``: GPipe has 1F1B's bubble and compute but keeps every micro-batch in flight, so it is
+  never faster and never smaller (Narayanan et al.; ``costmodel.pipeline``).
+* ``zero0``: with data parallelism, ZeRO-1 reduces gradients with a reduce-scatter plus an
+  all-gather, the volume of ZeRO-0's all-reduce, and keeps 1/dp of the optimizer states: same
+  time, less memory.
+* ``no-sp``: with tp > 1, sequence parallelism replaces each all-reduce by a reduce-scatter and an
+  all-gather of the same volume and divides the norm/dropout work and activations by tp: never
+  slower, never larger.
+* ``offload``: offloading the optimizer only adds transfers and a CPU step; it is tried only for
+  a candidate that does not fit without it (the search does that, not this module).
+
+Everything else here is validity, not pruning: degrees must divide the GPU count, tp the
+attention heads (and key/value heads), pp at most the blocks, the sequence split 2*cp ways
+(load-balanced causal ring attention), ep the experts and dp*cp, and the micro-batch the
+per-replica batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from autopar.costmodel.errors import AutoparError
+from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec
+
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+"""Micro-batch sizes tried (those dividing the per-replica batch)."""
+MAX_VIRTUAL_STAGES = 8
+"""Most model chunks per pipeline rank tried by the interleaved schedule."""
+FIELDS = frozenset(ParallelConfig.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the space needs to know of the model."""
+
+    num_blocks: int
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    num_experts: int | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One outer candidate: a ``ParallelConfig`` without its checkpoint policy decided."""
+
+    config: ParallelConfig
+
+
+@dataclass
+class SpaceStats:
+    enumerated: int = 0
+    pruned: dict[str, int] = field(default_factory=dict)
+
+    def prune(self, rule: str) -> None:
+        self.pruned[rule] = self.pruned.get(rule, 0) + 1
+
+    @property
+    def total_pruned(self) -> int:
+        return sum(self.pruned.values())
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_constraints(constraints: Mapping[str, object]) -> None:
+    for key in constraints:
+        if key not in FIELDS:
+            raise AutoparError(f"unknown constraint {key!r}", where="constraints",
+                               fix=f"use ParallelConfig fields: {', '.join(sorted(FIELDS))}")
+
+
+def _allowed(values: list[int], key: str, constraints: Mapping[str, object]) -> list[int]:
+    if key in constraints:
+        return [v for v in values if v == constraints[key]]
+    return values
+
+
+def _tp_ok(tp: int, shape: ModelShape) -> bool:
+    if shape.num_heads and shape.num_heads % tp:
+        return False
+    return not (shape.num_kv_heads and shape.num_kv_heads % tp)
+
+
+def meshes(num_gpus: int, shape: ModelShape, train: TrainSpec,
+           constraints: Mapping[str, object]) -> Iterator[tuple[int, int, int, int]]:
+    """Valid (dp, tp, pp, cp) with dp*tp*pp*cp = num_gpus."""
+    for tp in _allowed(divisors(num_gpus), "tp", constraints):
+        if not _tp_ok(tp, shape):
+            continue
+        rest = num_gpus // tp
+        for pp in _allowed([p for p in divisors(rest) if p <= shape.num_blocks], "pp",
+                           constraints):
+            for cp in _allowed(divisors(rest // pp), "cp", constraints):
+                if cp > 1 and train.seq_len % (2 * cp):
+                    continue
+                dp = rest // (pp * cp)
+                if "dp" in constraints and constraints["dp"] != dp:
+                    continue
+                if train.global_batch % dp:
+                    continue
+                yield dp, tp, pp, cp
+
+
+def outer_candidates(num_gpus: int, shape: ModelShape, train: TrainSpec,
+                     constraints: Mapping[str, object] | None = None,
+                     stats: SpaceStats | None = None) -> Iterator[ParallelConfig]:
+    """Every outer candidate, with the checkpoint policy set from the constraints or ``none``
+    (the inner solve decides it)."""
+    constraints = dict(constraints or {})
+    check_constraints(constraints)
+    stats = stats if stats is not None else SpaceStats()
+    fixed = {k: constraints[k] for k in ("checkpoint", "fusions", "num_microbatches")
+             if k in constraints}
+    for dp, tp, pp, cp in meshes(num_gpus, shape, train, constraints):
+        eps = [e for e in divisors(dp * cp)
+               if (shape.num_experts or 1) % e == 0] if shape.num_experts else [1]
+        for ep in _allowed(eps, "ep", constraints):
+            per_replica = train.global_batch // dp
+            for mb in _allowed([m for m in MICRO_BATCHES if per_replica % m == 0],
+                               "micro_batch", constraints):
+                m = per_replica // mb
+                for schedule, v in _schedules(pp, m, shape.num_blocks, constraints, stats):
+                    for zero in _zero_stages(dp * cp, constraints, stats):
+                        for sp in _sequence_parallel(tp, constraints, stats):
+                            stats.enumerated += 1
+                            yield ParallelConfig(
+                                dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, micro_batch=mb,
+                                schedule=schedule, virtual_stages=v, sequence_parallel=sp,
+                                offload=bool(constraints.get("offload", False)), **fixed)
+
+
+def _schedules(pp: int, m: int, num_blocks: int, constraints: Mapping[str, object],
+               stats: SpaceStats) -> list[tuple[Schedule, int]]:
+    want = constraints.get("schedule")
+    want = Schedule(want) if want is not None else None
+    if pp == 1:
+        return [(want or Schedule.ONE_F_ONE_B, 1)] if want != Schedule.INTERLEAVED \
+            else [(Schedule.INTERLEAVED, 1)]
+    out: list[tuple[Schedule, int]] = []
+    if want in (None, Schedule.ONE_F_ONE_B):
+        out.append((Schedule.ONE_F_ONE_B, 1))
+    if want == Schedule.GPIPE:
+        out.append((Schedule.GPIPE, 1))
+    elif want is None:
+        stats.prune("gpipe")
+    if want in (None, Schedule.INTERLEAVED) and m % pp == 0:
+        per_stage = num_blocks // pp if num_blocks % pp == 0 else 0
+        vs = [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if per_stage and per_stage % v == 0]
+        if want == Schedule.INTERLEAVED:
+            vs = [1] + vs
+        out += [(Schedule.INTERLEAVED, v) for v in _allowed(vs, "virtual_stages", constraints)]
+    if "virtual_stages" in constraints:
+        out = [(s, v) for s, v in out if v == constraints["virtual_stages"]]
+    return out
+
+
+def _zero_stages(replicas: int, constraints: Mapping[str, object],
+                 stats: SpaceStats) -> list[int]:
+    if "zero" in constraints:
+        return [int(constraints["zero"])]  # type: ignore[arg-type]
+    if replicas == 1:
+        return [0]
+    stats.prune("zero0")
+    return [1, 2, 3]
+
+
+def _sequence_parallel(tp: int, constraints: Mapping[str, object],
+                       stats: SpaceStats) -> list[bool]:
+    if "sequence_parallel" in constraints:
+        return [bool(constraints["sequence_parallel"]) and tp > 1]
+    if tp == 1:
+        return [False]
+    stats.prune("no-sp")
+    return [True]

@@ -1,0 +1,53 @@
+"""The declared search space: valid candidates only, constraints honoured, pruning counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.costmodel.errors import AutoparError
+from autopar.costmodel.specs import Schedule, TrainSpec
+from autopar.search.space import ModelShape, SpaceStats, outer_candidates
+
+GPT = ModelShape(num_blocks=24, num_heads=24)
+
+
+def test_every_candidate_is_valid_and_covers_the_gpus() -> None:
+    train = TrainSpec(global_batch=512, seq_len=2048)
+    stats = SpaceStats()
+    configs = list(outer_candidates(32, GPT, train, stats=stats))
+    assert configs and stats.enumerated == len(configs)
+    for c in configs:
+        assert c.world_size == 32
+        assert GPT.num_heads % c.tp == 0
+        assert train.global_batch % (c.dp * c.micro_batch) == 0
+        assert c.schedule is not Schedule.GPIPE
+        assert c.sequence_parallel == (c.tp > 1)
+        assert c.zero >= 1 or c.dp * c.cp == 1
+        if c.schedule is Schedule.INTERLEAVED:
+            assert (GPT.num_blocks // c.pp) % c.virtual_stages == 0
+    assert {"gpipe", "zero0", "no-sp"} <= set(stats.pruned)
+    assert {(c.tp, c.pp) for c in configs} >= {(1, 1), (8, 1), (4, 2), (2, 4)}
+
+
+def test_constraints_fix_decisions() -> None:
+    train = TrainSpec(global_batch=512, seq_len=2048)
+    configs = list(outer_candidates(32, GPT, train, {"tp": 4, "pp": 2, "schedule": "interleaved",
+                                                     "checkpoint": "full", "zero": 0}))
+    assert configs
+    assert all((c.tp, c.pp, c.dp * c.cp, c.zero) == (4, 2, 4, 0) for c in configs)
+    assert all(c.schedule is Schedule.INTERLEAVED and c.checkpoint == "full" for c in configs)
+
+
+def test_moe_expert_parallel_divides_experts_and_dp_cp() -> None:
+    moe = ModelShape(num_blocks=4, num_heads=8, num_kv_heads=2, num_experts=8)
+    train = TrainSpec(global_batch=64, seq_len=1024)
+    configs = list(outer_candidates(16, moe, train))
+    eps = {c.ep for c in configs}
+    assert {1, 2, 4, 8} <= eps
+    assert all(8 % c.ep == 0 and (c.dp * c.cp) % c.ep == 0 for c in configs)
+    assert all(2 % c.tp == 0 for c in configs)  # kv heads bound tp
+
+
+def test_unknown_constraint_is_an_error() -> None:
+    with pytest.raises(AutoparError, match="unknown constraint 'tensor'"):
+        list(outer_candidates(8, GPT, TrainSpec(global_batch=8), {"tensor": 2}))
