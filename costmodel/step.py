@@ -105,7 +105,7 @@ def _cp_comm_s(
         if op.kind is not OpKind.ATTENTION or op.kv_elements == 0:
             continue
         chunk = op.kv_elements * split.micro_batch * split.act_bytes / (split.cp * split.tp)
-        ring = Group(size=2, per_node=g.cp.per_node if g.cp.per_node > 1 else 1)
+        ring = Group(size=2, per_node=2 if g.cp.per_node > 1 else 1)  # ring neighbours
         step = estimate_collective_s(Collective.SEND_RECV, chunk, ring, cluster, eff)
         peak = cluster.gpu.peak(split.compute_dtype)
         fwd_chunk = op.flop * split.scale(Shard.TP) / (peak * eff.attention_fwd) / split.cp
