@@ -32,7 +32,7 @@ from .workload import LayerCost, OpKind, Phase, Shard, Workload
 COMM_BUCKET_BYTES = 2 * 25 * 2**20
 """Two 25 MiB gradient buckets in flight (DDP's default ``bucket_cap_mb``)."""
 
-_COMPUTE_DTYPE = {
+COMPUTE_DTYPE = {
     Precision.BF16: "bf16",
     Precision.BF16_PURE: "bf16",
     Precision.FP16: "fp16",
@@ -253,7 +253,7 @@ def estimate_step(
     g = mesh_groups(config, cluster)
     act = activation_bytes_per_element(train.precision)
     split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
-                  _COMPUTE_DTYPE[train.precision])
+                  COMPUTE_DTYPE[train.precision])
     sb = state_bytes_per_param(train.precision, train.optimizer)
 
     memo: dict[tuple[str, Checkpoint], tuple[PhaseTimes, float, float, float, float]] = {}

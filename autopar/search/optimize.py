@@ -23,7 +23,7 @@ from autopar.costmodel.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
 from autopar.costmodel.pipeline import bubble_fraction, even_partition
 from autopar.costmodel.specs import Checkpoint, ParallelConfig, Schedule, TrainSpec
-from autopar.costmodel.step import _COMPUTE_DTYPE, estimate_step
+from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step
 from autopar.costmodel.workload import Workload
 from autopar.search.space import ModelShape, SpaceStats, outer_candidates
 
@@ -48,7 +48,7 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
     """Lower bound on the step time: compute only, slowest stage, plus the bubble."""
     act = activation_bytes_per_element(train.precision)
     split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
-                  _COMPUTE_DTYPE[train.precision])
+                  COMPUTE_DTYPE[train.precision])
     key = (split, config.ep > 1)
     if key not in memo:
         scale = eff.moe_load_imbalance if config.ep > 1 else 1.0
