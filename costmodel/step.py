@@ -80,7 +80,7 @@ def _stage_layers(
     return layers
 
 
-def _tp_comm_s(
+def tp_comm_s(
     layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
     eff: Efficiency,
 ) -> float:
@@ -140,7 +140,7 @@ def _layer_time(
         recompute = t.forward
     elif policy is Checkpoint.SELECTIVE:
         recompute = estimate_layer_s(layer, split, cluster, eff, only_attention_core=True).forward
-    return (t, recompute, _tp_comm_s(layer, split, policy, g, cluster, eff),
+    return (t, recompute, tp_comm_s(layer, split, policy, g, cluster, eff),
             _cp_comm_s(layer, split, g, cluster, eff),
             _ep_comm_s(layer, split, policy, g, cluster, eff))
 

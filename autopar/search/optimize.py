@@ -23,7 +23,8 @@ from autopar.costmodel.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
 from autopar.costmodel.pipeline import bubble_fraction, even_partition
 from autopar.costmodel.specs import Checkpoint, ParallelConfig, Schedule, TrainSpec
-from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step
+from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step, tp_comm_s
+from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.search.space import ModelShape, SpaceStats, outer_candidates
 
@@ -45,16 +46,21 @@ class SearchResult:
 
 def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
              eff: Efficiency, memo: dict[tuple, float]) -> float:
-    """Lower bound on the step time: compute only, slowest stage, plus the bubble."""
+    """Lower bound on the step time: compute and tensor-parallel collectives of the slowest
+    stage for every micro-batch, plus the bubble they imply."""
     act = activation_bytes_per_element(train.precision)
     split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
                   COMPUTE_DTYPE[train.precision])
-    key = (split, config.ep > 1)
+    key = (split, config.ep > 1, config.tp, config.dp, config.cp, config.pp)
     if key not in memo:
         scale = eff.moe_load_imbalance if config.ep > 1 else 1.0
-        per = [estimate_layer_s(layer, split, cluster, eff, expert_scale=scale)
+        groups = mesh_groups(config, cluster)
+        # compute plus the tensor-parallel collectives every policy pays at least once
+        per = [estimate_layer_s(layer, split, cluster, eff, expert_scale=scale).forward
+               + estimate_layer_s(layer, split, cluster, eff, expert_scale=scale).backward
+               + tp_comm_s(layer, split, Checkpoint.NONE, groups, cluster, eff)
                for layer in (work.pre, work.block, work.post)]
-        memo[key] = tuple(p.forward + p.backward for p in per)  # type: ignore[assignment]
+        memo[key] = tuple(per)  # type: ignore[assignment]
     pre, block, post = memo[key]  # type: ignore[misc]
     part = even_partition(work.num_blocks, config.pp, 1)
     stages = [part.blocks[s] * block + (pre if s == 0 else 0.0)
