@@ -34,6 +34,7 @@ def estimate(
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
 ) -> Estimate:
     """Predicted step time and memory of ``model`` on ``cluster`` under ``config``."""
+    # Fail on a configuration that cannot run before spending a trace on it.
     check_world(config, cluster)
     config.microbatches(train)
     work = model if isinstance(model, Workload) else workload_of(model, train, config.fusions)

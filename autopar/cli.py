@@ -90,7 +90,9 @@ def _cluster(args: argparse.Namespace) -> ClusterSpec:
 
 
 def _train(args: argparse.Namespace, model) -> TrainSpec:
-    seq = args.seq_len or getattr(getattr(model, "config", None), "seq_len", 2048)
+    from autopar.tracing import resolve_seq_len
+
+    seq = resolve_seq_len(model, None, args.seq_len)
     return TrainSpec(global_batch=args.global_batch, seq_len=seq, precision=args.precision,
                      optimizer=args.optimizer)
 

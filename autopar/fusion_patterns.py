@@ -12,6 +12,7 @@ Narayanan et al.'s runs; the kernels of ``autopar.kernels`` add their own.
 
 from __future__ import annotations
 
+from autopar.costmodel.errors import AutoparError
 from autopar.graph import GraphIR, NodeInfo
 
 PATTERNS: dict[str, tuple[str, ...]] = {
@@ -25,20 +26,17 @@ def find_fusions(graph: GraphIR, nodes: list[NodeInfo], names: tuple[str, ...]
     """Non-overlapping matches of the named patterns among ``nodes``, in order."""
     unknown = [n for n in names if n not in PATTERNS]
     if unknown:
-        from autopar.costmodel.errors import AutoparError
-
         raise AutoparError(f"unknown fusion {unknown[0]!r}", where="fusions",
                            fix=f"use names among {', '.join(sorted(PATTERNS))}")
-    consumers: dict[str, int] = {}
+    consumers: dict[str, list[NodeInfo]] = {}
     for n in nodes:
         for i in n.inputs:
-            consumers[i] = consumers.get(i, 0) + 1
-    by_name = {n.name: n for n in nodes}
+            consumers.setdefault(i, []).append(n)
     taken: set[str] = set()
     found: list[tuple[str, list[NodeInfo]]] = []
     for n in nodes:
         for pname in names:
-            chain = _match(n, PATTERNS[pname], by_name, nodes, consumers, taken)
+            chain = _match(n, PATTERNS[pname], consumers, taken)
             if chain:
                 taken.update(c.name for c in chain)
                 found.append((pname, chain))
@@ -46,20 +44,17 @@ def find_fusions(graph: GraphIR, nodes: list[NodeInfo], names: tuple[str, ...]
     return found
 
 
-def _match(start: NodeInfo, ops: tuple[str, ...], by_name: dict[str, NodeInfo],
-           nodes: list[NodeInfo], consumers: dict[str, int], taken: set[str]
-           ) -> list[NodeInfo] | None:
+def _match(start: NodeInfo, ops: tuple[str, ...], consumers: dict[str, list[NodeInfo]],
+           taken: set[str]) -> list[NodeInfo] | None:
+    """The chain from ``start`` whose ops are ``ops``, each the sole reader of the previous."""
     if start.op != ops[0] or start.name in taken:
         return None
     chain = [start]
     for op in ops[1:]:
-        prev = chain[-1]
-        if consumers.get(prev.name, 0) != 1:
+        readers = consumers.get(chain[-1].name, [])
+        if len(readers) != 1 or readers[0].op != op or readers[0].name in taken:
             return None
-        nxt = next((n for n in nodes if prev.name in n.inputs), None)
-        if nxt is None or nxt.op != op or nxt.name in taken:
-            return None
-        chain.append(nxt)
+        chain.append(readers[0])
     return chain
 
 

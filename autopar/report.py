@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 
 from autopar.costmodel.cluster import ClusterSpec
@@ -75,6 +75,3 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "")
         group = Group(*parts, notes)
     return group
 
-
-def print_renderable(obj: object, console: Console | None = None) -> None:
-    (console or Console()).print(obj)

@@ -113,7 +113,7 @@ def trace(
     """
     if not isinstance(model, nn.Module):
         raise not_a_module_error(model)
-    seq = _resolve_seq_len(model, train, seq_len)
+    seq = resolve_seq_len(model, train, seq_len)
     feed = _plan_feed(model)
     device = _model_device(model)
     tokens = torch.zeros(batch, seq, dtype=torch.long, device=device)
@@ -143,7 +143,9 @@ def trace(
 # ---------------------------------------------------------------------------------- inputs
 
 
-def _resolve_seq_len(model: nn.Module, train: TrainSpec | None, seq_len: int | None) -> int:
+def resolve_seq_len(model: nn.Module, train: TrainSpec | None = None, seq_len: int | None = None
+                    ) -> int:
+    """The sequence length to trace at: the argument, the train spec's, the model config's."""
     if seq_len is not None:
         return int(seq_len)
     if train is not None:

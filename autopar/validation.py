@@ -19,7 +19,8 @@ from autopar.api import workload_of
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.estimate import Estimate
-from autopar.costmodel.specs import ParallelConfig, TrainSpec
+from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
+from autopar.costmodel.specs import Optimizer, ParallelConfig, Precision, TrainSpec
 from autopar.costmodel.step import estimate_step
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -83,9 +84,6 @@ def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g") -> RunCh
 
 def zero_model_states(example: dict) -> dict[str, float]:
     """Model-state bytes per GPU (decimal GB) for the ZeRO paper's example, per stage."""
-    from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
-    from autopar.costmodel.specs import Optimizer, Precision
-
     sb = state_bytes_per_param(Precision.FP16, Optimizer.ADAM)
     out = {}
     for key, zero in (("baseline", 0), ("zero1_os", 1), ("zero2_os_g", 2), ("zero3_os_g_p", 3)):

@@ -94,7 +94,7 @@ def _feeds_topk(name: str, consumers: dict[str, list[NodeInfo]], depth: int = 3)
     return False
 
 
-def _is_weight_gemm(graph: GraphIR, node: NodeInfo) -> bool:
+def _is_weight_gemm(node: NodeInfo) -> bool:
     return node.op in GEMM_OPS and bool(node.params) and len(node.inputs) == 1
 
 
@@ -112,7 +112,7 @@ def classify_tp(graph: GraphIR, nodes: list[NodeInfo]) -> _TP:
         if n.op == "embedding":
             tp.state[n.name] = R  # vocabulary-parallel: partial sums all-reduced
             tp.row.add(n.name)
-        elif _is_weight_gemm(graph, n) or expert:
+        elif _is_weight_gemm(n) or expert:
             if sharded_in:
                 tp.row.add(n.name)
                 tp.state[n.name] = R

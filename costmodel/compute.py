@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .cluster import ClusterSpec
 from .efficiency import Efficiency
-from .workload import LayerCost, OpCost, OpKind, Phase, Shard
+from .workload import LayerCost, OpCost, OpKind, Shard
 
 
 @dataclass(frozen=True)
@@ -59,13 +59,6 @@ class PhaseTimes:
             self.backward_act + other.backward_act,
             self.backward_weight + other.backward_weight,
         )
-
-    def of(self, phase: Phase) -> float:
-        return {
-            Phase.FORWARD: self.forward,
-            Phase.BACKWARD_ACT: self.backward_act,
-            Phase.BACKWARD_WEIGHT: self.backward_weight,
-        }[phase]
 
 
 def estimate_op_s(

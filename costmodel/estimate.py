@@ -58,9 +58,6 @@ class Estimate:
         """Peak memory fits in usable HBM."""
         return self.peak_memory_bytes <= self.usable_memory_bytes
 
-    def achieved_flop_per_s_per_gpu(self, num_gpus: int) -> float:
-        return self.hardware_flops_per_step / (self.step_time_s * num_gpus)
-
     def to_dict(self) -> dict[str, object]:
         out = asdict(self)
         out["config"] = self.config.to_dict()

@@ -29,8 +29,10 @@ from .specs import Checkpoint, ParallelConfig, Precision, Schedule, TrainSpec
 from .topology import MeshGroups, mesh_groups
 from .workload import LayerCost, OpKind, Phase, Shard, Workload
 
-COMM_BUCKET_BYTES = 2 * 25 * 2**20
-"""Two 25 MiB gradient buckets in flight (DDP's default ``bucket_cap_mb``)."""
+BUCKET_BYTES = 25 * 2**20
+"""One gradient bucket: DDP's default ``bucket_cap_mb`` of 25 MiB."""
+COMM_BUCKET_BYTES = 2 * BUCKET_BYTES
+"""Two buckets in flight: one being filled, one being reduced."""
 
 COMPUTE_DTYPE = {
     Precision.BF16: "bf16",
@@ -211,7 +213,10 @@ def _dp_comm_s(
 
     if config.zero <= 1:
         t = coll(Collective.ALL_REDUCE, dense, expert, grad_bytes)
-        return max(t - eff.dp_overlap * backward_s, t / 8 if t else 0.0)
+        # the last bucket is reduced after the backward has finished: never hidden
+        last = estimate_collective_s(Collective.ALL_REDUCE,
+                                     min(dense * grad_bytes, BUCKET_BYTES), g.dp_cp, cluster, eff)
+        return max(t - eff.dp_overlap * backward_s, last)
     rs = coll(Collective.REDUCE_SCATTER, dense, expert, grad_bytes)
     ag = coll(Collective.ALL_GATHER, dense, expert, weight_bytes)
     if config.zero == 2:

@@ -47,17 +47,6 @@ class Shard(StrEnum):
     """Never divided by tp (a router, a tiny op with no rule)."""
 
 
-class CommKind(StrEnum):
-    """Communication kinds, as the time breakdown names them."""
-
-    TP = "tp"
-    DP = "dp"
-    PP = "pp"
-    CP = "cp"
-    EP = "ep"
-    OFFLOAD = "offload"
-
-
 @dataclass(frozen=True)
 class OpCost:
     """One op of a layer, per sequence, forward, unsharded."""
@@ -127,10 +116,6 @@ class LayerCost:
     """Ops the sharding rules did not know, costed as replicated."""
 
     @property
-    def fwd_flop(self) -> float:
-        return sum(o.flop for o in self.ops)
-
-    @property
     def matmul_flop(self) -> float:
         return sum(o.flop for o in self.ops if o.kind in (OpKind.MATMUL, OpKind.ATTENTION))
 
@@ -155,6 +140,3 @@ class Workload:
     @property
     def params(self) -> int:
         return self.pre.params + self.num_blocks * self.block.params + self.post.params
-
-    def layers(self) -> tuple[LayerCost, ...]:
-        return (self.pre,) + (self.block,) * self.num_blocks + (self.post,)

@@ -56,10 +56,11 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
         scale = eff.moe_load_imbalance if config.ep > 1 else 1.0
         groups = mesh_groups(config, cluster)
         # compute plus the tensor-parallel collectives every policy pays at least once
-        per = [estimate_layer_s(layer, split, cluster, eff, expert_scale=scale).forward
-               + estimate_layer_s(layer, split, cluster, eff, expert_scale=scale).backward
-               + tp_comm_s(layer, split, Checkpoint.NONE, groups, cluster, eff)
-               for layer in (work.pre, work.block, work.post)]
+        per = []
+        for layer in (work.pre, work.block, work.post):
+            t = estimate_layer_s(layer, split, cluster, eff, expert_scale=scale)
+            per.append(t.forward + t.backward
+                       + tp_comm_s(layer, split, Checkpoint.NONE, groups, cluster, eff))
         memo[key] = tuple(per)  # type: ignore[assignment]
     pre, block, post = memo[key]  # type: ignore[misc]
     part = even_partition(work.num_blocks, config.pp, 1)

@@ -50,13 +50,6 @@ class ModelShape:
     num_experts: int | None = None
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One outer candidate: a ``ParallelConfig`` without its checkpoint policy decided."""
-
-    config: ParallelConfig
-
-
 @dataclass
 class SpaceStats:
     enumerated: int = 0
