@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch.nn as nn
 
 from autopar.costmodel.cluster import ClusterSpec
@@ -12,6 +14,8 @@ from autopar.costmodel.specs import ParallelConfig, TrainSpec
 from autopar.costmodel.step import check_world, estimate_step
 from autopar.costmodel.workload import Workload
 from autopar.graph import GraphIR
+from autopar.plan import Plan
+from autopar.search.planner import ProgressFn, plan_search
 from autopar.tracing import trace
 from autopar.workload import build_workload
 
@@ -39,3 +43,27 @@ def estimate(
     config.microbatches(train)
     work = model if isinstance(model, Workload) else workload_of(model, train, config.fusions)
     return estimate_step(work, cluster, train, config, efficiency=efficiency)
+
+
+def optimize(
+    model: nn.Module | GraphIR,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    constraints: Mapping[str, object] | None = None,
+    *,
+    keep: int = 4,
+    time_limit_s: float | None = None,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    progress: ProgressFn | None = None,
+    name: str | None = None,
+) -> Plan:
+    """The fastest plan that fits, with up to ``keep - 1`` runner-ups.
+
+    ``constraints`` fix any ``ParallelConfig`` field (``{"tp": 8, "checkpoint": "full"}``).
+    Raises ``AutoparError`` (an ``InfeasibleError``) naming the smallest footprint found and what
+    would make it fit when no candidate fits.
+    """
+    graph = model if isinstance(model, GraphIR) else trace(model, train)
+    name = name or graph.model_name or type(model).__name__
+    return plan_search(graph, model, name, cluster, train, constraints or {}, keep=keep,
+                       time_limit_s=time_limit_s, efficiency=efficiency, progress=progress)

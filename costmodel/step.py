@@ -89,7 +89,7 @@ def tp_comm_s(
     total = 0.0
     for c in layer.tp_collectives:
         nbytes = c.elements * split.micro_batch * split.act_bytes / split.cp
-        t = estimate_collective_s(Collective.ALL_REDUCE, nbytes, g.tp, cluster, eff)
+        t = estimate_collective_s(Collective(c.kind), nbytes, g.tp, cluster, eff)
         repeats = 2 if (c.phase is Phase.FORWARD and policy is Checkpoint.FULL) else 1
         total += t * repeats
     return total

@@ -81,15 +81,20 @@ class SavedTensor:
 
 @dataclass(frozen=True)
 class TPCollective:
-    """A tensor-parallel all-reduce of ``elements`` activations per sequence.
+    """A tensor-parallel collective over ``elements`` activations per sequence (the full tensor,
+    before any split by tp).
 
-    Under sequence parallelism each becomes a reduce-scatter plus an all-gather of the same
-    volume (Korthikanti et al., 2022, section 4.2.2).
+    ``kind`` is a ``costmodel.collectives.Collective`` value. The fixed Megatron assignment
+    records all-reduces; under sequence parallelism each of those becomes a reduce-scatter plus an
+    all-gather of the same volume (Korthikanti et al., 2022, section 4.2.2), which the all-reduce
+    price already is. Strategies chosen by the search record the collective their resharding
+    needs (all-gather, reduce-scatter, all-to-all).
     """
 
     name: str
     elements: float
     phase: Phase
+    kind: str = "all-reduce"
 
 
 @dataclass(frozen=True)

@@ -177,3 +177,30 @@ def _sequence_parallel(tp: int, constraints: Mapping[str, object],
         return [False]
     stats.prune("no-sp")
     return [True]
+
+
+_CONFIG_FIELDS = {
+    "num_heads": ("num_heads", "num_attention_heads", "n_head"),
+    "num_kv_heads": ("num_kv_heads", "num_key_value_heads"),
+    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts"),
+}
+
+
+def shape_of(model: object, num_blocks: int) -> ModelShape:
+    """The model's shape from its ``config`` (the zoo's dataclass or a transformers config).
+
+    Missing fields stay ``None``: the space then does not restrict tp by heads or ep by experts,
+    and an impossible split is caught when the plan is applied.
+    """
+    config = getattr(model, "config", None)
+    found: dict[str, int | None] = {}
+    for key, names in _CONFIG_FIELDS.items():
+        found[key] = None
+        for name in names:
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                found[key] = value
+                break
+    if found["num_experts"] is not None and found["num_experts"] < 2:
+        found["num_experts"] = None
+    return ModelShape(num_blocks=num_blocks, **found)
