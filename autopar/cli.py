@@ -7,16 +7,26 @@ Errors a person can act on (``AutoparError``) print one paragraph and exit with 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+from rich.progress import TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from autopar.costmodel.cluster import ClusterSpec, preset_names
 from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.specs import ParallelConfig, TrainSpec, parse_checkpoint
+from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
+
+CONFIG_FLAGS = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "num_microbatches",
+                "schedule", "virtual_stages", "sequence_parallel", "checkpoint", "offload",
+                "fusions")
+"""Every ``ParallelConfig`` field, each a flag of ``estimate`` and ``plan``."""
 
 
 def _add_model_cluster_train(p: argparse.ArgumentParser) -> None:
@@ -35,19 +45,33 @@ def _add_model_cluster_train(p: argparse.ArgumentParser) -> None:
     g.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd")
 
 
-def _add_parallel(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("parallel configuration (ParallelConfig fields)")
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _add_parallel(p: argparse.ArgumentParser, title: str) -> None:
+    g = p.add_argument_group(title)
     for axis in ("dp", "tp", "pp", "cp", "ep"):
-        g.add_argument(f"--{axis}", type=int, default=None)
-    g.add_argument("--zero", type=int, default=None, help="ZeRO stage 0-3")
-    g.add_argument("--micro-batch", type=int, default=None)
-    g.add_argument("--num-microbatches", type=int, default=None)
-    g.add_argument("--schedule", default=None, help="gpipe | 1f1b | interleaved")
-    g.add_argument("--virtual-stages", type=int, default=None)
+        g.add_argument(f"--{axis}", type=_positive, default=None, metavar="N")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage")
+    g.add_argument("--micro-batch", type=_positive, default=None, metavar="N")
+    g.add_argument("--num-microbatches", type=_positive, default=None, metavar="N")
+    g.add_argument("--schedule", choices=[s.value for s in Schedule], default=None)
+    g.add_argument("--virtual-stages", type=_positive, default=None, metavar="N")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--checkpoint", default=None,
                    help="none | selective | full, or a comma-separated policy per block")
-    g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None,
+                   help="optimizer states in CPU memory")
+    g.add_argument("--fusions", type=_names, default=None, metavar="A,B",
+                   help="fused kernels, e.g. scale_mask_softmax,bias_dropout_add")
 
 
 def _parse_value(text: str) -> object:
@@ -97,18 +121,18 @@ def _train(args: argparse.Namespace, model) -> TrainSpec:
                      optimizer=args.optimizer)
 
 
+def _given_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The ``ParallelConfig`` fields given on the command line, parsed."""
+    fields = {name: getattr(args, name) for name in CONFIG_FLAGS
+              if getattr(args, name) is not None}
+    if "checkpoint" in fields:
+        fields["checkpoint"] = parse_checkpoint(str(fields["checkpoint"]))
+    return fields
+
+
 def _config(args: argparse.Namespace, cluster: ClusterSpec) -> ParallelConfig:
-    fields: dict[str, object] = {}
-    for name in ("tp", "pp", "cp", "ep", "zero", "micro_batch", "num_microbatches", "schedule",
-                 "virtual_stages", "sequence_parallel", "offload"):
-        value = getattr(args, name)
-        if value is not None:
-            fields[name] = value
-    if args.checkpoint is not None:
-        fields["checkpoint"] = parse_checkpoint(args.checkpoint)
-    if args.dp is not None:
-        fields["dp"] = args.dp
-    else:
+    fields = _given_fields(args)
+    if "dp" not in fields:
         inner = int(fields.get("tp", 1)) * int(fields.get("pp", 1)) * int(fields.get("cp", 1))
         if cluster.num_gpus % inner:
             raise AutoparError(
@@ -157,28 +181,102 @@ def cmd_estimate(args: argparse.Namespace, console: Console) -> int:
         est = estimate(model, cluster, train, config)
     console.print(estimate_tables(est, cluster, title=f"{args.model} on {cluster.name}"))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(est.to_dict(), f, indent=2, default=str)
+        _write(args.json, json.dumps(est.to_dict(), indent=2, default=str), "--json")
     return 0
+
+
+def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from autopar.api import optimize
+
+    model = _model(args)
+    cluster = _cluster(args)
+    train = _train(args, model)
+    constraints = _given_fields(args)
+    with _searching(f"{args.model} on {cluster.num_gpus} GPUs") as progress:
+        plan = optimize(model, cluster, train, constraints, keep=args.keep + 1,
+                        progress=progress, name=args.model)
+    text = plan.report() + (f"\n{plan.explain()}\n" if args.explain else "")
+    console.file.write(text)
+    if args.json:
+        _write(args.json, plan.to_json(), "--json")
+    if args.html:
+        page = Console(record=True, file=io.StringIO(), width=120, color_system=None)
+        page.print(Text(text), soft_wrap=True)
+        _write(args.html, page.export_html(), "--html")
+    return 0
+
+
+@contextmanager
+def _searching(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A transient progress bar on stderr, shown only when stderr is a terminal; yields the
+    ``progress(done, total)`` callback of ``optimize``."""
+    stderr = Console(stderr=True)
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn(), console=stderr, transient=True,
+                   disable=not stderr.is_terminal, redirect_stdout=False, redirect_stderr=False)
+    with bar:
+        task = bar.add_task(f"planning {label}", total=None)
+
+        def progress(done: int, total: int) -> None:
+            # candidates come best bound first; the bound usually ends the search before total
+            bar.update(task, description=f"searching {label}: candidates", completed=done,
+                       total=total)
+
+        yield progress
+
+
+def _write(path: str, text: str, flag: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as err:
+        raise AutoparError(f"cannot write {path}: {err.strerror}", where=flag,
+                           fix="pass a path in a folder that exists and that you can write to"
+                           ) from None
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "models": cmd_models,
     "clusters": cmd_clusters,
     "estimate": cmd_estimate,
+    "plan": cmd_plan,
 }
+
+
+def _nonnegative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="autopar", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    # --debug is also accepted after the command; SUPPRESS keeps the one given before it
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("models", help="list the built-in model zoo")
-    sub.add_parser("clusters", help="list the cluster presets")
-    est = sub.add_parser("estimate", help="predict step time and memory of one configuration")
+    sub.add_parser("models", help="list the built-in model zoo", parents=[debug])
+    sub.add_parser("clusters", help="list the cluster presets", parents=[debug])
+    est = sub.add_parser("estimate", help="predict step time and memory of one configuration",
+                         parents=[debug])
     _add_model_cluster_train(est)
-    _add_parallel(est)
+    _add_parallel(est, "parallel configuration (ParallelConfig fields; dp defaults to the rest)")
     est.add_argument("--json", default=None, metavar="F", help="also write the estimate as JSON")
+    plan = sub.add_parser("plan", help="search for the fastest plan that fits", parents=[debug],
+                          description="Search for the fastest parallel plan that fits; print "
+                                      "its report and why it beat the runner-ups.")
+    _add_model_cluster_train(plan)
+    _add_parallel(plan, "constraints (ParallelConfig fields the search must keep)")
+    out = plan.add_argument_group("output")
+    out.add_argument("--json", default=None, metavar="F", help="write the plan as JSON")
+    out.add_argument("--html", default=None, metavar="F", help="write the report as HTML")
+    out.add_argument("--keep", type=_nonnegative, default=3, metavar="N",
+                     help="runner-up plans to keep and compare (default 3)")
+    out.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
+                     help="print why this plan and not the runner-ups (default on)")
     return p
 
 

@@ -1,12 +1,32 @@
-"""The error raised when no candidate fits: the smallest footprint found and what would fit."""
+"""The error raised when no candidate fits: the smallest footprint found and what would fit.
+
+The advice is derived from the smallest footprint's memory breakdown alone, so it is an
+estimate, and the message says so:
+
+* model states (params, grads, optimizer) on one GPU are the whole model's states divided by how
+  each kind is sharded: ``tp * pp`` always, and ``dp * cp`` more for the kinds ZeRO shards
+  (optimizer from stage 1, grads from 2, params from 3). Under ZeRO-3 on ``N`` GPUs every kind
+  is divided by ``N``, so the states fit when ``total / N`` fits beside the activations and
+  buffers: ``N >= total / (usable - activations - buffers)``;
+* activations grow with the micro-batch and shrink with full recomputation (only each block's
+  input is kept) and with the tensor/context split of the sequence.
+"""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
 
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.estimate import Estimate
+from autopar.costmodel.specs import Checkpoint, ParallelConfig, TrainSpec
+from autopar.search.space import ModelShape
 
 GIB = 2**30
+STATES = ("params", "grads", "optimizer")
+ZERO_STAGE_SHARDING = {"optimizer": 1, "grads": 2, "params": 3}
+"""The ZeRO stage from which each model state is sharded over the dp*cp ranks."""
 
 
 class InfeasibleError(AutoparError):
@@ -19,26 +39,191 @@ class InfeasibleError(AutoparError):
 
 
 def infeasible_error(smallest: Estimate | None, cluster: ClusterSpec,
-                     constraints: dict[str, object]) -> InfeasibleError:
-    """Say how far the smallest candidate is from fitting and what would close the gap."""
+                     constraints: Mapping[str, object], *, train: TrainSpec | None = None,
+                     shape: ModelShape | None = None) -> InfeasibleError:
+    """Say how far the smallest candidate is from fitting and what would close the gap.
+
+    ``train`` and ``shape``, when given, let the message name the constraint that left no valid
+    configuration (a dp the batch does not divide, a tp the heads do not divide).
+    """
+    where = f"{cluster.name}, {_gpus(cluster)}; constraints: {_constraints(constraints)}"
     if smallest is None:
+        problems = constraint_problems(cluster, constraints, train, shape)
+        what = "no parallel configuration is valid for this model, cluster and batch"
+        if problems:
+            return InfeasibleError(f"{what}: {'; '.join(problems)}", where=where,
+                                   fix="change or drop the constraints named")
         return InfeasibleError(
-            "no parallel configuration is valid for this model, cluster and batch",
-            where="constraints " + (str(constraints) if constraints else "(none)"),
+            what, where=where,
             fix="relax the constraints, or choose a GPU count and global batch that the "
                 "degrees can divide")
-    usable = cluster.usable_hbm_bytes
+    usable = smallest.usable_memory_bytes
+    peak = smallest.peak_memory_bytes
     b = smallest.memory_breakdown
-    parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in b.items() if v > 0)
-    what = (f"no plan fits in memory: the smallest footprint found, {_summary(smallest)}, "
-            f"needs {smallest.peak_memory_bytes / GIB:.1f} GiB per GPU ({parts} GiB) but "
-            f"{usable / GIB:.1f} GiB is usable")
-    return InfeasibleError(what, where=f"{cluster.name}, {cluster.num_gpus} GPUs",
-                           fix="use more GPUs, full recomputation, a smaller micro-batch or "
-                               "optimizer offload", smallest=smallest)
+    states = sum(b.get(k, 0.0) for k in STATES)
+    parts = " + ".join(f"{k} {v / GIB:.1f}" + (" (offloaded)" if k == "optimizer"
+                                               and smallest.config.offload else "")
+                       for k, v in b.items())
+    dominant = ("model states (params, grads, optimizer)", states) \
+        if states >= peak - states else ("activations", b.get("activations", 0.0))
+    what = (f"no plan fits in memory: the smallest footprint found, {summary(smallest)}, "
+            f"needs {peak / GIB:.1f} GiB per GPU but {usable / GIB:.1f} GiB is usable, "
+            f"{(peak - usable) / GIB:.1f} GiB short ({parts} GiB; {dominant[0]} are "
+            f"{dominant[1] / peak:.0%} of it)")
+    fixes = remedies(smallest, cluster, constraints)
+    return InfeasibleError(what, where=where, fix="; or ".join(fixes), smallest=smallest)
 
 
-def _summary(est: Estimate) -> str:
+def remedies(smallest: Estimate, cluster: ClusterSpec,
+             constraints: Mapping[str, object]) -> list[str]:
+    """Quantified changes that would bring ``smallest`` under the usable memory, the one for
+    the dominant kind of memory first."""
+    c = smallest.config
+    b = smallest.memory_breakdown
+    usable = smallest.usable_memory_bytes
+    total = total_state_bytes(b, c)
+    states = sum(b.get(k, 0.0) for k in STATES)
+    rest = smallest.peak_memory_bytes - states  # activations and buffers
+    act = b.get("activations", 0.0)
+    out: list[str] = []
+
+    def advise(change: str, blocked_by: str) -> None:
+        if blocked_by in constraints:
+            change = f"relax the constraint {blocked_by}={_value(constraints[blocked_by])}, " \
+                     f"then {change}"
+        out.append(change)
+
+    if states >= rest:  # model states dominate
+        replicas = c.dp * c.cp
+        if c.zero < 3 and replicas > 1:
+            zero3 = sum(total.values()) / (c.tp * c.pp * replicas) + rest
+            advise(f"use ZeRO-3 over the {replicas} dp*cp ranks (about {zero3 / GIB:.1f} GiB "
+                   "per GPU, an estimate)", "zero")
+        if not c.offload and b.get("optimizer", 0.0) > 0:
+            advise(f"offload the optimizer (frees its {b['optimizer'] / GIB:.1f} GiB)", "offload")
+        out += _more_gpus(total, rest, usable, cluster, c.offload)
+    if c.checkpoint != Checkpoint.FULL:
+        advise("use full recomputation (it keeps only each block's input of the "
+               f"{act / GIB:.1f} GiB of activations)", "checkpoint")
+    if c.micro_batch > 1:
+        advise(f"use micro-batch 1 (activations about {act / c.micro_batch / GIB:.1f} GiB "
+               f"instead of {act / GIB:.1f})", "micro_batch")
+    if states < rest and c.checkpoint == Checkpoint.FULL and c.micro_batch == 1:
+        out.append(f"use a larger tp or cp (each divides the {act / GIB:.1f} GiB of "
+                   "activations), a shorter sequence, or GPUs with more memory")
+    limiting = [k for k in ("dp", "tp", "pp", "cp", "zero") if k in constraints]
+    sharded = sum(total.values()) / cluster.num_gpus + rest
+    if limiting and sharded <= usable:
+        out.append("drop the constraints " + ", ".join(f"{k}={constraints[k]}" for k in limiting)
+                   + f": sharded over all {cluster.num_gpus} GPUs the model states would leave "
+                     f"about {sharded / GIB:.1f} GiB per GPU (an estimate)")
+    return out or ["use GPUs with more memory"]
+
+
+def _more_gpus(total: Mapping[str, float], rest: float, usable: float, cluster: ClusterSpec,
+               offload: bool) -> list[str]:
+    """The GPU count at which the model states, divided evenly, fit beside ``rest``."""
+    room = usable - rest
+    if room <= 0:
+        return [f"shrink the activations and buffers ({rest / GIB:.1f} GiB): they alone exceed "
+                "the usable memory"]
+    need = math.ceil(sum(total.values()) / room)
+    if need <= cluster.num_gpus:
+        return []
+    nodes = math.ceil(need / cluster.gpus_per_node)
+    return [f"use at least {need} GPUs ({nodes} nodes of {cluster.gpus_per_node}"
+            f"{', with optimizer offload' if offload else ''}; an estimate: the "
+            f"{sum(total.values()) / GIB:.0f} GiB of model states shrink as 1/GPUs under ZeRO-3 "
+            f"or more tp*pp, beside {rest / GIB:.1f} GiB of activations and buffers)"]
+
+
+def total_state_bytes(breakdown: Mapping[str, float], c: ParallelConfig) -> dict[str, float]:
+    """The whole model's states by kind, undoing the sharding of ``c`` (an estimate: the most
+    loaded stage times the stages, tensor-parallel replicated weights counted tp times)."""
+    out = {}
+    for kind in STATES:
+        shards = c.tp * c.pp * (c.dp * c.cp if c.zero >= ZERO_STAGE_SHARDING[kind] else 1)
+        out[kind] = breakdown.get(kind, 0.0) * shards
+    return out
+
+
+def constraint_problems(cluster: ClusterSpec, constraints: Mapping[str, object],
+                        train: TrainSpec | None, shape: ModelShape | None) -> list[str]:
+    """Why the constraints leave no valid configuration, one reason each (may be empty)."""
+    n = cluster.num_gpus
+    deg = {k: v for k in ("dp", "tp", "pp", "cp")
+           if isinstance(v := constraints.get(k), int) and v > 0}
+    out = [f"{k}={v} does not divide the {n} GPUs (divisors: {_divisors(n)})"
+           for k, v in deg.items() if n % v]
+    product = math.prod(deg.values())
+    if not out and len(deg) == 4 and product != n:
+        out.append(f"dp*tp*pp*cp = {product} but the cluster has {n} GPUs")
+    elif not out and n % product:
+        out.append(f"{'*'.join(deg)} = {product} does not divide the {n} GPUs")
+    if shape is not None:
+        tp, pp = deg.get("tp"), deg.get("pp")
+        for heads, name in ((shape.num_heads, "attention heads"),
+                            (shape.num_kv_heads, "key/value heads")):
+            if tp and heads and heads % tp:
+                out.append(f"tp={tp} does not divide the {heads} {name}")
+        if pp and pp > shape.num_blocks:
+            out.append(f"pp={pp} exceeds the {shape.num_blocks} blocks")
+        ep = constraints.get("ep")
+        if isinstance(ep, int) and ep > 1 and (shape.num_experts or 1) % ep:
+            out.append(f"ep={ep} does not divide the {shape.num_experts or 1} experts")
+    if train is not None:
+        dp, mb = deg.get("dp"), constraints.get("micro_batch")
+        if dp and train.global_batch % dp:
+            out.append(f"global batch {train.global_batch} is not a multiple of dp={dp}")
+        elif isinstance(mb, int) and dp and train.global_batch % (dp * mb):
+            out.append(f"global batch {train.global_batch} is not a multiple of "
+                       f"dp*micro_batch = {dp * mb}")
+        cp = deg.get("cp")
+        if cp and train.seq_len % (2 * cp):
+            out.append(f"seq_len {train.seq_len} is not a multiple of 2*cp = {2 * cp}")
+    return out
+
+
+def summary(est: Estimate) -> str:
+    """One line: the configuration of ``est`` (the format of ``Plan.summary``)."""
     c = est.config
-    return (f"dp{c.dp} tp{c.tp} pp{c.pp} cp{c.cp} ep{c.ep} zero{c.zero} mb{c.micro_batch} "
-            f"ckpt:{c.checkpoint}{' offload' if c.offload else ''}")
+    ckpt = c.checkpoint if isinstance(c.checkpoint, str) else _policy_counts(c.checkpoint)
+    parts = [f"dp{c.dp}", f"tp{c.tp}", f"pp{c.pp}"]
+    parts += [f"cp{c.cp}"] if c.cp > 1 else []
+    parts += [f"ep{c.ep}"] if c.ep > 1 else []
+    parts += [f"zero{c.zero}", f"mb{c.micro_batch}x{est.num_microbatches}"]
+    if c.pp > 1:
+        parts.append(f"{c.schedule}" + (f"(v{c.virtual_stages})" if c.virtual_stages > 1
+                                        else ""))
+    parts += ["sp"] if c.sequence_parallel else []
+    parts.append(f"ckpt:{ckpt}")
+    parts += ["offload"] if c.offload else []
+    return " ".join(parts)
+
+
+def _policy_counts(policies: tuple[Checkpoint, ...]) -> str:
+    counts: dict[str, int] = {}
+    for p in policies:
+        counts[str(p)] = counts.get(str(p), 0) + 1
+    return "+".join(f"{n}{k}" for k, n in counts.items())
+
+
+def _gpus(cluster: ClusterSpec) -> str:
+    nodes = f"{cluster.nodes} node" + ("s" if cluster.nodes != 1 else "")
+    return f"{nodes} x {cluster.gpus_per_node} GPUs"
+
+
+def _constraints(constraints: Mapping[str, object]) -> str:
+    if not constraints:
+        return "none"
+    return ", ".join(f"{k}={_value(v)}" for k, v in constraints.items())
+
+
+def _value(v: object) -> str:
+    if isinstance(v, (tuple, list)):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
