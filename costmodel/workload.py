@@ -11,6 +11,7 @@ the precision policy is applied in one place (``costmodel.memory``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import Enum, StrEnum
 
 
@@ -120,7 +121,7 @@ class LayerCost:
     no_rule_ops: tuple[str, ...] = ()
     """Ops the sharding rules did not know, costed as replicated."""
 
-    @property
+    @cached_property
     def matmul_flop(self) -> float:
         return sum(o.flop for o in self.ops if o.kind in (OpKind.MATMUL, OpKind.ATTENTION))
 

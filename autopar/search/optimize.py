@@ -44,6 +44,10 @@ class SearchResult:
     wall_s: float
 
 
+WorkloadFor = Callable[[ParallelConfig], Workload]
+"""The workload a candidate is priced with: the per-op strategies solved for its tp split."""
+
+
 def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
              eff: Efficiency, memo: dict[tuple, float]) -> float:
     """Lower bound on the step time: compute and tensor-parallel collectives of the slowest
@@ -51,7 +55,7 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
     act = activation_bytes_per_element(train.precision)
     split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
                   COMPUTE_DTYPE[train.precision])
-    key = (split, config.ep > 1, config.tp, config.dp, config.cp, config.pp)
+    key = (id(work), split, config.ep > 1, config.tp, config.dp, config.cp, config.pp)
     if key not in memo:
         scale = eff.moe_load_imbalance if config.ep > 1 else 1.0
         groups = mesh_groups(config, cluster)
@@ -93,11 +97,14 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
     return fitting, smallest
 
 
-def search(work: Workload, shape: ModelShape, cluster: ClusterSpec, train: TrainSpec,
-           constraints: Mapping[str, object] | None = None, *, keep: int = 4,
+def search(work: Workload | WorkloadFor, shape: ModelShape, cluster: ClusterSpec,
+           train: TrainSpec, constraints: Mapping[str, object] | None = None, *, keep: int = 4,
            efficiency: Efficiency = DEFAULT_EFFICIENCY,
            progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Branch and bound over the outer candidates; see the module docstring."""
+    """Branch and bound over the outer candidates; see the module docstring. ``work`` is one
+    workload for every candidate, or a function giving each candidate its own (the per-op
+    strategies solved for its tp split)."""
+    workload_for: WorkloadFor = work if callable(work) else (lambda _c, w=work: w)
     t0 = time.perf_counter()
     constraints = dict(constraints or {})
     stats = SpaceStats()
@@ -105,7 +112,8 @@ def search(work: Workload, shape: ModelShape, cluster: ClusterSpec, train: Train
     bounded = []
     for config in outer_candidates(cluster.num_gpus, shape, train, constraints, stats):
         try:
-            bounded.append((_bound_s(work, config, train, cluster, efficiency, memo), config))
+            w = workload_for(config)
+            bounded.append((_bound_s(w, config, train, cluster, efficiency, memo), config))
         except AutoparError:
             stats.prune("invalid")
     # deterministic order: bound, then the config's own field order
@@ -121,9 +129,10 @@ def search(work: Workload, shape: ModelShape, cluster: ClusterSpec, train: Train
         priced += 1
         if progress is not None and priced % 25 == 0:
             progress(i, len(bounded))
-        fit, small = _price(work, cluster, train, config, efficiency, fixed_ckpt)
+        w = workload_for(config)
+        fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt)
         if fit is None and "offload" not in constraints:
-            fit, small_off = _price(work, cluster, train, config.with_(offload=True),
+            fit, small_off = _price(w, cluster, train, config.with_(offload=True),
                                     efficiency, fixed_ckpt)
             if small_off.peak_memory_bytes < small.peak_memory_bytes:
                 small = small_off

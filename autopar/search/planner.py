@@ -7,6 +7,7 @@ candidates, branch and bound) and the per-candidate solves it calls.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch.nn as nn
 
@@ -20,22 +21,70 @@ from autopar.graph import GraphIR
 from autopar.plan import Plan, SolverInfo
 from autopar.search.infeasible import infeasible_error
 from autopar.search.optimize import search
+from autopar.costmodel.compute import Split
+from autopar.costmodel.memory import state_bytes_per_param
+from autopar.costmodel.specs import ParallelConfig
+from autopar.costmodel.step import COMPUTE_DTYPE
+from autopar.costmodel.topology import mesh_groups
+from autopar.costmodel.workload import Workload
+from autopar.search.block_tables import Pricing
 from autopar.search.space import check_constraints, shape_of
+from autopar.search.tp_solve import StrategyResult, StrategySolver
 from autopar.workload import build_workload
 
 ProgressFn = Callable[[int, int], None]
 """Called as ``progress(done, total)`` while candidates are priced."""
 
 
+@dataclass
+class Strategies:
+    """Each candidate's workload under the per-op strategies solved for its tp split."""
+
+    solver: StrategySolver
+    cluster: ClusterSpec
+    train: TrainSpec
+    efficiency: Efficiency
+
+    def result(self, config: ParallelConfig) -> StrategyResult | None:
+        """The solved strategies (None with tp = 1: every op runs whole on its GPU)."""
+        if config.tp == 1:
+            return None
+        train, cluster, eff = self.train, self.cluster, self.efficiency
+        act = activation_bytes_per_element(train.precision)
+        split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
+                      COMPUTE_DTYPE[train.precision])
+        sb = state_bytes_per_param(train.precision, train.optimizer)
+        param_s = (2 * sb.optimizer + sb.grads + sb.weights) / (
+            cluster.gpu.hbm_bytes_per_s * eff.memory)
+        scale = eff.moe_load_imbalance if config.ep > 1 else 1.0
+        groups = mesh_groups(config, cluster)
+        pricing = Pricing(split, groups.tp, cluster, eff, expert_scale=scale,
+                          param_step_s=param_s)
+        return self.solver.solve(pricing, config.sequence_parallel, cluster, eff)
+
+    def __call__(self, config: ParallelConfig) -> Workload:
+        result = self.result(config)
+        return self.solver.base if result is None else result.workload
+
+
 def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
-          ops_without_rules: tuple[str, ...], num_blocks: int,
+          strategies: Strategies, num_blocks: int,
           alternatives: tuple[Plan, ...] = (), solver: SolverInfo | None = None) -> Plan:
     c = est.config
     part = even_partition(num_blocks, c.pp, 1)
+    result = strategies.result(c)
+    if result is None:
+        base = strategies.solver.base
+        ops = tuple((n.name, "replicated") for n in strategies.solver.graph.block_nodes(0)
+                    if n.out is not None)
+        no_rule = tuple(sorted(set(base.pre.no_rule_ops) | set(base.block.no_rule_ops)
+                               | set(base.post.no_rule_ops)))
+    else:
+        ops, no_rule = result.block_strategies, result.ops_without_rules
     return Plan(model=name, cluster=cluster.name, nodes=cluster.nodes,
                 gpus_per_node=cluster.gpus_per_node, train=train, config=c, estimate=est,
-                stage_blocks=tuple(part.blocks), ops_without_rules=ops_without_rules,
-                alternatives=alternatives, solver=solver)
+                stage_blocks=tuple(part.blocks), block_strategies=ops,
+                ops_without_rules=no_rule, alternatives=alternatives, solver=solver)
 
 
 def plan_search(graph: GraphIR, model: nn.Module | GraphIR, name: str, cluster: ClusterSpec,
@@ -49,14 +98,16 @@ def plan_search(graph: GraphIR, model: nn.Module | GraphIR, name: str, cluster: 
     work = build_workload(graph, activation_bytes_per_element(train.precision), name=name,
                           fusions=fusions)
     shape = shape_of(model, graph.num_blocks)
-    result = search(work, shape, cluster, train, constraints, keep=keep, efficiency=efficiency,
-                    progress=progress)
+    strategies = Strategies(StrategySolver(graph, work, activation_bytes_per_element(
+        train.precision)), cluster, train, efficiency)
+    result = search(strategies, shape, cluster, train, constraints, keep=keep,
+                    efficiency=efficiency, progress=progress)
     if not result.best:
         raise infeasible_error(result.smallest, cluster, constraints)
-    no_rule = tuple(sorted(set(work.pre.no_rule_ops) | set(work.block.no_rule_ops)
-                           | set(work.post.no_rule_ops)))
-    alts = tuple(_plan(e, name, cluster, train, no_rule, graph.num_blocks)
+    alts = tuple(_plan(e, name, cluster, train, strategies, graph.num_blocks)
                  for e in result.best[1:])
-    info = SolverInfo(status="optimal", gap=0.0, candidates=result.priced,
-                      pruned=result.stats.total_pruned, wall_s=result.wall_s)
-    return _plan(result.best[0], name, cluster, train, no_rule, graph.num_blocks, alts, info)
+    gap = max((r.gap for r in strategies.solver.cache.values()), default=0.0)
+    info = SolverInfo(status="optimal" if gap == 0 else "feasible", gap=gap,
+                      candidates=result.priced, pruned=result.stats.total_pruned,
+                      wall_s=result.wall_s)
+    return _plan(result.best[0], name, cluster, train, strategies, graph.num_blocks, alts, info)

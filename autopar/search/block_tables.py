@@ -1,0 +1,324 @@
+"""Cost tables of one layer for the per-op strategy solve, and the solved layer back as costs.
+
+``strategy_graph`` turns a layer's traced nodes into the ops the solve chooses for: one per node
+with an output tensor (metadata nodes are dropped), a ``fork`` after every tensor read by several
+ops (so that the gradient of a tensor read by several column splits is reduced once, not once per
+reader, as DTensor and Megatron do), and ``source``/``sink`` ops that pin the layouts a layer
+receives from and hands to its neighbours. ``block_problem`` prices every strategy with the cost
+model's roofline (``estimate_op_s``) and every edge with the collectives of ``reshard`` on the
+candidate's tp group, giving the ``ilp.BlockProblem`` the solver takes. ``solved_layer`` turns
+the chosen strategies into the ``LayerCost`` the step model prices: which ops and saved tensors
+divide by tp, which parameters are split, and the collectives of every resharding edge.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from autopar.costmodel.cluster import ClusterSpec
+from autopar.costmodel.collectives import Collective, Group, estimate_collective_s
+from autopar.costmodel.compute import Split, estimate_op_s
+from autopar.costmodel.efficiency import Efficiency
+from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, Shard, TPCollective
+from autopar.graph import GraphIR, NodeInfo
+from autopar.search.ilp_types import BlockProblem, Edge, StrategyTable
+from autopar.search.reshard import conversion
+from autopar.search.strategies import Layout, Strategy, strategies_for
+
+IMPOSSIBLE = math.inf
+"""Marks a conversion that cannot be done; ``block_problem`` replaces it by twice the cost of the
+most expensive feasible assignment, so the solve never picks it (``solved_layer`` checks). A
+fixed huge constant instead (1e4 s against op costs of 1e-5 s) spoiled HiGHS's numerics: it
+returned an assignment 3x worse than the optimum as "optimal"."""
+
+LOSS_PARALLEL_REDUCTIONS = 3
+"""A vocabulary-split cross-entropy all-reduces the max, the sum of exponentials and the target
+logit of every token (Megatron's ``vocab_parallel_cross_entropy``), in fp32."""
+
+
+@dataclass(frozen=True)
+class StratOp:
+    """One op of the strategy graph."""
+
+    name: str
+    strategies: tuple[Strategy, ...]
+    inputs: tuple[int, ...]
+    """Index of the producer op of each activation input."""
+    tensors: tuple[str, ...]
+    """The tensor each input reads (the producer node's output)."""
+    node: NodeInfo | None = None
+    """The traced node; None for forks, sources and sinks."""
+    known: bool = True
+    """A rule knew the op (else it runs replicated and is reported)."""
+
+
+def _fork(name: str, producer: int, tensor: str, sp: bool) -> StratOp:
+    layouts = [Layout.R, Layout.S] + ([Layout.Q] if sp else [])
+    strategies = [Strategy(str(lay), (lay,), lay, divides=False) for lay in layouts]
+    strategies.append(Strategy("R*", (Layout.R_PARTIAL_GRAD,), Layout.R_PARTIAL_GRAD,
+                               divides=False))
+    return StratOp(name, tuple(strategies), (producer,), (tensor,))
+
+
+def _pinned(name: str, layout: Layout, producer: int | None = None, tensor: str = ""
+            ) -> StratOp:
+    if producer is None:  # a source: no input, output in ``layout``
+        return StratOp(name, (Strategy(str(layout), (), layout, divides=False),), (), ())
+    return StratOp(name, (Strategy(str(layout), (layout,), layout, divides=False),),
+                   (producer,), (tensor,))
+
+
+@dataclass(frozen=True)
+class StrategyGraph:
+    ops: tuple[StratOp, ...]
+    output: int
+    """The op whose output leaves the layer."""
+    stream_in: int | None
+    """The op receiving the layer's input activation (a fork), if any."""
+    output_tensor: str = ""
+    """The traced node whose output leaves the layer."""
+    stream_tensor: str | None = None
+    """The tensor the layer receives from outside (the previous layer's output)."""
+
+
+def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
+                   input_layout: Layout | None = None, output_layout: Layout | None = None
+                   ) -> StrategyGraph:
+    """The ops the solve chooses for. ``input_layout`` pins the layout the layer receives its
+    activation input in (a ``source``); without it the input is a fork the caller joins to the
+    previous block's output. ``output_layout`` adds a ``sink`` requiring that layout of the
+    layer's output."""
+    real = [n for n in nodes if n.out is not None]
+    names = {n.name for n in real}
+    readers: dict[str, int] = {}
+    for n in real:
+        for i in n.inputs:
+            if i in names or graph.has_node(i):
+                readers[i] = readers.get(i, 0) + 1
+    ops: list[StratOp] = []
+    index: dict[str, int] = {}
+    external = next((i for n in real for i in n.inputs
+                     if i not in names and graph.has_node(i) and graph.node(i).out is not None
+                     and graph.node(i).out.dtype.is_floating_point), None)
+    stream_in = None
+    if external is not None:
+        if input_layout is not None:
+            ops.append(_pinned("source", input_layout))
+            index[external] = len(ops) - 1
+        else:
+            ops.append(_fork(f"fork:{external}", -1, external, sp))
+            ops[-1] = replace(ops[-1], inputs=(), tensors=())
+            stream_in = len(ops) - 1
+            index[external] = stream_in
+    for n in real:
+        producers, tensors = [], []
+        for i in n.inputs:
+            if i in index:
+                producers.append(index[i])
+                tensors.append(i)
+        strategies, known = strategies_for(n, graph, sp)
+        # rules see every graph-node input; keep the layouts of the ones inside this layer
+        kept = [k for k, i in enumerate(x for x in n.inputs if graph.has_node(x)) if i in index]
+        strategies = [replace(s, inputs=tuple(s.inputs[k] for k in kept)) for s in strategies]
+        ops.append(StratOp(n.name, tuple(strategies), tuple(producers), tuple(tensors), n, known))
+        index[n.name] = len(ops) - 1
+        if readers.get(n.name, 0) > 1:
+            ops.append(_fork(f"fork:{n.name}", index[n.name], n.name, sp))
+            index[n.name] = len(ops) - 1
+    output = index[real[-1].name]
+    if output_layout is not None:
+        ops.append(_pinned("sink", output_layout, output, real[-1].name))
+    return StrategyGraph(tuple(ops), output, stream_in, real[-1].name, external)
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What one candidate's tables depend on."""
+
+    split: Split
+    tp_group: Group
+    cluster: ClusterSpec
+    eff: Efficiency
+    expert_scale: float = 1.0
+    param_step_s: float = 0.0
+    """Seconds one GPU spends per parameter it holds on each step outside the forward and
+    backward (the optimizer's read and write of the states). Charged to every strategy for the
+    parameters it keeps on a GPU, once per micro-batch priced: the solve sees one micro-batch, so
+    this is an upper bound that leans towards splitting weights, never away from it."""
+
+
+def _tensor_bytes(graph: GraphIR, tensor: str, pricing: Pricing) -> tuple[float, bool]:
+    """(bytes of ``tensor`` for one micro-batch on one cp rank, whether it has a gradient)."""
+    out = graph.node(tensor).out
+    assert out is not None
+    floating = out.dtype.is_floating_point
+    size = pricing.split.act_bytes if floating else out.dtype.itemsize
+    return out.numel / graph.batch * pricing.split.micro_batch * size / pricing.split.cp, floating
+
+
+def _collective_s(kind: Collective, nbytes: float, pricing: Pricing) -> float:
+    if kind is Collective.ALL_TO_ALL:
+        nbytes /= pricing.split.tp  # what one rank holds
+    return estimate_collective_s(kind, nbytes, pricing.tp_group, pricing.cluster, pricing.eff)
+
+
+def edge_s(graph: GraphIR, tensor: str, producer: Layout, consumer: Layout,
+           pricing: Pricing) -> float:
+    nbytes, grad = _tensor_bytes(graph, tensor, pricing)
+    conv = conversion(producer, consumer, has_grad=grad)
+    if conv is None:
+        return IMPOSSIBLE
+    return sum(_collective_s(k, nbytes, pricing) for k in conv[0] + conv[1])
+
+
+def _op_time(cost: OpCost | None, s: Strategy, graph: GraphIR, node: NodeInfo | None,
+             pricing: Pricing) -> tuple[float, float]:
+    """(forward + backward, forward) seconds of one op under ``s``."""
+    if cost is None:
+        total = fwd = 0.0
+    else:
+        op = replace(cost, shard=Shard.TP if s.divides else Shard.REPLICATED)
+        t = estimate_op_s(op, pricing.split, pricing.cluster, pricing.eff,
+                          expert_scale=pricing.expert_scale)
+        total, fwd = t.forward + t.backward, t.forward
+    if node is not None and node.params and pricing.param_step_s:
+        held = sum(graph.params[p].numel / (pricing.split.tp if _is_split(graph, p, s) else 1)
+                   for p in node.params if p in graph.params)
+        total += held * pricing.param_step_s
+    if s.loss_parallel and node is not None and node.inputs and graph.has_node(node.inputs[0]):
+        logits = graph.node(node.inputs[0]).out
+        tokens = logits.numel / logits.shape[-1] / graph.batch if logits is not None else 0.0
+        nbytes = tokens * pricing.split.micro_batch * 4.0 / pricing.split.cp
+        one = _collective_s(Collective.ALL_REDUCE, nbytes, pricing)
+        total += LOSS_PARALLEL_REDUCTIONS * one
+        fwd += LOSS_PARALLEL_REDUCTIONS * one
+    return total, fwd
+
+
+def costs_by_node(layer: LayerCost) -> dict[str, OpCost]:
+    """The layer's op costs keyed by the node that heads them (a fused chain by its first)."""
+    return {(c.name.split(":", 1)[1] if ":" in c.name else c.name): c for c in layer.ops}
+
+
+def block_problem(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, pricing: Pricing,
+                  *, repeat: int = 1, boundary: bool = False) -> BlockProblem:
+    """The solver's tables for ``sg`` priced for one candidate. With ``boundary`` the layer's
+    output feeds its own input fork in the next instance (a repeated block)."""
+    by_node = costs_by_node(layer)
+    tables = []
+    for op in sg.ops:
+        times = [_op_time(by_node.get(op.name), s, graph, op.node, pricing)
+                 for s in op.strategies]
+        tables.append(StrategyTable(names=tuple(s.name for s in op.strategies),
+                                    compute_s=tuple(t[0] for t in times),
+                                    state_bytes=(0.0,) * len(times),
+                                    activation_bytes=(0.0,) * len(times),
+                                    forward_s=tuple(t[1] for t in times), op=op.name))
+    Matrix = tuple[tuple[float, ...], ...]
+    edges: list[tuple[int, int, Matrix]] = []
+    for j, op in enumerate(sg.ops):
+        for k, (i, tensor) in enumerate(zip(op.inputs, op.tensors)):
+            edges.append((i, j, tuple(
+                tuple(edge_s(graph, tensor, a.output, b.inputs[k], pricing)
+                      for b in op.strategies) for a in sg.ops[i].strategies)))
+    boundary_edges: list[tuple[int, int, Matrix]] = []
+    if boundary and sg.stream_in is not None:
+        fork = sg.ops[sg.stream_in]
+        boundary_edges.append((sg.output, sg.stream_in, tuple(
+            tuple(edge_s(graph, sg.output_tensor, a.output, b.inputs[0], pricing)
+                  for b in fork.strategies) for a in sg.ops[sg.output].strategies)))
+    # an upper bound on any feasible assignment: the dearest strategy of every op and the dearest
+    # possible conversion of every edge, for every block
+    worst = sum(max(c for c in t.compute_s if math.isfinite(c)) for t in tables)
+    worst += sum(max((x for row in m for x in row if math.isfinite(x)), default=0.0)
+                 for _, _, m in edges + boundary_edges)
+    big = 2.0 * max(worst, 1e-3) * repeat
+
+    def finite(e: tuple[int, int, Matrix]) -> Edge:
+        return Edge(e[0], e[1], tuple(tuple(x if math.isfinite(x) else big for x in row)
+                                      for row in e[2]))
+
+    return BlockProblem(ops=tuple(tables), edges=tuple(finite(e) for e in edges), repeat=repeat,
+                        boundary_edges=tuple(finite(e) for e in boundary_edges))
+
+
+def _is_split(graph: GraphIR, param: str, s: Strategy) -> bool:
+    """Whether ``s`` divides ``param`` over the tp ranks: every weight matrix of a split op, a
+    bias only under a column split (a row split adds it once, after the reduction)."""
+    return s.shards_params and (len(graph.params[param].shape) >= 2 or s.name == "column")
+
+
+def _shard(layout: Layout) -> Shard:
+    return Shard.TP if layout in (Layout.S, Layout.Q) else Shard.REPLICATED
+
+
+@dataclass(frozen=True)
+class SolvedLayer:
+    layer: LayerCost
+    strategies: tuple[tuple[str, str], ...]
+    """(node, strategy) of every traced op."""
+    input_layout: Layout | None
+    output_layout: Layout
+
+
+def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tuple[int, ...],
+                 act_bytes: float, tp: int) -> SolvedLayer:
+    """``layer`` re-priced under the chosen strategies (``choice[i]`` for ``sg.ops[i]``)."""
+    chosen = [op.strategies[c] for op, c in zip(sg.ops, choice)]
+    layout = {op.name: s.output for op, s in zip(sg.ops, chosen) if op.node is not None}
+    if sg.stream_tensor is not None:
+        layout[sg.stream_tensor] = chosen[sg.stream_in].output if sg.stream_in is not None \
+            else sg.ops[0].strategies[0].output
+    per_seq = 1.0 / graph.batch
+    collectives: list[TPCollective] = []
+
+    def convert(tensor: str, src: Layout, dst: Layout, label: str) -> None:
+        out = graph.node(tensor).out
+        conv = conversion(src, dst, has_grad=out is not None and out.dtype.is_floating_point)
+        if conv is None:
+            raise RuntimeError(f"the strategy solve chose an impossible resharding {src}->{dst} "
+                               f"at {label}; please report this")
+        # in activation-dtype elements (an integer tensor moves its own itemsize)
+        size = act_bytes if out is None or out.dtype.is_floating_point else out.dtype.itemsize
+        elements = out.numel * per_seq * size / act_bytes if out is not None else 0.0
+        for phase, kinds in ((Phase.FORWARD, conv[0]), (Phase.BACKWARD_ACT, conv[1])):
+            for kind in kinds:
+                # an all-to-all is sized by what one rank holds
+                n = elements / tp if kind is Collective.ALL_TO_ALL else elements
+                collectives.append(TPCollective(label, n, phase, str(kind)))
+
+    for j, op in enumerate(sg.ops):
+        for k, (i, tensor) in enumerate(zip(op.inputs, op.tensors)):
+            convert(tensor, chosen[i].output, chosen[j].inputs[k], f"{sg.ops[i].name}->{op.name}")
+        if chosen[j].loss_parallel and op.node is not None:
+            logits = graph.node(op.node.inputs[0]).out
+            tokens = logits.numel / logits.shape[-1] * per_seq if logits is not None else 0.0
+            for r in range(LOSS_PARALLEL_REDUCTIONS):
+                collectives.append(TPCollective(f"{op.name}.loss{r}", tokens * 4.0 / act_bytes,
+                                                Phase.FORWARD))
+    divides = {op.name: s.divides for op, s in zip(sg.ops, chosen) if op.node is not None}
+    ops = tuple(replace(c, shard=Shard.TP if divides.get(
+        c.name.split(":", 1)[1] if ":" in c.name else c.name, False) else Shard.REPLICATED)
+        for c in layer.ops)
+    saved = tuple(_saved_shard(graph, s, layout) for s in layer.saved)
+    # expert weights (3-d) are divided by ep and tp in the step model already
+    split_params = {p for op, s in zip(sg.ops, chosen) if op.node is not None
+                    for p in op.node.params if p in graph.params and _is_split(graph, p, s)
+                    and len(graph.params[p].shape) != 3}
+    params_tp = min(sum(graph.params[p].numel for p in split_params),
+                    layer.params - layer.params_expert)
+    no_rule = tuple(sorted({op.node.op for op in sg.ops if op.node is not None and not op.known}))
+    solved = replace(layer, ops=ops, saved=saved, params_tp=params_tp,
+                     tp_collectives=tuple(collectives), no_rule_ops=no_rule)
+    strategies = tuple((op.name, s.name) for op, s in zip(sg.ops, chosen) if op.node is not None)
+    stream = chosen[sg.stream_in].output if sg.stream_in is not None else None
+    return SolvedLayer(solved, strategies, stream, chosen[sg.output].output)
+
+
+def _saved_shard(graph: GraphIR, saved: SavedTensor, layout: dict[str, Layout]) -> SavedTensor:
+    base, _, suffix = saved.name.partition(".")
+    if suffix == "logprobs" and graph.has_node(base) and graph.node(base).inputs:
+        base = graph.node(base).inputs[0]
+    lay = layout.get(base)
+    return replace(saved, shard=_shard(lay) if lay is not None else Shard.REPLICATED)

@@ -1,0 +1,101 @@
+"""Per-op strategies of a candidate: solve the block, then the layers around it.
+
+For a candidate's tensor-parallel degree, sequence parallelism and micro-batch shape, the
+repeated block is solved first (``ilp.solve`` over ``block_tables.block_problem``: one strategy
+per op, tied across the blocks, the output of one block feeding the input of the next), then the
+last layer (final norm, head, loss) receiving the block's output layout, then the first layer
+(embedding) handing the block the layout its input wants. The result is the candidate's
+``Workload`` with every op, saved tensor, parameter and tp collective priced as the solve
+decided, and the (op, strategy) list for the plan.
+
+Solves are memoised on what the tables depend on, so the search solves each distinct
+(tp, sequence parallel, micro-batch, cp, expert parallel, tp group placement) once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from autopar.costmodel.cluster import ClusterSpec
+from autopar.costmodel.efficiency import Efficiency
+from autopar.costmodel.workload import Workload
+from autopar.graph import GraphIR, NodeInfo
+from autopar.search.block_tables import (
+    Pricing,
+    SolvedLayer,
+    block_problem,
+    solved_layer,
+    strategy_graph,
+)
+from autopar.search.ilp import solve
+from autopar.search.strategies import Layout
+
+SOLVE_TIME_LIMIT_S = 5.0
+"""Per layer; a hit limit is reported with its gap."""
+
+
+@dataclass(frozen=True)
+class StrategyResult:
+    workload: Workload
+    block_strategies: tuple[tuple[str, str], ...]
+    ops_without_rules: tuple[str, ...]
+    gap: float
+    """Largest relative optimality gap of the three solves (0 when all proved optimal)."""
+
+
+@dataclass
+class StrategySolver:
+    """Memoised strategy solves for one traced model."""
+
+    graph: GraphIR
+    base: Workload
+    """The workload with the fixed Megatron assignment (its costs per op are reused)."""
+    act_bytes: float
+    solves: int = 0
+    cache: dict[tuple, StrategyResult] = field(default_factory=dict)
+
+    def _nodes(self) -> tuple[list[NodeInfo], list[NodeInfo], list[NodeInfo]]:
+        g = self.graph
+        first = next(i for i, n in enumerate(g.nodes) if n.block is not None)
+        pre = [n for n in g.nodes[:first] if n.block is None]
+        post = [n for n in g.nodes[first:] if n.block is None]
+        return pre, g.block_nodes(0), post
+
+    def _solve(self, nodes: list[NodeInfo], layer, pricing: Pricing, sp: bool, *,
+               repeat: int = 1, boundary: bool = False, input_layout: Layout | None = None,
+               output_layout: Layout | None = None) -> tuple[SolvedLayer, float]:
+        sg = strategy_graph(self.graph, nodes, sp, input_layout=input_layout,
+                            output_layout=output_layout)
+        problem = block_problem(self.graph, sg, layer, pricing, repeat=repeat,
+                                boundary=boundary)
+        sol = solve(problem, math.inf, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
+        self.solves += 1
+        gap = sol.gap if math.isfinite(sol.gap) else 1.0
+        return solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
+                            pricing.split.tp), gap
+
+    def solve(self, pricing: Pricing, sp: bool, cluster: ClusterSpec,
+              eff: Efficiency) -> StrategyResult:
+        # The strategies are solved at one micro-batch of one sequence (no cp split) and reused
+        # for every micro-batch size and cp degree: the solved layer records which ops divide
+        # and which collectives run, not their times, and compute and communication both
+        # scale with the tokens, so only latency terms could move the optimum.
+        s = replace(pricing.split, micro_batch=1, cp=1)
+        pricing = replace(pricing, split=s)
+        key = (s, pricing.tp_group, pricing.expert_scale, sp)
+        if key in self.cache:
+            return self.cache[key]
+        pre_nodes, block_nodes, post_nodes = self._nodes()
+        block, g1 = self._solve(block_nodes, self.base.block, pricing, sp,
+                                repeat=self.base.num_blocks, boundary=True)
+        post, g2 = self._solve(post_nodes, self.base.post, pricing, sp,
+                               input_layout=block.output_layout)
+        pre, g3 = self._solve(pre_nodes, self.base.pre, pricing, sp,
+                              output_layout=block.input_layout)
+        work = replace(self.base, pre=pre.layer, block=block.layer, post=post.layer)
+        no_rule = tuple(sorted(set(pre.layer.no_rule_ops) | set(block.layer.no_rule_ops)
+                               | set(post.layer.no_rule_ops)))
+        result = StrategyResult(work, block.strategies, no_rule, max(g1, g2, g3))
+        self.cache[key] = result
+        return result
