@@ -216,6 +216,12 @@ def token_routing_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     return _follow(node, ctx, [Layout.R, *_seq(ctx)])
 
 
+@rule("constant", "arange", "zeros", "ones", "full", "empty", "rand", "randn")
+def constant_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
+    """A tensor made from nothing (positions, masks): every rank makes it, or its slice."""
+    return _follow(node, ctx, [Layout.R, Layout.S, *_seq(ctx)])
+
+
 @rule("embedding", "embedding")
 def embedding_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     """A lookup table: replicated, or split by vocabulary (each rank looks up its rows, the
