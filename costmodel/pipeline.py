@@ -72,3 +72,32 @@ def bubble_fraction(schedule: Schedule, pp: int, m: int, v: int) -> float:
     """Idle stage-times per step as a fraction of ``m`` micro-batch stage-times."""
     chunks = v if schedule is Schedule.INTERLEAVED else 1
     return (pp - 1) / (chunks * m)
+
+
+def balanced_partition(num_blocks: int, pp: int, block_s: float, first_s: float,
+                       last_s: float) -> StagePartition:
+    """Blocks per stage minimising the slowest stage, when the first stage also runs
+    ``first_s`` (the embedding) and the last ``last_s`` (the head and loss) per micro-batch.
+
+    Starting from the even split, a block moves from the slowest stage to the fastest while
+    that lowers the slowest; every stage keeps at least one block. With equal stages this is
+    the even split; with a heavy head the last stage gets fewer blocks.
+    """
+    blocks = list(even_partition(num_blocks, pp, 1).blocks)
+    if pp == 1 or block_s <= 0:
+        return StagePartition(tuple(blocks))
+    extra = [0.0] * pp
+    extra[0] += first_s
+    extra[-1] += last_s
+
+    def t(s: int) -> float:
+        return blocks[s] * block_s + extra[s]
+
+    while True:
+        slow = max(range(pp), key=lambda s: (t(s), -s))
+        fast = min(range(pp), key=lambda s: (t(s), s))
+        # strictly lower by more than rounding, or two equal stages would trade a block forever
+        if blocks[slow] <= 1 or t(fast) + block_s >= t(slow) - 1e-9 * block_s:
+            return StagePartition(tuple(blocks))
+        blocks[slow] -= 1
+        blocks[fast] += 1

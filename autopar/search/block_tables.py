@@ -102,6 +102,7 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
                      if i not in names and graph.has_node(i) and graph.node(i).out is not None
                      and graph.node(i).out.dtype.is_floating_point), None)
     stream_in = None
+    width = graph.node(external).out.shape[-1] if external is not None else None  # type: ignore[union-attr]
     if external is not None:
         if input_layout is not None:
             ops.append(_pinned("source", input_layout))
@@ -117,7 +118,7 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
             if i in index:
                 producers.append(index[i])
                 tensors.append(i)
-        strategies, known = strategies_for(n, graph, sp)
+        strategies, known = strategies_for(n, graph, sp, width)
         # rules see every graph-node input; keep the layouts of the ones inside this layer
         kept = [k for k, i in enumerate(x for x in n.inputs if graph.has_node(x)) if i in index]
         strategies = [replace(s, inputs=tuple(s.inputs[k] for k in kept)) for s in strategies]

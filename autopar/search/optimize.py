@@ -1,16 +1,31 @@
-"""``optimize``: the best plan over the search space, by branch and bound on the cost model.
+"""``search``: the best plan over the search space, by branch and bound on the cost model.
 
 Outer candidates (``space.outer_candidates``) are ordered by a lower bound on their step time:
-the compute of the slowest pipeline stage for every micro-batch plus the bubble that compute
-implies. Recomputation, communication and the optimizer only add to it, so the bound is valid for
-every checkpoint policy. Candidates are priced best-bound first; the search stops when the next
-bound exceeds the ``keep``-th best plan found, which cannot lose the optimum. For each priced
-candidate the checkpoint policy is chosen as the fastest that fits (none, selective, full), and
-offload is tried only when nothing fits without it.
+the compute and tensor-parallel collectives of the slowest pipeline stage for every micro-batch,
+plus the bubble they imply. Recomputation, the other communication and the optimizer only add to
+it, so the bound holds for every checkpoint choice. Candidates are priced best-bound first; the
+search stops when the next bound exceeds the ``keep``-th best plan found, which cannot lose the
+optimum.
+
+Each candidate is priced with its own workload (the per-op strategies solved for its tp split,
+``tp_solve``) and two inner decisions:
+
+* **Stage boundaries** (1F1B and GPipe): blocks per stage balance the stages' compute, the
+  first stage also running the embedding and the last the head and loss
+  (``pipeline.balanced_partition``); the interleaved schedule needs equal chunks. The bound
+  uses the same boundaries, so it stays a bound.
+* **Checkpointing, block by block.** With the block's strategies tied, every recomputed block
+  of a stage saves the same bytes and costs the same time, so the choice is how many blocks of
+  each stage to recompute, not which. No recomputation when that fits (it only adds time);
+  otherwise uniform selective, uniform full, and the mixes "k blocks full, the rest none" and
+  "k blocks full, the rest selective" with the fewest full blocks per stage that fit (found from
+  the uniform policies' stage memory, which is linear in k, then checked by pricing the mix).
+  The fastest that fits wins; with nothing fitting, optimizer offload is tried.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +36,12 @@ from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
-from autopar.costmodel.pipeline import bubble_fraction, even_partition
+from autopar.costmodel.pipeline import (
+    StagePartition,
+    balanced_partition,
+    bubble_fraction,
+    even_partition,
+)
 from autopar.costmodel.specs import Checkpoint, ParallelConfig, Schedule, TrainSpec
 from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step, tp_comm_s
 from autopar.costmodel.topology import mesh_groups
@@ -42,6 +62,24 @@ class SearchResult:
     stats: SpaceStats
     priced: int
     wall_s: float
+    gap: float = 0.0
+    """When the time limit stopped the search: (best - least bound not priced) / best."""
+
+
+def partition_of(work: Workload, config: ParallelConfig, pre_s: float, block_s: float,
+                 post_s: float) -> StagePartition:
+    """Stage boundaries: balanced for 1F1B and GPipe, equal chunks for the interleaved
+    schedule."""
+    if config.schedule is Schedule.INTERLEAVED or config.pp == 1:
+        return even_partition(work.num_blocks, config.pp, config.virtual_stages)
+    return balanced_partition(work.num_blocks, config.pp, block_s, pre_s, post_s)
+
+
+def simplicity(config: ParallelConfig) -> tuple:
+    """Breaks exact ties between candidates towards the plan with fewer moving parts: no
+    context split, fewer stages, less tensor parallelism, the lower ZeRO stage."""
+    return (config.cp, config.pp, config.tp, config.ep, config.zero, config.virtual_stages,
+            config.offload, config.sequence_parallel)
 
 
 WorkloadFor = Callable[[ParallelConfig], Workload]
@@ -49,7 +87,7 @@ WorkloadFor = Callable[[ParallelConfig], Workload]
 
 
 def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
-             eff: Efficiency, memo: dict[tuple, float]) -> float:
+             eff: Efficiency, memo: dict[tuple, float]) -> tuple[float, StagePartition]:
     """Lower bound on the step time: compute and tensor-parallel collectives of the slowest
     stage for every micro-batch, plus the bubble they imply."""
     act = activation_bytes_per_element(train.precision)
@@ -67,40 +105,89 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
                        + tp_comm_s(layer, split, Checkpoint.NONE, groups, cluster, eff))
         memo[key] = tuple(per)  # type: ignore[assignment]
     pre, block, post = memo[key]  # type: ignore[misc]
-    part = even_partition(work.num_blocks, config.pp, 1)
+    part = partition_of(work, config, pre, block, post)
     stages = [part.blocks[s] * block + (pre if s == 0 else 0.0)
               + (post if s == config.pp - 1 else 0.0) for s in range(config.pp)]
     m = config.microbatches(train)
     v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
     slow = max(stages)
-    return m * slow * (1 + bubble_fraction(config.schedule, config.pp, m, v))
+    return m * slow * (1 + bubble_fraction(config.schedule, config.pp, m, v)), part
+
+
+def _estimate(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: ParallelConfig,
+              eff: Efficiency, part: StagePartition | None) -> Estimate:
+    return estimate_step(work, cluster, train, config, efficiency=eff, partition=part)
+
+
+def _mixed(policies: tuple[Checkpoint, ...], base: Checkpoint, rest: Estimate, full: Estimate,
+           usable: float, part: StagePartition, extra: tuple[int, ...] = ()
+           ) -> tuple[Checkpoint, ...] | None:
+    """Per-block policies: in each stage the fewest blocks under FULL (the rest ``base``) for
+    the stage's memory, interpolated linearly between all-``base`` and all-FULL, to fit;
+    ``extra`` adds blocks per stage after a failed check. None when it equals a uniform one."""
+    out = list(policies)
+    any_full = False
+    for s, (mem_rest, mem_full) in enumerate(zip(rest.stage_memory, full.stage_memory)):
+        b = part.blocks[s]
+        need = mem_rest.peak_bytes - usable
+        saving = mem_rest.peak_bytes - mem_full.peak_bytes
+        k = 0 if need <= 0 else (b if saving <= 0 else min(b, math.ceil(b * need / saving)))
+        k = min(b, k + (extra[s] if extra else 0))
+        first = part.first_block(s)
+        for j in range(b):
+            out[first + j] = Checkpoint.FULL if j < k else base
+        any_full |= k > 0
+    mixed = tuple(out)
+    if not any_full or all(p is Checkpoint.FULL for p in mixed):
+        return None
+    return mixed
 
 
 def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: ParallelConfig,
-           eff: Efficiency, fixed_checkpoint: bool) -> tuple[Estimate | None, Estimate]:
-    """(fastest fitting estimate or None, smallest estimate) over the checkpoint policies."""
-    policies = [config.checkpoint] if fixed_checkpoint else list(POLICIES)
-    fitting: Estimate | None = None
-    smallest: Estimate | None = None
-    seen_memory: set[float] = set()
-    for policy in policies:
-        est = estimate_step(work, cluster, train, config.with_(checkpoint=policy),
-                            efficiency=eff)
-        if est.peak_memory_bytes in seen_memory:
-            continue  # the same plan under another name (selective without s^2 activations)
-        seen_memory.add(est.peak_memory_bytes)
-        if smallest is None or est.peak_memory_bytes < smallest.peak_memory_bytes:
-            smallest = est
-        if est.fits and (fitting is None or est.step_time_s < fitting.step_time_s):
-            fitting = est
-    assert smallest is not None
-    return fitting, smallest
+           eff: Efficiency, fixed_checkpoint: bool, part: StagePartition | None
+           ) -> tuple[Estimate | None, Estimate]:
+    """(fastest fitting estimate or None, smallest estimate) over the checkpoint choices."""
+    if fixed_checkpoint:
+        est = _estimate(work, cluster, train, config, eff, part)
+        return (est if est.fits else None), est
+    none = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.NONE), eff, part)
+    if none.fits:
+        return none, none  # recomputation only adds time
+    full = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.FULL), eff, part)
+    if not full.fits:
+        return None, full  # full recomputation keeps the least
+    fitting = [full]
+    selective = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.SELECTIVE),
+                          eff, part)
+    bases = [(Checkpoint.NONE, none)]
+    if selective.peak_memory_bytes < none.peak_memory_bytes:  # it drops something
+        if selective.fits:
+            fitting.append(selective)
+        bases.append((Checkpoint.SELECTIVE, selective))
+    partition = part or even_partition(work.num_blocks, config.pp, config.virtual_stages)
+    usable = float(cluster.usable_hbm_bytes)
+    uniform = none.config.checkpoint_of(work.num_blocks)
+    for base, rest in bases:
+        extra: tuple[int, ...] = ()
+        for _ in range(3):  # the interpolation can miss by the recompute working set
+            policies = _mixed(uniform, base, rest, full, usable, partition, extra)
+            if policies is None:
+                break
+            est = _estimate(work, cluster, train, config.with_(checkpoint=policies), eff, part)
+            if est.fits:
+                fitting.append(est)
+                break
+            extra = tuple((e if extra else 0) + (1 if sm.peak_bytes > usable else 0)
+                          for e, sm in zip(extra or (0,) * config.pp, est.stage_memory))
+    best = min(fitting, key=lambda e: (e.step_time_s, e.peak_memory_bytes))
+    return best, full
 
 
 def search(work: Workload | WorkloadFor, shape: ModelShape, cluster: ClusterSpec,
            train: TrainSpec, constraints: Mapping[str, object] | None = None, *, keep: int = 4,
            efficiency: Efficiency = DEFAULT_EFFICIENCY,
-           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+           progress: Callable[[int, int], None] | None = None,
+           time_limit_s: float | None = None) -> SearchResult:
     """Branch and bound over the outer candidates; see the module docstring. ``work`` is one
     workload for every candidate, or a function giving each candidate its own (the per-op
     strategies solved for its tp split)."""
@@ -113,34 +200,45 @@ def search(work: Workload | WorkloadFor, shape: ModelShape, cluster: ClusterSpec
     for config in outer_candidates(cluster.num_gpus, shape, train, constraints, stats):
         try:
             w = workload_for(config)
-            bounded.append((_bound_s(w, config, train, cluster, efficiency, memo), config))
+            bound, part = _bound_s(w, config, train, cluster, efficiency, memo)
+            bounded.append((bound, config, part))
         except AutoparError:
             stats.prune("invalid")
     # deterministic order: bound, then the config's own field order
-    bounded.sort(key=lambda bc: (bc[0], tuple(str(v) for v in bc[1].to_dict().values())))
+    bounded.sort(key=lambda bc: (bc[0], simplicity(bc[1]),
+                                 tuple(str(v) for v in bc[1].to_dict().values())))
+    gap = 0.0
     best: list[Estimate] = []
     smallest: Estimate | None = None
     fixed_ckpt = "checkpoint" in constraints
     priced = 0
-    for i, (bound, config) in enumerate(bounded):
+    for i, (bound, config, part) in enumerate(bounded):
         if len(best) >= keep and bound >= best[keep - 1].step_time_s:
-            stats.prune("bound")
-            continue
+            # sorted by bound: every later candidate is bounded out too
+            stats.pruned["bound"] = stats.pruned.get("bound", 0) + len(bounded) - i
+            break
+        if time_limit_s is not None and best and time.perf_counter() - t0 > time_limit_s:
+            gap = max(0.0, (best[0].step_time_s - bound) / best[0].step_time_s)
+            stats.pruned["time limit"] = len(bounded) - i
+            break
         priced += 1
         if progress is not None and priced % 25 == 0:
             progress(i, len(bounded))
         w = workload_for(config)
-        fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt)
+        part = part if config.pp > 1 else None
+        fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt, part)
         if fit is None and "offload" not in constraints:
             fit, small_off = _price(w, cluster, train, config.with_(offload=True),
-                                    efficiency, fixed_ckpt)
+                                    efficiency, fixed_ckpt, part)
             if small_off.peak_memory_bytes < small.peak_memory_bytes:
                 small = small_off
         if smallest is None or small.peak_memory_bytes < smallest.peak_memory_bytes:
             smallest = small
         if fit is not None:
             best.append(fit)
-            best.sort(key=lambda e: (e.step_time_s, e.peak_memory_bytes))
+            best.sort(key=lambda e: (e.step_time_s, simplicity(e.config), e.peak_memory_bytes))
             del best[keep:]
+    if progress is not None:
+        progress(len(bounded), len(bounded))
     return SearchResult(tuple(best), None if best else smallest, stats, priced,
-                        time.perf_counter() - t0)
+                        time.perf_counter() - t0, gap)

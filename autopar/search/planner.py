@@ -15,7 +15,6 @@ from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import Efficiency
 from autopar.costmodel.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
-from autopar.costmodel.pipeline import even_partition
 from autopar.costmodel.specs import TrainSpec
 from autopar.graph import GraphIR
 from autopar.plan import Plan, SolverInfo
@@ -71,7 +70,6 @@ def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
           strategies: Strategies, num_blocks: int,
           alternatives: tuple[Plan, ...] = (), solver: SolverInfo | None = None) -> Plan:
     c = est.config
-    part = even_partition(num_blocks, c.pp, 1)
     result = strategies.result(c)
     if result is None:
         base = strategies.solver.base
@@ -83,7 +81,7 @@ def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
         ops, no_rule = result.block_strategies, result.ops_without_rules
     return Plan(model=name, cluster=cluster.name, nodes=cluster.nodes,
                 gpus_per_node=cluster.gpus_per_node, train=train, config=c, estimate=est,
-                stage_blocks=tuple(part.blocks), block_strategies=ops,
+                stage_blocks=tuple(sm.blocks for sm in est.stage_memory), block_strategies=ops,
                 ops_without_rules=no_rule, alternatives=alternatives, solver=solver)
 
 
@@ -97,16 +95,17 @@ def plan_search(graph: GraphIR, model: nn.Module | GraphIR, name: str, cluster: 
     fusions = tuple(constraints.get("fusions", ()) or ())  # type: ignore[arg-type]
     work = build_workload(graph, activation_bytes_per_element(train.precision), name=name,
                           fusions=fusions)
-    shape = shape_of(model, graph.num_blocks)
+    ring = any(op.kv_elements > 0 for op in work.block.ops)
+    shape = shape_of(model, graph.num_blocks, ring_attention=ring)
     strategies = Strategies(StrategySolver(graph, work, activation_bytes_per_element(
         train.precision)), cluster, train, efficiency)
     result = search(strategies, shape, cluster, train, constraints, keep=keep,
-                    efficiency=efficiency, progress=progress)
+                    efficiency=efficiency, progress=progress, time_limit_s=time_limit_s)
     if not result.best:
-        raise infeasible_error(result.smallest, cluster, constraints)
+        raise infeasible_error(result.smallest, cluster, constraints, train=train, shape=shape)
     alts = tuple(_plan(e, name, cluster, train, strategies, graph.num_blocks)
                  for e in result.best[1:])
-    gap = max((r.gap for r in strategies.solver.cache.values()), default=0.0)
+    gap = max([result.gap, *(r.gap for r in strategies.solver.cache.values())])
     info = SolverInfo(status="optimal" if gap == 0 else "feasible", gap=gap,
                       candidates=result.priced, pruned=result.stats.total_pruned,
                       wall_s=result.wall_s)

@@ -21,7 +21,7 @@ Pruning rules, each with why it cannot lose the optimum under the cost model:
 
 Everything else here is validity, not pruning: degrees must divide the GPU count, tp the
 attention heads (and key/value heads), pp at most the blocks, the sequence split 2*cp ways
-(load-balanced causal ring attention), ep the experts and dp*cp, and the micro-batch the
+(load-balanced causal ring attention, which needs a fused attention op), ep the experts and dp*cp, and the micro-batch the
 per-replica batch.
 """
 
@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec
+from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 """Micro-batch sizes tried (those dividing the per-replica batch)."""
@@ -48,6 +48,9 @@ class ModelShape:
     num_heads: int | None = None
     num_kv_heads: int | None = None
     num_experts: int | None = None
+    ring_attention: bool = True
+    """The block's attention is a fused op (sdpa) that context parallelism can run as a ring;
+    eager attention (matmul, softmax, matmul over the whole score matrix) cannot be split."""
 
 
 @dataclass
@@ -68,10 +71,35 @@ def divisors(n: int) -> list[int]:
 
 
 def check_constraints(constraints: Mapping[str, object]) -> None:
+    """Unknown fields and values no configuration can have are errors, not empty searches."""
     for key in constraints:
         if key not in FIELDS:
             raise AutoparError(f"unknown constraint {key!r}", where="constraints",
                                fix=f"use ParallelConfig fields: {', '.join(sorted(FIELDS))}")
+    for key, value in constraints.items():
+        if key in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "num_microbatches",
+                   "virtual_stages"):
+            if value is None and key == "num_microbatches":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise AutoparError(f"constraint {key}={value!r} is not a positive integer",
+                                   where=f"constraints.{key}", fix="give a whole number >= 1")
+        elif key == "zero" and value not in (0, 1, 2, 3):
+            raise AutoparError(f"constraint zero={value!r} is not a ZeRO stage",
+                               where="constraints.zero", fix="use 0, 1, 2 or 3")
+        elif key in ("sequence_parallel", "offload") and not isinstance(value, bool):
+            raise AutoparError(f"constraint {key}={value!r} is not true or false",
+                               where=f"constraints.{key}", fix="give True or False")
+        elif key == "schedule":
+            try:
+                Schedule(value)
+            except ValueError:
+                raise AutoparError(
+                    f"constraint schedule={value!r} is not a pipeline schedule",
+                    where="constraints.schedule",
+                    fix="use one of " + ", ".join(repr(str(s)) for s in Schedule)) from None
+        elif key == "checkpoint":
+            parse_checkpoint(value)  # type: ignore[arg-type]
 
 
 def _allowed(values: list[int], key: str, constraints: Mapping[str, object]) -> list[int]:
@@ -92,11 +120,13 @@ def meshes(num_gpus: int, shape: ModelShape, train: TrainSpec,
     for tp in _allowed(divisors(num_gpus), "tp", constraints):
         if not _tp_ok(tp, shape):
             continue
+        if constraints.get("sequence_parallel") and tp == 1:
+            continue  # sequence parallelism splits over the tp ranks
         rest = num_gpus // tp
         for pp in _allowed([p for p in divisors(rest) if p <= shape.num_blocks], "pp",
                            constraints):
             for cp in _allowed(divisors(rest // pp), "cp", constraints):
-                if cp > 1 and train.seq_len % (2 * cp):
+                if cp > 1 and (train.seq_len % (2 * cp) or not shape.ring_attention):
                     continue
                 dp = rest // (pp * cp)
                 if "dp" in constraints and constraints["dp"] != dp:
@@ -121,8 +151,9 @@ def outer_candidates(num_gpus: int, shape: ModelShape, train: TrainSpec,
                if (shape.num_experts or 1) % e == 0] if shape.num_experts else [1]
         for ep in _allowed(eps, "ep", constraints):
             per_replica = train.global_batch // dp
-            for mb in _allowed([m for m in MICRO_BATCHES if per_replica % m == 0],
-                               "micro_batch", constraints):
+            sizes = ([int(constraints["micro_batch"])]  # type: ignore[call-overload]
+                     if "micro_batch" in constraints else list(MICRO_BATCHES))
+            for mb in [m for m in sizes if per_replica % m == 0]:
                 m = per_replica // mb
                 for schedule, v in _schedules(pp, m, shape.num_blocks, constraints, stats):
                     for zero in _zero_stages(dp * cp, constraints, stats):
@@ -139,6 +170,8 @@ def _schedules(pp: int, m: int, num_blocks: int, constraints: Mapping[str, objec
     want = constraints.get("schedule")
     want = Schedule(want) if want is not None else None
     if pp == 1:
+        if constraints.get("virtual_stages", 1) != 1:
+            return []  # model chunks need pipeline stages
         return [(want or Schedule.ONE_F_ONE_B, 1)] if want != Schedule.INTERLEAVED \
             else [(Schedule.INTERLEAVED, 1)]
     out: list[tuple[Schedule, int]] = []
@@ -150,7 +183,8 @@ def _schedules(pp: int, m: int, num_blocks: int, constraints: Mapping[str, objec
         stats.prune("gpipe")
     if want in (None, Schedule.INTERLEAVED) and m % pp == 0:
         per_stage = num_blocks // pp if num_blocks % pp == 0 else 0
-        vs = [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if per_stage and per_stage % v == 0]
+        most = max(MAX_VIRTUAL_STAGES, int(constraints.get("virtual_stages", 1)))  # type: ignore[call-overload]
+        vs = [v for v in range(2, most + 1) if per_stage and per_stage % v == 0]
         if want == Schedule.INTERLEAVED:
             vs = [1] + vs
         out += [(Schedule.INTERLEAVED, v) for v in _allowed(vs, "virtual_stages", constraints)]
@@ -186,7 +220,7 @@ _CONFIG_FIELDS = {
 }
 
 
-def shape_of(model: object, num_blocks: int) -> ModelShape:
+def shape_of(model: object, num_blocks: int, ring_attention: bool = True) -> ModelShape:
     """The model's shape from its ``config`` (the zoo's dataclass or a transformers config).
 
     Missing fields stay ``None``: the space then does not restrict tp by heads or ep by experts,
@@ -203,4 +237,4 @@ def shape_of(model: object, num_blocks: int) -> ModelShape:
                 break
     if found["num_experts"] is not None and found["num_experts"] < 2:
         found["num_experts"] = None
-    return ModelShape(num_blocks=num_blocks, **found)
+    return ModelShape(num_blocks=num_blocks, ring_attention=ring_attention, **found)

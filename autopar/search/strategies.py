@@ -63,6 +63,8 @@ class RuleContext:
     activation_inputs: tuple[str, ...]
     """The node's inputs that are activations produced by graph nodes."""
     sequence_parallel: bool
+    stream_width: int | None = None
+    """Last dim of the residual stream (the layer's input), if known."""
 
 
 Rule = Callable[[NodeInfo, RuleContext], list[Strategy]]
@@ -192,8 +194,14 @@ def norm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
       "bool", "long", "eq", "ne", "lt", "gt", "le", "ge", "fill")
 def elementwise_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     """Elementwise ops and views keep any split (a view keeps the heads/width split because the
-    space only lets tp divide the heads)."""
-    return _follow(node, ctx, [Layout.R, Layout.S, *_seq(ctx)])
+    space only lets tp divide the heads). Without sequence parallelism, compute on the residual
+    stream (its width, not a view) stays whole: splitting it by width would be sequence
+    parallelism under another name (a reduce-scatter and an all-gather around the norms) and
+    would cut fused bias-dropout-add kernels across a layout change."""
+    stream = (not ctx.sequence_parallel and node.op != "view" and node.out is not None
+              and len(node.out.shape) <= 3 and ctx.stream_width is not None
+              and node.out.shape[-1] == ctx.stream_width)
+    return _follow(node, ctx, [Layout.R, *([] if stream else [Layout.S]), *_seq(ctx)])
 
 
 @rule("last_dim", "softmax", "log_softmax", "mean", "sum", "max", "min", "cumsum", "cat",
@@ -239,11 +247,11 @@ def loss_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
             Strategy("vocab", (Layout.S, *rest), Layout.R, divides=True, loss_parallel=True)]
 
 
-def strategies_for(node: NodeInfo, graph: GraphIR, sequence_parallel: bool
-                   ) -> tuple[list[Strategy], bool]:
+def strategies_for(node: NodeInfo, graph: GraphIR, sequence_parallel: bool,
+                   stream_width: int | None = None) -> tuple[list[Strategy], bool]:
     """(candidate strategies, whether a rule knew the op)."""
     ctx = RuleContext(graph, tuple(i for i in node.inputs if graph.has_node(i)),
-                      sequence_parallel)
+                      sequence_parallel, stream_width)
     fn = rule_of(node, graph)
     if fn is None:
         return [replicated(node, ctx)], False

@@ -56,10 +56,11 @@ def test_megatron_column_row_split_comes_out_of_the_solve_for_gpt(sp: bool) -> N
     if sp:  # the norms run over the sequence: Megatron's sequence parallelism
         assert chosen["layers_0_ln1"] == chosen["layers_0_ln2"] == "sequence"
     kinds = sorted({c.kind for c in result.workload.block.tp_collectives})
-    # two reductions forward and two backward per block: all-reduces, or with sequence
-    # parallelism their reduce-scatter + all-gather halves
-    assert kinds == (["all-gather", "reduce-scatter"] if sp else
-                     sorted({"all-reduce", *kinds}))
+    # Megatron's f and g: all-reduces, or with sequence parallelism their reduce-scatter and
+    # all-gather halves
+    assert kinds == (["all-gather", "reduce-scatter"] if sp else ["all-reduce"])
+    # two forward, two backward; each split in two with sequence parallelism
+    assert len(result.workload.block.tp_collectives) == (8 if sp else 4)
 
 
 def test_llama_projections_split_by_heads_and_ffn() -> None:
