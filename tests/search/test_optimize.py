@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import autopar
 from autopar.api import workload_of
+from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.search.optimize import search
 from autopar.search.space import ModelShape
 
@@ -35,3 +36,40 @@ def test_nothing_fits_reports_the_smallest_footprint() -> None:
     assert not result.best
     assert result.smallest is not None
     assert result.smallest.peak_memory_bytes > cluster.usable_hbm_bytes
+
+
+def test_balanced_partition_gives_the_heavy_head_stage_fewer_blocks() -> None:
+    from autopar.costmodel.pipeline import balanced_partition
+
+    assert balanced_partition(96, 8, 1.0, 0.0, 0.0).blocks == (12,) * 8
+    part = balanced_partition(126, 16, 1.0, 0.1, 3.0)
+    assert sum(part.blocks) == 126 and part.blocks[-1] < min(part.blocks[:-1])
+    times = [b + (0.1 if s == 0 else 0) + (3.0 if s == 15 else 0)
+             for s, b in enumerate(part.blocks)]
+    assert max(times) == 9.0  # the even split (8 x 14 + 7 x 2) would give 11
+
+
+def test_memory_pressure_gives_a_per_block_checkpoint_mix() -> None:
+    """Between "nothing recomputed does not fit" and "everything recomputed fits", the search
+    recomputes only as many blocks of each stage as memory needs: faster than full."""
+    from dataclasses import replace
+
+    from autopar.search.optimize import _price
+
+    model = autopar.models.build("gpt-1.7b", device="meta")
+    train = autopar.TrainSpec(global_batch=64, seq_len=2048)
+    work = workload_of(model, train)
+    config = autopar.ParallelConfig(dp=8, tp=1, pp=1, micro_batch=8, zero=1)
+    base = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=1)
+    none = autopar.estimate(work, base, train, config.with_(checkpoint="none"))
+    full = autopar.estimate(work, base, train, config.with_(checkpoint="full"))
+    # a GPU whose usable memory lies halfway between the two footprints
+    middle = (none.peak_memory_bytes + full.peak_memory_bytes) / 2
+    gpu = replace(base.gpu, hbm_bytes=int(middle) + (base.gpu.hbm_bytes - base.usable_hbm_bytes))
+    cluster = replace(base, gpu=gpu)
+    fit, _ = _price(work, cluster, train, config, DEFAULT_EFFICIENCY, False, None)
+    assert fit is not None and fit.fits
+    policies = fit.config.checkpoint
+    assert isinstance(policies, tuple) and "full" in policies and len(set(policies)) == 2
+    assert fit.step_time_s < autopar.estimate(work, cluster, train,
+                                              config.with_(checkpoint="full")).step_time_s
