@@ -7,14 +7,23 @@ achieved HBM bandwidth, plus a fixed per-kernel cost. Backward work per op kind:
 * attention: twice the forward FLOPs at the backward efficiency (FlashAttention);
 * memory-bound ops: twice the forward bytes (read the output gradient and the saved input,
   write the input gradient).
+
+A linear layer's GEMMs are priced at their shape on this GPU when the split knows the sequence
+length (``Split.seq_len``): tokens = micro-batch x seq_len / cp rows, the weight's feature widths
+(the wider one divided by tp) as columns and depth. The rate is then
+``Efficiency.matmul_mainloop`` times ``gemm_efficiency`` (tile and wave quantisation, split-K,
+the epilogue), and the weight is read (and its gradient accumulated) once per micro-batch, not
+once per token. A GEMM whose shape is unknown keeps the whole-run rate ``Efficiency.matmul``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .cluster import ClusterSpec
-from .efficiency import Efficiency
+from .efficiency import SM_COUNT, Efficiency
 from .workload import LayerCost, OpCost, OpKind, Shard
 
 
@@ -30,6 +39,10 @@ class Split:
     """Bytes per activation element in the precision policy."""
     compute_dtype: str
     """Key of the GPU's peak table ("bf16", "fp16", "tf32")."""
+    seq_len: int | None = None
+    """Tokens of one whole sequence (the workload's traced ``seq_len``). With it a linear layer's
+    GEMMs are priced at their shape on this GPU (``linear_gemms``); ``None`` prices every GEMM
+    at the whole-run rate ``Efficiency.matmul``."""
 
     def divisor(self, shard: Shard) -> float:
         if shard is Shard.TP or (shard is Shard.SEQ and self.sequence_parallel):
@@ -61,12 +74,171 @@ class PhaseTimes:
         )
 
 
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM on one GPU: an output of ``rows`` x ``cols`` elements, each a dot product of
+    length ``depth``."""
+
+    rows: float
+    cols: float
+    depth: float
+    bytes: float
+    """Bytes the GEMM reads and writes in HBM (operands, output, accumulated output)."""
+    out_bytes: float
+    """Bytes per output element its epilogue moves: the write, plus the read of an output it
+    accumulates into."""
+
+    @property
+    def flop(self) -> float:
+        return 2.0 * self.rows * self.cols * self.depth
+
+
+def epilogue_depth(out_bytes: float, peak_flop_per_s: float, hbm_bytes_per_s: float) -> float:
+    """The reduction length whose main loop takes as long as writing the output tile.
+
+    A thread block computes its tile (``2*tm*tn*depth`` FLOPs at the SM's share of the rate),
+    then writes it (``tm*tn*out_bytes`` bytes, with every SM of the wave writing at once, so at
+    its share of HBM bandwidth): the write is not overlapped with that tile's main loop. The
+    ratio of the two is ``out_bytes * peak / (2 * bandwidth)``, free of the tile size and SM
+    count: half the machine balance (ridge point) per output byte. With bf16 outputs and the
+    achieved rates of ``Efficiency``: ~145 on A100, ~280 on H100 -- a GEMM reducing over 288 (a
+    tp=8 split of a 2304-wide layer) runs at ~2/3 of its main-loop rate on A100, one reducing
+    over 8192 at 98 %.
+    """
+    return out_bytes * peak_flop_per_s / (2.0 * hbm_bytes_per_s)
+
+
+@lru_cache(maxsize=65536)
+def _gemm_efficiency(rows: float, cols: float, depth: float, sms: int | None,
+                     tiles: tuple[tuple[int, int], ...], k_out: float, k_partial: float) -> float:
+    useful = rows * cols * depth
+    best = 0.0
+    for tm, tn in tiles:
+        n_tiles = math.ceil(rows / tm) * math.ceil(cols / tn)
+        max_split = max(1, sms // n_tiles) if sms else 1
+        for split in range(1, max_split + 1):
+            slots = (math.ceil(n_tiles * split / sms) * sms) if sms else n_tiles * split
+            per_block = math.ceil(depth / split) + (k_out if split == 1 else k_partial)
+            best = max(best, useful / (slots * tm * tn * per_block))
+    return best
+
+
+def gemm_efficiency(gemm: Gemm, cluster: ClusterSpec, eff: Efficiency, compute_dtype: str
+                    ) -> float:
+    """Fraction of the main-loop rate (``Efficiency.matmul_mainloop``) a GEMM of this shape
+    reaches on this GPU, the best over the tiles ``Efficiency.gemm_tiles`` and split-K.
+
+    NVIDIA's "Matrix Multiplication Background User's Guide" (DU-09799-001, 2023, ch. 3)
+    describes the two losses of a tiled GEMM: *tile quantisation* (a dimension that is not a
+    multiple of the tile pads the last tiles) and *wave quantisation* (tiles run in waves of one
+    per SM -- 108 on A100, ``SM_COUNT`` -- and the last wave may be mostly idle). So a GEMM of
+    ``n`` tiles occupies ``ceil(n / SMs) * SMs`` tile slots, each for ``depth`` steps of its main
+    loop plus ``epilogue_depth`` for writing the tile. A GEMM with fewer tiles than SMs may be
+    split along its depth (split-K, as cuBLAS does for such shapes): ``s`` blocks per tile, each
+    reducing ``depth / s`` and writing fp32 partial sums. Large GEMMs come out at 0.9-1.0 (a
+    16384-cube: 0.99 on A100); 256 tokens (a 2048-token sequence split 8 ways by cp) through a
+    2304-wide layer at 0.73 on A100 and 0.47 on H100; 2048 tokens through a 2304-wide layer
+    split 8 ways by tp (a reduction of 288) at 0.59 on A100.
+    """
+    peak = cluster.gpu.peak(compute_dtype) * eff.matmul_mainloop
+    hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
+    return _gemm_efficiency(
+        float(gemm.rows), float(gemm.cols), float(gemm.depth), SM_COUNT.get(cluster.gpu.name),
+        eff.gemm_tiles, epilogue_depth(gemm.out_bytes, peak, hbm),
+        epilogue_depth(4.0, peak, hbm),
+    )
+
+
+def linear_gemms(op: OpCost, split: Split) -> tuple[Gemm, Gemm, Gemm] | None:
+    """The (forward-or-input-gradient, the other one, weight-gradient) GEMMs of a linear layer
+    for one micro-batch on one GPU, or ``None`` when the shape cannot be known.
+
+    ``OpCost`` records FLOPs and bytes, not the weight's shape; at ``s`` tokens per sequence a
+    ``K x N`` weight gives ``flop = 2*s*K*N`` and ``bytes/act_bytes = s*K + K*N + s*N``
+    (input, weight, output; the bias's N elements are below 1/s of that), so ``K*N`` and
+    ``K+N`` follow and ``K``, ``N`` are the roots of ``x^2 - (K+N)x + K*N``. Which root is the
+    input width need not be known: with the wider width ``D`` split by tp (``D' = D/tp``, true of
+    Megatron's column and row splits of QKV, MLP and head) and ``d`` the other, a column split
+    runs ``M x D'`` reducing ``d`` forward and ``M x d`` reducing ``D'`` for the input gradient,
+    a row split the same two the other way round, and both the weight gradient ``D' x d``
+    reducing over the ``M`` tokens. The weight (``D'*d`` elements) is read once per GEMM, not
+    scaled by tokens, and the weight-gradient GEMM accumulates into the gradient buffer
+    (read and written, as a GEMM with beta = 1 does: Megatron's gradient-accumulation fusion,
+    PyTorch's ``.grad +=``).
+    """
+    if split.seq_len is None or op.op != "linear" or op.expert or op.flop <= 0:
+        return None
+    s = float(split.seq_len)
+    a = split.act_bytes
+    kn = op.flop / (2.0 * s)
+    k_plus_n = (op.bytes / a - kn) / s
+    disc = max(0.0, k_plus_n * k_plus_n - 4.0 * kn)
+    wide = (k_plus_n + math.sqrt(disc)) / 2.0
+    if wide <= 0.0:
+        return None
+    narrow = kn / wide
+    m = split.micro_batch * s / split.cp
+    if op.shard is Shard.TP:
+        wide /= split.tp
+    else:  # a replicated weight; under sequence parallelism its tokens are split instead
+        m /= split.divisor(op.shard)
+    io = a * (m * narrow + wide * narrow + m * wide)
+    return (Gemm(m, wide, narrow, io, a), Gemm(m, narrow, wide, io, a),
+            Gemm(wide, narrow, m, a * (m * wide + m * narrow + 2.0 * wide * narrow), 2.0 * a))
+
+
+def _gemm_s(gemm: Gemm, split: Split, cluster: ClusterSpec, eff: Efficiency) -> float:
+    rate = (cluster.gpu.peak(split.compute_dtype) * eff.matmul_mainloop
+            * gemm_efficiency(gemm, cluster, eff, split.compute_dtype))
+    hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
+    return max(gemm.flop / rate, gemm.bytes / hbm) + eff.kernel_overhead_s
+
+
+def ring_attention_merge_s(op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency
+                           ) -> PhaseTimes:
+    """Seconds context parallelism adds to one attention op besides its communication.
+
+    Ring attention runs one attention kernel per ring step, on this rank's queries against the
+    K/V chunk held at that step, and merges each step's partial output into the running one
+    with the log-sum-exp correction (Liu et al., "Ring Attention with Blockwise Transformers",
+    2023; TransformerEngine's ``AttnFuncWithCPAndKVP2P``: ``flash_attn_fwd_out_correction``
+    reads the step's output and reads and writes the running output). The backward likewise
+    adds each step's dQ into the running dQ and the dK/dV it produces into the chunk's running
+    dK/dV (``dq.add_``, ``dkv.add_``). Those merges are memory-bound kernels separate from the
+    attention, so ``cp - 1`` of them add, three activation-sized passes each, and so does a
+    launch per extra attention kernel and merge. The FLOPs are unchanged (each rank does
+    1/cp of them). At cp=8 on a 2048-token sequence this doubles the attention's forward time;
+    at cp=2 on 8192 tokens it adds a few per cent.
+    """
+    if split.cp == 1 or op.kv_elements <= 0:
+        return PhaseTimes()
+    a = split.act_bytes
+    s = split.scale(op.shard)
+    # an attention op reads Q, K, V and writes O, which has Q's size
+    q = max(0.0, (op.bytes / a - op.kv_elements) / 2.0) * s
+    kv = op.kv_elements * s
+    hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
+    k = eff.kernel_overhead_s
+    steps = split.cp - 1
+    fwd = steps * (3.0 * a * q / hbm + 2 * k)
+    bwd = steps * (3.0 * a * (q + kv) / hbm + 3 * k)
+    return PhaseTimes(fwd, bwd, 0.0)
+
+
 def estimate_op_s(
     op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency, *, expert_scale: float = 1.0
 ) -> PhaseTimes:
     """Forward and backward seconds of one op for one micro-batch on one GPU."""
     if op.kind is OpKind.FREE:
         return PhaseTimes()
+    if op.kind is OpKind.MATMUL:
+        gemms = linear_gemms(op, split)
+        if gemms is not None:
+            first, second, weight = (_gemm_s(g, split, cluster, eff) for g in gemms)
+            # forward and input gradient are the two activation GEMMs, in an order that depends
+            # on column vs row split; each phase gets their mean
+            act = (first + second) / 2
+            return PhaseTimes(act, act, weight)
     s = split.scale(op.shard) * (expert_scale if op.expert else 1.0)
     flop, nbytes = op.flop * s, op.bytes * s
     peak = cluster.gpu.peak(split.compute_dtype)
@@ -78,7 +250,8 @@ def estimate_op_s(
     if op.kind is OpKind.ATTENTION:
         fwd = max(flop / (peak * eff.attention_fwd), nbytes / hbm) + k
         bwd = max(2 * flop / (peak * eff.attention_bwd), 2 * nbytes / hbm) + k
-        return PhaseTimes(fwd, bwd, 0.0)
+        ring = ring_attention_merge_s(op, split, cluster, eff)
+        return PhaseTimes(fwd + ring.forward, bwd + ring.backward_act, 0.0)
     fwd = nbytes / hbm + k
     return PhaseTimes(fwd, 2 * nbytes / hbm + k, 0.0)
 

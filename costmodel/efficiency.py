@@ -21,8 +21,24 @@ class Efficiency:
     with what GPUs sustain: the 312 TFLOP/s A100 peak assumes the 1410 MHz boost clock, which
     falls under the power cap with every tensor core busy, and cuBLAS reaches ~75-80 % of the
     remaining rate on these shapes (~210-250 TFLOP/s measured for large fp16 GEMMs on A100).
-    Small GEMMs lose more to wave quantisation and the tail (``kernel_overhead_s``), and GEMMs
-    of low arithmetic intensity (attention scores) are bound by the roofline's memory side."""
+    Used for GEMMs whose shape the cost model does not know (batched attention GEMMs, expert
+    GEMMs, any GEMM when ``Split.seq_len`` is not given); a linear layer of known shape is
+    priced at ``matmul_mainloop`` times its shape's ``compute.gemm_efficiency`` instead."""
+    matmul_mainloop: float = 0.71
+    """Achieved fraction of the tensor-core peak in the main loop of a GEMM whose shape is known
+    (a linear layer priced with ``Split.seq_len``): the rate before tile and wave quantisation
+    and the epilogue, which ``compute.gemm_efficiency`` takes off by shape. Fitted, like
+    ``matmul``, as one value for all ten rows of Megatron-LM's Table 1 with the shape model on
+    (bench/results/costmodel.md: errors -3.2 % .. +4.0 %, mean +0.2 %). 0.71 of 312 TFLOP/s is
+    221 TFLOP/s on A100, within the ~210-250 measured for large cuBLAS GEMMs; the shape losses
+    of Megatron's GEMMs (2-10 %) make up the difference to ``matmul``."""
+    gemm_tiles: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
+    """Output tiles (rows x cols) one thread block computes; the GEMM takes whichever tile wastes
+    the least. These are the large tiles of cuBLAS's menu (NVIDIA, "Matrix Multiplication
+    Background User's Guide", DU-09799-001, 2023, sec. 2.3: 256x128, 128x256, 128x128 down to
+    64x64; larger tiles reuse more data and run more efficiently, smaller ones expose more
+    parallelism). The smaller tiles are left out: their parallelism is bought here by split-K
+    instead (``compute.gemm_efficiency``), which keeps the large tiles' per-FLOP rate."""
     attention_fwd: float = 0.50
     """Attention (QK^T, softmax, AV) forward: FlashAttention-2 reports 50-70 % of peak on A100;
     the unfused Megatron-2021 path (two batched GEMMs around a fused softmax) lands near the low
@@ -58,3 +74,16 @@ class Efficiency:
 
 
 DEFAULT_EFFICIENCY = Efficiency()
+
+SM_COUNT: dict[str, int] = {
+    "A100-SXM4-80GB": 108,
+    "A100-SXM4-40GB": 108,
+    "H100-SXM5-80GB": 132,
+    "H200-SXM-141GB": 132,
+}
+"""Streaming multiprocessors per GPU, keyed by ``GPUSpec.name``: the thread blocks one wave of a
+GEMM runs. [A100] NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 108 SMs in the
+A100 product (128 in the full GA100). [H100] NVIDIA H100 Tensor Core GPU Architecture whitepaper
+(2022): 132 SMs in H100 SXM5 (144 in the full GH100). H200 SXM is the same GH100 configuration
+as H100 SXM5 with HBM3e (H200 datasheet), so 132. Belongs in ``GPUSpec`` (hardware.py) as a
+field; kept here until it moves there. A GPU not listed gets no wave quantisation."""

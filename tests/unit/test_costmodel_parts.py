@@ -1,4 +1,5 @@
-"""Closed-form checks of the cost model's pieces: collectives, pipeline schedules, model states."""
+"""Closed-form checks of the cost model's pieces: collectives, pipeline schedules, model states,
+GEMM shape efficiency, ring-attention merges and data-parallel exposure by ZeRO stage."""
 
 from __future__ import annotations
 
@@ -6,12 +7,24 @@ import pytest
 
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.collectives import Collective, Group, estimate_collective_s
-from autopar.costmodel.efficiency import Efficiency
+from autopar.costmodel.compute import (
+    Gemm,
+    PhaseTimes,
+    Split,
+    epilogue_depth,
+    estimate_op_s,
+    gemm_efficiency,
+    linear_gemms,
+    ring_attention_merge_s,
+)
+from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, SM_COUNT, Efficiency
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
 from autopar.costmodel.pipeline import bubble_fraction, even_partition, in_flight_microbatches
 from autopar.costmodel.specs import Optimizer, ParallelConfig, Precision, Schedule
+from autopar.costmodel.step import _dp_comm_s, _fsdp_exposed_s
 from autopar.costmodel.topology import mesh_groups
+from autopar.costmodel.workload import OpCost, OpKind, Shard
 
 IDEAL = Efficiency(nvlink=1.0, network=1.0)
 
@@ -96,3 +109,174 @@ def test_state_bytes_follow_zero_and_the_precision_policy() -> None:
     assert (fp32.weights, fp32.grads, fp32.optimizer) == (4, 4, 4)
     st = model_state_bytes(1e9, 0, mixed, zero=3, dp=8, expert_dp=1, offload=True)
     assert (st.params, st.grads, st.optimizer) == (2e9 / 8, 2e9 / 8, 0.0)
+
+
+# --- GEMM shape efficiency --------------------------------------------------------------------
+
+EFF = DEFAULT_EFFICIENCY
+ONE_TILE = Efficiency(gemm_tiles=((128, 128),))
+
+
+def _k_out(cluster: ClusterSpec, out_bytes: float, eff: Efficiency = EFF) -> float:
+    return epilogue_depth(out_bytes, cluster.gpu.peak("bf16") * eff.matmul_mainloop,
+                          cluster.gpu.hbm_bytes_per_s * eff.memory)
+
+
+def _eff(cluster: ClusterSpec, rows: float, cols: float, depth: float,
+         eff: Efficiency = EFF) -> float:
+    return gemm_efficiency(Gemm(rows, cols, depth, 0.0, 2.0), cluster, eff, "bf16")
+
+
+def test_epilogue_depth_is_half_the_ridge_point_per_output_byte(a100: ClusterSpec) -> None:
+    peak, hbm = 312e12 * 0.7, 2.0e12 * 0.75
+    assert epilogue_depth(2.0, peak, hbm) == pytest.approx(2.0 * peak / (2 * hbm))
+    assert epilogue_depth(4.0, peak, hbm) == pytest.approx(2 * epilogue_depth(2.0, peak, hbm))
+
+
+def test_gemm_efficiency_approaches_one_for_large_gemms_and_falls_for_small_ones(
+        a100: ClusterSpec) -> None:
+    h100 = ClusterSpec.preset("hgx-h100-80g")
+    for cluster in (a100, h100):
+        big = _eff(cluster, 16384, 16384, 16384)
+        assert 0.95 < big <= 1.0
+        # fewer tokens per GPU (a sequence split by cp, micro-batch 1), same weight
+        by_tokens = [_eff(cluster, m, 2304, 2304) for m in (16384, 2048, 256)]
+        assert by_tokens[0] > by_tokens[1] > by_tokens[2]
+        assert by_tokens[2] < 0.8 * big
+        # a short reduction (a 2304-wide layer split 8 ways by tp)
+        assert _eff(cluster, 2048, 2304, 288) < 0.7 * big
+
+
+def test_a_wave_one_tile_too_long_runs_at_about_half(a100: ClusterSpec) -> None:
+    sms, depth = SM_COUNT[a100.gpu.name], 8192
+    k = _k_out(a100, 2.0, ONE_TILE)
+    full = _eff(a100, 128, 128 * sms, depth, ONE_TILE)
+    assert full == pytest.approx(depth / (depth + k))
+    over = _eff(a100, 128, 128 * (sms + 1), depth, ONE_TILE)
+    assert over == pytest.approx((sms + 1) / (2 * sms) * depth / (depth + k))
+
+
+def test_tile_quantisation_pads_a_partial_tile(a100: ClusterSpec) -> None:
+    sms, depth = SM_COUNT[a100.gpu.name], 8192
+    k = _k_out(a100, 2.0, ONE_TILE)
+    # 108 tiles of which every one is half empty along the rows
+    assert _eff(a100, 64, 128 * sms, depth, ONE_TILE) == pytest.approx(0.5 * depth / (depth + k))
+
+
+def test_split_k_spreads_a_single_tile_over_every_sm(a100: ClusterSpec) -> None:
+    sms = SM_COUNT[a100.gpu.name]
+    depth = 1024 * sms
+    k_partial = _k_out(a100, 4.0, ONE_TILE)  # fp32 partial sums
+    assert _eff(a100, 128, 128, depth, ONE_TILE) == pytest.approx(1024 / (1024 + k_partial))
+
+
+def _linear(tokens: int, k: int, n: int, a: float = 2.0, shard: Shard = Shard.TP) -> OpCost:
+    return OpCost("fc", "linear", OpKind.MATMUL, flop=2.0 * tokens * k * n,
+                  bytes=a * (tokens * k + k * n + tokens * n), shard=shard)
+
+
+def test_linear_gemms_recover_the_weight_and_split_its_wider_side_by_tp() -> None:
+    s, k, n = 2048, 2304, 9216
+    split = Split(micro_batch=2, tp=4, cp=2, sequence_parallel=True, act_bytes=2.0,
+                  compute_dtype="bf16", seq_len=s)
+    first, second, weight = linear_gemms(_linear(s, k, n), split)
+    m = 2 * s / 2
+    assert (first.rows, first.cols, first.depth) == pytest.approx((m, n / 4, k))
+    assert (second.rows, second.cols, second.depth) == pytest.approx((m, k, n / 4))
+    assert (weight.rows, weight.cols, weight.depth) == pytest.approx((n / 4, k, m))
+    # the weight is read once per GEMM, whatever the micro-batch and cp
+    assert first.bytes == pytest.approx(2.0 * (m * k + k * n / 4 + m * n / 4))
+    # and its gradient accumulated: read and written
+    assert weight.bytes == pytest.approx(2.0 * (m * k + m * n / 4 + 2 * k * n / 4))
+    assert weight.out_bytes == 4.0
+
+
+def test_gemms_without_a_known_shape_keep_the_whole_run_rate(a100: ClusterSpec) -> None:
+    op = _linear(2048, 2304, 9216)
+    no_seq = Split(1, 1, 1, False, 2.0, "bf16")
+    assert linear_gemms(op, no_seq) is None
+    bmm = OpCost("scores", "bmm", OpKind.MATMUL, op.flop, op.bytes, Shard.TP)
+    assert linear_gemms(bmm, Split(1, 1, 1, False, 2.0, "bf16", 2048)) is None
+    t = estimate_op_s(op, no_seq, a100, EFF)
+    expected = max(op.flop / (312e12 * EFF.matmul), op.bytes / (a100.gpu.hbm_bytes_per_s
+                                                                  * EFF.memory))
+    assert t.forward == pytest.approx(expected + EFF.kernel_overhead_s)
+    assert t.forward == t.backward_act == t.backward_weight
+
+
+def _per_token_s(op: OpCost, split: Split, cluster: ClusterSpec) -> float:
+    t = estimate_op_s(op, split, cluster, EFF)
+    return (t.forward + t.backward) * split.tp * split.cp / split.micro_batch
+
+
+def test_splitting_2048_tokens_eight_ways_by_cp_costs_more_per_token(a100) -> None:
+    qkv = _linear(2048, 25600, 3 * 25600)  # GPT-1T
+    whole = _per_token_s(qkv, Split(1, 4, 1, True, 2.0, "bf16", 2048), a100)
+    eighth = _per_token_s(qkv, Split(1, 4, 8, True, 2.0, "bf16", 2048), a100)
+    assert eighth > 1.2 * whole
+
+
+def test_tp8_on_a_small_model_costs_more_per_flop(a100: ClusterSpec) -> None:
+    proj = _linear(2048, 2304, 2304)  # GPT-1.7B attention output projection
+    alone = _per_token_s(proj, Split(8, 1, 1, True, 2.0, "bf16", 2048), a100)
+    split8 = _per_token_s(proj, Split(8, 8, 1, True, 2.0, "bf16", 2048), a100)
+    assert split8 > 1.25 * alone
+
+
+def test_ring_attention_merges_grow_with_cp(a100: ClusterSpec) -> None:
+    s, h, a = 2048, 2304, 2.0
+    q = s * h  # queries (and outputs) per sequence
+    kv = 2 * s * h
+    sdpa = OpCost("attn", "sdpa", OpKind.ATTENTION, flop=4.0 * s * s * h,
+                  bytes=a * (2 * q + kv), shard=Shard.TP, kv_elements=kv)
+    assert ring_attention_merge_s(sdpa, Split(1, 1, 1, False, a, "bf16"), a100, EFF) \
+        == PhaseTimes()
+    hbm = a100.gpu.hbm_bytes_per_s * EFF.memory
+    for cp in (2, 8):
+        r = ring_attention_merge_s(sdpa, Split(1, 1, cp, False, a, "bf16"), a100, EFF)
+        on_gpu = q / cp
+        assert r.forward == pytest.approx((cp - 1) * (3 * a * on_gpu / hbm
+                                                       + 2 * EFF.kernel_overhead_s))
+    two = ring_attention_merge_s(sdpa, Split(1, 1, 2, False, a, "bf16"), a100, EFF)
+    eight = ring_attention_merge_s(sdpa, Split(1, 1, 8, False, a, "bf16"), a100, EFF)
+    assert eight.backward > two.backward
+
+
+# --- data-parallel exposure by ZeRO stage ------------------------------------------------------
+
+def _exposed(zero: int, cluster: ClusterSpec, *, dense: float = 1.7e9, m: int = 4,
+             compute_s: float = 1.0, unit_params: float | None = None) -> float:
+    config = ParallelConfig(dp=cluster.num_gpus, zero=zero)
+    g = mesh_groups(config, cluster)
+    return _dp_comm_s(dense, 0.0, 2.0, 2.0, config, m, compute_s * 2 / 3, compute_s, g,
+                      cluster, EFF, unit_params=unit_params)
+
+
+@pytest.mark.parametrize("compute_s", [1e-3, 0.1, 10.0])
+@pytest.mark.parametrize("m", [1, 4])
+def test_zero3_is_not_cheaper_than_zero1_in_exposed_comm(a100: ClusterSpec, compute_s: float,
+                                                          m: int) -> None:
+    zero1 = _exposed(1, a100, m=m, compute_s=compute_s)
+    assert _exposed(3, a100, m=m, compute_s=compute_s) > zero1
+    assert _exposed(0, a100, m=m, compute_s=compute_s) >= zero1 * (1 - 1e-12)
+    assert _exposed(2, a100, m=m, compute_s=compute_s) >= zero1 * (1 - 1e-12)
+
+
+def test_fsdp_exposes_the_first_all_gather_and_last_reduce_scatter(a100: ClusterSpec) -> None:
+    config = ParallelConfig(dp=32, zero=3)
+    g = mesh_groups(config, a100)
+    unit = 5e7
+    ag = estimate_collective_s(Collective.ALL_GATHER, unit * 2.0, g.dp_cp, a100, EFF)
+    rs = estimate_collective_s(Collective.REDUCE_SCATTER, unit * 2.0, g.dp_cp, a100, EFF)
+    hidden = _fsdp_exposed_s(1.7e9, 0.0, unit, 2.0, 2.0, 2, 1e3, g, a100, EFF)
+    assert hidden == pytest.approx(ag + rs)
+    # with nothing to hide under, every unit's collectives show, each with its latency
+    bare = _fsdp_exposed_s(1.7e9, 0.0, unit, 2.0, 2.0, 2, 0.0, g, a100, EFF)
+    assert bare == pytest.approx(34 * (2 * ag + rs))
+    finer = _fsdp_exposed_s(1.7e9, 0.0, unit / 4, 2.0, 2.0, 2, 0.0, g, a100, EFF)
+    assert finer > bare
+
+
+def test_zero3_exposure_repeats_every_micro_batch(a100: ClusterSpec) -> None:
+    one = _exposed(3, a100, m=1, compute_s=10.0, unit_params=6.4e7)
+    assert _exposed(3, a100, m=8, compute_s=10.0, unit_params=6.4e7) == pytest.approx(8 * one)
