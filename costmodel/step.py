@@ -69,18 +69,21 @@ def check_world(config: ParallelConfig, cluster: ClusterSpec) -> None:
         )
 
 
-def _stage_layers(
-    workload: Workload, part: StagePartition, stage: int
-) -> list[tuple[LayerCost, int | None]]:
-    """(layer, block index or None) of one stage in execution order."""
+def _stage_groups(
+    workload: Workload, part: StagePartition, stage: int, policies: tuple[Checkpoint, ...]
+) -> list[tuple[LayerCost, Checkpoint, int]]:
+    """(layer, policy, how many) of one stage: its blocks grouped by policy, since every block
+    under one policy costs the same (a stage of 100 blocks is priced in two or three terms)."""
     first = part.first_block(stage)
-    layers: list[tuple[LayerCost, int | None]] = []
+    counts: dict[Checkpoint, int] = {}
+    for p in policies[first:first + part.blocks[stage]]:
+        counts[p] = counts.get(p, 0) + 1
+    groups = [(workload.block, p, n) for p, n in counts.items()]
     if stage == 0:
-        layers.append((workload.pre, None))
-    layers += [(workload.block, first + j) for j in range(part.blocks[stage])]
+        groups.insert(0, (workload.pre, Checkpoint.NONE, 1))
     if stage == part.num_stages - 1:
-        layers.append((workload.post, None))
-    return layers
+        groups.append((workload.post, Checkpoint.NONE, 1))
+    return groups
 
 
 def tp_comm_s(
@@ -108,7 +111,9 @@ def _cp_comm_s(
         if op.kind is not OpKind.ATTENTION or op.kv_elements == 0:
             continue
         chunk = op.kv_elements * split.micro_batch * split.act_bytes / (split.cp * split.tp)
-        ring = Group(size=2, per_node=2 if g.cp.per_node > 1 else 1)  # ring neighbours
+        # ring neighbours: the ring is as slow as its slowest hop, between nodes when the cp
+        # group spans nodes
+        ring = Group(size=2, per_node=2 if g.cp.per_node == g.cp.size else 1)
         step = estimate_collective_s(Collective.SEND_RECV, chunk, ring, cluster, eff)
         peak = cluster.gpu.peak(split.compute_dtype)
         fwd_chunk = op.flop * split.scale(Shard.TP) / (peak * eff.attention_fwd) / split.cp
@@ -157,17 +162,16 @@ def _stage_time(
     compute = PhaseTimes()
     recompute = 0.0
     comm = {"comm_tp": 0.0, "comm_cp": 0.0, "comm_ep": 0.0, "comm_pp": 0.0}
-    for layer, idx in _stage_layers(workload, part, stage):
-        policy = policies[idx] if idx is not None else Checkpoint.NONE
+    for layer, policy, n in _stage_groups(workload, part, stage, policies):
         key = (layer.name, policy)
         if key not in memo:  # every block of a stage costs the same: price it once
             memo[key] = _layer_time(layer, policy, split, config, g, cluster, eff)
         t, rc, tp_s, cp_s, ep_s = memo[key]
-        compute = compute + t
-        recompute += rc
-        comm["comm_tp"] += tp_s
-        comm["comm_cp"] += cp_s
-        comm["comm_ep"] += ep_s
+        compute = compute + PhaseTimes(n * t.forward, n * t.backward_act, n * t.backward_weight)
+        recompute += n * rc
+        comm["comm_tp"] += n * tp_s
+        comm["comm_cp"] += n * cp_s
+        comm["comm_ep"] += n * ep_s
     if config.pp > 1:
         # Narayanan et al.'s scatter/gather: each tp rank sends 1/tp of the boundary activation.
         nbytes = (workload.block.output_elements * split.micro_batch * split.act_bytes
@@ -185,10 +189,10 @@ def _stage_params(workload: Workload, part: StagePartition, stage: int, config: 
                   ) -> tuple[float, float]:
     """(dense, expert) parameters on one GPU of a stage."""
     dense = expert = 0.0
-    for layer, _ in _stage_layers(workload, part, stage):
+    for layer, _, n in _stage_groups(workload, part, stage, (Checkpoint.NONE,) * sum(part.blocks)):
         plain = layer.params - layer.params_tp - layer.params_expert
-        dense += plain + layer.params_tp / config.tp
-        expert += layer.params_expert / (config.ep * config.tp)
+        dense += n * (plain + layer.params_tp / config.tp)
+        expert += n * layer.params_expert / (config.ep * config.tp)
     if config.pp > 1 and stage == part.num_stages - 1:
         dense += workload.tied_params / config.tp
     return dense, expert
@@ -310,7 +314,7 @@ def estimate_step(
     g = mesh_groups(config, cluster)
     act = activation_bytes_per_element(train.precision)
     split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
-                  COMPUTE_DTYPE[train.precision])
+                  COMPUTE_DTYPE[train.precision], seq_len=workload.seq_len)
     sb = state_bytes_per_param(train.precision, train.optimizer)
 
     memo: dict[tuple[str, Checkpoint], tuple[PhaseTimes, float, float, float, float]] = {}
@@ -323,6 +327,7 @@ def estimate_step(
 
     dp_exposed, optimizer_s, offload_s = 0.0, 0.0, 0.0
     stage_mem = []
+    sized: dict[tuple[str, Checkpoint], tuple[float, float]] = {}
     for s in range(config.pp):
         dense, expert = _stage_params(workload, part, s, config)
         exposed = _dp_comm_s(dense, expert, sb.grads, sb.weights, config, m, times[s].backward,
@@ -331,7 +336,7 @@ def estimate_step(
         dp_exposed, optimizer_s, offload_s = (max(dp_exposed, exposed), max(optimizer_s, opt),
                                               max(offload_s, off))
         stage_mem.append(_stage_memory(workload, part, s, split, policies, config, m, v,
-                                       dense, expert, sb, g))
+                                       dense, expert, sb, g, sized))
 
     comm = {k: m * val for k, val in times[slow].comm.items()}
     comm["comm_dp"] = dp_exposed
@@ -377,16 +382,21 @@ def _stage_memory(
     workload: Workload, part: StagePartition, stage: int, split: Split,
     policies: tuple[Checkpoint, ...], config: ParallelConfig, m: int, v: int,
     dense: float, expert: float, sb, g: MeshGroups,
+    memo: dict[tuple[str, Checkpoint], tuple[float, float]],
 ) -> StageMemory:
     states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
                                expert_dp=g.expert_dp.size, offload=config.offload)
     kept = 0.0
     working = 0.0
-    layers = _stage_layers(workload, part, stage)
-    for layer, idx in layers:
-        policy = policies[idx] if idx is not None else Checkpoint.NONE
-        kept += saved_bytes(layer, split, policy)
-        working = max(working, recompute_working_bytes(layer, split, policy))
+    groups = _stage_groups(workload, part, stage, policies)
+    layers = [(layer, None) for layer, _, _ in groups]
+    for layer, policy, n in groups:
+        key = (layer.name, policy)
+        if key not in memo:  # every block costs the same: size it once
+            memo[key] = (saved_bytes(layer, split, policy),
+                         recompute_working_bytes(layer, split, policy))
+        kept += n * memo[key][0]
+        working = max(working, memo[key][1])
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
     activations = in_flight * kept + working
     buffers = float(COMM_BUCKET_BYTES)

@@ -92,7 +92,7 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
     stage for every micro-batch, plus the bubble they imply."""
     act = activation_bytes_per_element(train.precision)
     split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
-                  COMPUTE_DTYPE[train.precision])
+                  COMPUTE_DTYPE[train.precision], seq_len=work.seq_len)
     key = (id(work), split, config.ep > 1, config.tp, config.dp, config.cp, config.pp)
     if key not in memo:
         scale = eff.moe_load_imbalance if config.ep > 1 else 1.0
@@ -150,12 +150,17 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
     if fixed_checkpoint:
         est = _estimate(work, cluster, train, config, eff, part)
         return (est if est.fits else None), est
+    # With two or more blocks a stage, full recomputation keeps the least (the inputs, plus one
+    # block's activations while it is recomputed): when it does not fit, nothing does, and most
+    # candidates of a large model end here after one pricing.
+    full = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.FULL), eff, part)
+    if not full.fits and work.num_blocks >= 2 * config.pp:
+        return None, full
     none = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.NONE), eff, part)
     if none.fits:
         return none, none  # recomputation only adds time
-    full = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.FULL), eff, part)
     if not full.fits:
-        return None, full  # full recomputation keeps the least
+        return None, min(full, none, key=lambda e: e.peak_memory_bytes)
     fitting = [full]
     selective = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.SELECTIVE),
                           eff, part)

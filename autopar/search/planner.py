@@ -51,7 +51,7 @@ class Strategies:
         train, cluster, eff = self.train, self.cluster, self.efficiency
         act = activation_bytes_per_element(train.precision)
         split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
-                      COMPUTE_DTYPE[train.precision])
+                      COMPUTE_DTYPE[train.precision], seq_len=self.solver.base.seq_len)
         sb = state_bytes_per_param(train.precision, train.optimizer)
         param_s = (2 * sb.optimizer + sb.grads + sb.weights) / (
             cluster.gpu.hbm_bytes_per_s * eff.memory)
