@@ -8,8 +8,9 @@ last layer (final norm, head, loss) receiving the block's output layout, then th
 ``Workload`` with every op, saved tensor, parameter and tp collective priced as the solve
 decided, and the (op, strategy) list for the plan.
 
-Solves are memoised on what the tables depend on, so the search solves each distinct
-(tp, sequence parallel, micro-batch, cp, expert parallel, tp group placement) once.
+Solves are memoised per tp split (tp, sequence parallel, expert parallel, tp group placement) and
+priced at one micro-batch of one sequence; the search reuses them for every micro-batch size and
+cp degree (see ``StrategySolver.solve``).
 """
 
 from __future__ import annotations
