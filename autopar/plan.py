@@ -117,21 +117,8 @@ class Plan:
 
     # ----- for people -----
     def summary(self) -> str:
-        c = self.config
-        ckpt = c.checkpoint if isinstance(c.checkpoint, str) else _policy_counts(c.checkpoint)
-        parts = [f"dp{c.dp}", f"tp{c.tp}", f"pp{c.pp}"]
-        parts += [f"cp{c.cp}"] if c.cp > 1 else []
-        parts += [f"ep{c.ep}"] if c.ep > 1 else []
-        parts += [f"zero{c.zero}", f"mb{c.micro_batch}x{self.estimate.num_microbatches}"]
-        if c.pp > 1:
-            parts.append(str(c.schedule) + (f"(v{c.virtual_stages})"
-                                            if c.virtual_stages > 1 else ""))
-        if c.sequence_parallel:
-            parts.append("sp")
-        parts.append(f"ckpt:{ckpt}")
-        if c.offload:
-            parts.append("offload")
-        return " ".join(parts)
+        """The configuration on one line (``Estimate.summary``)."""
+        return self.estimate.summary()
 
     def report(self, width: int = 110) -> str:
         """The plan as tables: configuration, memory per stage, time, what runs replicated."""
@@ -177,13 +164,6 @@ class Plan:
         for i, alt in enumerate(self.alternatives, 1):
             lines.append(f"#{i} {alt.summary()}: " + _why_better(self.estimate, alt.estimate))
         return "\n".join(lines)
-
-
-def _policy_counts(policies: tuple) -> str:
-    counts: dict[str, int] = {}
-    for p in policies:
-        counts[str(p)] = counts.get(str(p), 0) + 1
-    return "+".join(f"{n}{k}" for k, n in counts.items())
 
 
 def _why_better(best: Estimate, alt: Estimate) -> str:

@@ -58,6 +58,29 @@ class Estimate:
         """Peak memory fits in usable HBM."""
         return self.peak_memory_bytes <= self.usable_memory_bytes
 
+    def summary(self) -> str:
+        """The configuration on one line: ``dp8 tp8 pp4 zero1 mb1x64 interleaved(v2) sp
+        ckpt:full`` (per-block checkpointing as counts, ``ckpt:4full+20none``)."""
+        c = self.config
+        if isinstance(c.checkpoint, tuple):
+            counts: dict[str, int] = {}
+            for p in c.checkpoint:
+                counts[str(p)] = counts.get(str(p), 0) + 1
+            ckpt = "+".join(f"{n}{k}" for k, n in counts.items())
+        else:
+            ckpt = str(c.checkpoint)
+        parts = [f"dp{c.dp}", f"tp{c.tp}", f"pp{c.pp}"]
+        parts += [f"cp{c.cp}"] if c.cp > 1 else []
+        parts += [f"ep{c.ep}"] if c.ep > 1 else []
+        parts += [f"zero{c.zero}", f"mb{c.micro_batch}x{self.num_microbatches}"]
+        if c.pp > 1:
+            parts.append(str(c.schedule) + (f"(v{c.virtual_stages})" if c.virtual_stages > 1
+                                            else ""))
+        parts += ["sp"] if c.sequence_parallel else []
+        parts.append(f"ckpt:{ckpt}")
+        parts += ["offload"] if c.offload else []
+        return " ".join(parts)
+
     def to_dict(self) -> dict[str, object]:
         out = asdict(self)
         out["config"] = self.config.to_dict()

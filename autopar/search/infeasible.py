@@ -66,7 +66,7 @@ def infeasible_error(smallest: Estimate | None, cluster: ClusterSpec,
                        for k, v in b.items())
     dominant = ("model states (params, grads, optimizer)", states) \
         if states >= peak - states else ("activations", b.get("activations", 0.0))
-    what = (f"no plan fits in memory: the smallest footprint found, {summary(smallest)}, "
+    what = (f"no plan fits in memory: the smallest footprint found, {smallest.summary()}, "
             f"needs {peak / GIB:.1f} GiB per GPU but {usable / GIB:.1f} GiB is usable, "
             f"{(peak - usable) / GIB:.1f} GiB short ({parts} GiB; {dominant[0]} are "
             f"{dominant[1] / peak:.0%} of it)")
@@ -182,30 +182,6 @@ def constraint_problems(cluster: ClusterSpec, constraints: Mapping[str, object],
         if cp and train.seq_len % (2 * cp):
             out.append(f"seq_len {train.seq_len} is not a multiple of 2*cp = {2 * cp}")
     return out
-
-
-def summary(est: Estimate) -> str:
-    """One line: the configuration of ``est`` (the format of ``Plan.summary``)."""
-    c = est.config
-    ckpt = c.checkpoint if isinstance(c.checkpoint, str) else _policy_counts(c.checkpoint)
-    parts = [f"dp{c.dp}", f"tp{c.tp}", f"pp{c.pp}"]
-    parts += [f"cp{c.cp}"] if c.cp > 1 else []
-    parts += [f"ep{c.ep}"] if c.ep > 1 else []
-    parts += [f"zero{c.zero}", f"mb{c.micro_batch}x{est.num_microbatches}"]
-    if c.pp > 1:
-        parts.append(f"{c.schedule}" + (f"(v{c.virtual_stages})" if c.virtual_stages > 1
-                                        else ""))
-    parts += ["sp"] if c.sequence_parallel else []
-    parts.append(f"ckpt:{ckpt}")
-    parts += ["offload"] if c.offload else []
-    return " ".join(parts)
-
-
-def _policy_counts(policies: tuple[Checkpoint, ...]) -> str:
-    counts: dict[str, int] = {}
-    for p in policies:
-        counts[str(p)] = counts.get(str(p), 0) + 1
-    return "+".join(f"{n}{k}" for k, n in counts.items())
 
 
 def _gpus(cluster: ClusterSpec) -> str:
