@@ -94,8 +94,11 @@ def _feeds_topk(name: str, consumers: dict[str, list[NodeInfo]], depth: int = 3)
     return False
 
 
-def _is_weight_gemm(node: NodeInfo) -> bool:
-    return node.op in GEMM_OPS and bool(node.params) and len(node.inputs) == 1
+def is_weight_gemm(node: NodeInfo, graph: GraphIR) -> bool:
+    """A GEMM of one activation by parameters (a linear layer, or stacked expert weights)."""
+    if node.op not in GEMM_OPS or not node.params:
+        return False
+    return len([i for i in node.inputs if graph.has_node(i)]) == 1
 
 
 def classify_tp(graph: GraphIR, nodes: list[NodeInfo]) -> _TP:
@@ -112,7 +115,7 @@ def classify_tp(graph: GraphIR, nodes: list[NodeInfo]) -> _TP:
         if n.op == "embedding":
             tp.state[n.name] = R  # vocabulary-parallel: partial sums all-reduced
             tp.row.add(n.name)
-        elif _is_weight_gemm(n) or expert:
+        elif is_weight_gemm(n, graph) or expert:
             if sharded_in:
                 tp.row.add(n.name)
                 tp.state[n.name] = R

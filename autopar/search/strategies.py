@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from autopar.graph import GraphIR, NodeInfo
+from autopar.workload import GEMM_OPS, is_weight_gemm
 
 
 class Layout(StrEnum):
@@ -82,19 +83,8 @@ def rule(family: str, *ops: str) -> Callable[[Rule], Rule]:
     return register
 
 
-WEIGHT_GEMMS = frozenset({"linear", "matmul", "bmm", "baddbmm", "mm", "addmm", "einsum",
-                          "grouped_mm"})
-
-
-def is_weight_gemm(node: NodeInfo, graph: GraphIR) -> bool:
-    """A GEMM of one activation by parameters (a linear layer, or stacked expert weights)."""
-    if node.op not in WEIGHT_GEMMS or not node.params:
-        return False
-    return len([i for i in node.inputs if graph.has_node(i)]) == 1
-
-
 def family_of(node: NodeInfo, graph: GraphIR) -> str | None:
-    if node.op in WEIGHT_GEMMS:
+    if node.op in GEMM_OPS:
         return "weight_gemm" if is_weight_gemm(node, graph) else "batched_matmul"
     return FAMILY_OF_OP.get(node.op)
 
