@@ -353,15 +353,21 @@ def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: flo
     )
 
 
+def layer_nodes(graph: GraphIR) -> tuple[list[NodeInfo], list[NodeInfo], list[NodeInfo]]:
+    """(before the first block, block instance 0, after the blocks) of a graph with blocks."""
+    first = next(i for i, n in enumerate(graph.nodes) if n.block is not None)
+    pre = [n for n in graph.nodes[:first] if n.block is None]
+    post = [n for n in graph.nodes[first:] if n.block is None]
+    return pre, graph.block_nodes(0), post
+
+
 def build_workload(graph: GraphIR, act_bytes: float = 2.0, name: str = "",
                    fusions: tuple[str, ...] = ()) -> Workload:
     """The cost model's tables for ``graph`` with ``act_bytes`` per activation element, the
     named fusion patterns priced as fused kernels."""
     if graph.blocks is None or graph.num_blocks == 0:
         raise ValueError("the graph has no repeated blocks")
-    first_block = next(i for i, n in enumerate(graph.nodes) if n.block is not None)
-    pre_nodes = [n for n in graph.nodes[:first_block] if n.block is None]
-    post_nodes = [n for n in graph.nodes[first_block:] if n.block is None]
+    pre_nodes, _, post_nodes = layer_nodes(graph)
     pre_params = {p for n in pre_nodes for p in n.params}
     tied = pre_params & {p for n in post_nodes for p in n.params}
     pre = build_layer(graph, "pre", pre_nodes, act_bytes, fusions=fusions)

@@ -28,6 +28,7 @@ from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.search.block_tables import Pricing
 from autopar.search.space import check_constraints, shape_of
+from autopar.search.strategies import ops_without_rules
 from autopar.search.tp_solve import StrategyResult, StrategySolver
 from autopar.workload import build_workload
 
@@ -59,7 +60,7 @@ class Strategies:
         groups = mesh_groups(config, cluster)
         pricing = Pricing(split, groups.tp, cluster, eff, expert_scale=scale,
                           param_step_s=param_s)
-        return self.solver.solve(pricing, config.sequence_parallel, cluster, eff)
+        return self.solver.solve(pricing, config.sequence_parallel)
 
     def __call__(self, config: ParallelConfig) -> Workload:
         result = self.result(config)
@@ -71,18 +72,14 @@ def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
           alternatives: tuple[Plan, ...] = (), solver: SolverInfo | None = None) -> Plan:
     c = est.config
     result = strategies.result(c)
-    if result is None:
-        base = strategies.solver.base
-        ops = tuple((n.name, "replicated") for n in strategies.solver.graph.block_nodes(0)
-                    if n.out is not None)
-        no_rule = tuple(sorted(set(base.pre.no_rule_ops) | set(base.block.no_rule_ops)
-                               | set(base.post.no_rule_ops)))
-    else:
-        ops, no_rule = result.block_strategies, result.ops_without_rules
+    graph = strategies.solver.graph
+    ops = result.block_strategies if result is not None else tuple(
+        (n.name, "replicated") for n in graph.block_nodes(0) if n.out is not None)
     return Plan(model=name, cluster=cluster.name, nodes=cluster.nodes,
                 gpus_per_node=cluster.gpus_per_node, train=train, config=c, estimate=est,
                 stage_blocks=tuple(sm.blocks for sm in est.stage_memory), block_strategies=ops,
-                ops_without_rules=no_rule, alternatives=alternatives, solver=solver)
+                ops_without_rules=ops_without_rules(graph), alternatives=alternatives,
+                solver=solver)
 
 
 def plan_search(graph: GraphIR, model: nn.Module | GraphIR, name: str, cluster: ClusterSpec,

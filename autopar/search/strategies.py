@@ -246,3 +246,9 @@ def strategies_for(node: NodeInfo, graph: GraphIR, sequence_parallel: bool,
     if fn is None:
         return [replicated(node, ctx)], False
     return fn(node, ctx), True
+
+
+def ops_without_rules(graph: GraphIR) -> tuple[str, ...]:
+    """The ops of ``graph`` the registry has no rule for (they run replicated)."""
+    return tuple(sorted({n.op for n in graph.nodes
+                         if n.out is not None and rule_of(n, graph) is None}))

@@ -18,10 +18,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.efficiency import Efficiency
 from autopar.costmodel.workload import Workload
 from autopar.graph import GraphIR, NodeInfo
+from autopar.workload import layer_nodes
 from autopar.search.block_tables import (
     Pricing,
     SolvedLayer,
@@ -40,7 +39,6 @@ SOLVE_TIME_LIMIT_S = 5.0
 class StrategyResult:
     workload: Workload
     block_strategies: tuple[tuple[str, str], ...]
-    ops_without_rules: tuple[str, ...]
     gap: float
     """Largest relative optimality gap of the three solves (0 when all proved optimal)."""
 
@@ -56,13 +54,6 @@ class StrategySolver:
     solves: int = 0
     cache: dict[tuple, StrategyResult] = field(default_factory=dict)
 
-    def _nodes(self) -> tuple[list[NodeInfo], list[NodeInfo], list[NodeInfo]]:
-        g = self.graph
-        first = next(i for i, n in enumerate(g.nodes) if n.block is not None)
-        pre = [n for n in g.nodes[:first] if n.block is None]
-        post = [n for n in g.nodes[first:] if n.block is None]
-        return pre, g.block_nodes(0), post
-
     def _solve(self, nodes: list[NodeInfo], layer, pricing: Pricing, sp: bool, *,
                repeat: int = 1, boundary: bool = False, input_layout: Layout | None = None,
                output_layout: Layout | None = None) -> tuple[SolvedLayer, float]:
@@ -76,8 +67,7 @@ class StrategySolver:
         return solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
                             pricing.split.tp), gap
 
-    def solve(self, pricing: Pricing, sp: bool, cluster: ClusterSpec,
-              eff: Efficiency) -> StrategyResult:
+    def solve(self, pricing: Pricing, sp: bool) -> StrategyResult:
         # The strategies are solved at one micro-batch of one sequence (no cp split) and reused
         # for every micro-batch size and cp degree: the solved layer records which ops divide
         # and which collectives run, not their times, and compute and communication both
@@ -87,7 +77,7 @@ class StrategySolver:
         key = (s, pricing.tp_group, pricing.expert_scale, sp)
         if key in self.cache:
             return self.cache[key]
-        pre_nodes, block_nodes, post_nodes = self._nodes()
+        pre_nodes, block_nodes, post_nodes = layer_nodes(self.graph)
         block, g1 = self._solve(block_nodes, self.base.block, pricing, sp,
                                 repeat=self.base.num_blocks, boundary=True)
         post, g2 = self._solve(post_nodes, self.base.post, pricing, sp,
@@ -95,8 +85,6 @@ class StrategySolver:
         pre, g3 = self._solve(pre_nodes, self.base.pre, pricing, sp,
                               output_layout=block.input_layout)
         work = replace(self.base, pre=pre.layer, block=block.layer, post=post.layer)
-        no_rule = tuple(sorted(set(pre.layer.no_rule_ops) | set(block.layer.no_rule_ops)
-                               | set(post.layer.no_rule_ops)))
-        result = StrategyResult(work, block.strategies, no_rule, max(g1, g2, g3))
+        result = StrategyResult(work, block.strategies, max(g1, g2, g3))
         self.cache[key] = result
         return result

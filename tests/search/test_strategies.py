@@ -29,7 +29,7 @@ def _solve(name: str, tp: int, sp: bool):
     pricing = Pricing(split, mesh_groups(config, CLUSTER).tp, CLUSTER, DEFAULT_EFFICIENCY,
                       param_step_s=16 / (CLUSTER.gpu.hbm_bytes_per_s * 0.75))
     solver = StrategySolver(graph, base, 2.0)
-    result = solver.solve(pricing, sp, CLUSTER, DEFAULT_EFFICIENCY)
+    result = solver.solve(pricing, sp)
     return graph, base, config, result
 
 
