@@ -28,7 +28,7 @@ from .memory import (
 from .pipeline import StagePartition, bubble_fraction, even_partition, in_flight_microbatches
 from .specs import Checkpoint, ParallelConfig, Precision, Schedule, TrainSpec
 from .topology import MeshGroups, mesh_groups
-from .workload import LayerCost, OpKind, Phase, Shard, Workload
+from .workload import LayerCost, OpKind, Phase, Shard, TPCollective, Workload
 
 BUCKET_BYTES = 25 * 2**20
 """One gradient bucket: DDP's default ``bucket_cap_mb`` of 25 MiB."""
@@ -86,14 +86,20 @@ def _stage_groups(
     return groups
 
 
+def tp_collective_s(c: TPCollective, split: Split, tp_group: Group, cluster: ClusterSpec,
+                    eff: Efficiency) -> float:
+    """Seconds of one tensor-parallel collective for one micro-batch on one cp rank."""
+    nbytes = c.elements * split.micro_batch * split.act_bytes / split.cp
+    return estimate_collective_s(Collective(c.kind), nbytes, tp_group, cluster, eff)
+
+
 def tp_comm_s(
     layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
     eff: Efficiency,
 ) -> float:
     total = 0.0
     for c in layer.tp_collectives:
-        nbytes = c.elements * split.micro_batch * split.act_bytes / split.cp
-        t = estimate_collective_s(Collective(c.kind), nbytes, g.tp, cluster, eff)
+        t = tp_collective_s(c, split, g.tp, cluster, eff)
         repeats = 2 if (c.phase is Phase.FORWARD and policy is Checkpoint.FULL) else 1
         total += t * repeats
     return total

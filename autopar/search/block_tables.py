@@ -17,9 +17,10 @@ import math
 from dataclasses import dataclass, replace
 
 from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.collectives import Collective, Group, estimate_collective_s
+from autopar.costmodel.collectives import Collective, Group
 from autopar.costmodel.compute import Split, estimate_op_s
 from autopar.costmodel.efficiency import Efficiency
+from autopar.costmodel.step import tp_collective_s
 from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, Shard, TPCollective
 from autopar.graph import GraphIR, NodeInfo
 from autopar.search.ilp_types import BlockProblem, Edge, StrategyTable
@@ -149,28 +150,47 @@ class Pricing:
     this is an upper bound that leans towards splitting weights, never away from it."""
 
 
-def _tensor_bytes(graph: GraphIR, tensor: str, pricing: Pricing) -> tuple[float, bool]:
-    """(bytes of ``tensor`` for one micro-batch on one cp rank, whether it has a gradient)."""
+def conversion_collectives(graph: GraphIR, tensor: str, src: Layout, dst: Layout,
+                           act_bytes: float, tp: int, label: str = ""
+                           ) -> list[TPCollective] | None:
+    """The tp collectives turning ``tensor`` from ``src`` into ``dst`` (None: impossible), sized
+    per sequence in activation-dtype elements as ``costmodel.step.tp_comm_s`` prices them: an
+    integer tensor moves its own itemsize, an all-to-all what one rank holds."""
     out = graph.node(tensor).out
     assert out is not None
     floating = out.dtype.is_floating_point
-    size = pricing.split.act_bytes if floating else out.dtype.itemsize
-    return out.numel / graph.batch * pricing.split.micro_batch * size / pricing.split.cp, floating
+    conv = conversion(src, dst, has_grad=floating)
+    if conv is None:
+        return None
+    size = act_bytes if floating else out.dtype.itemsize
+    elements = out.numel / graph.batch * size / act_bytes
+    return [TPCollective(label, elements / tp if kind is Collective.ALL_TO_ALL else elements,
+                         phase, str(kind))
+            for phase, kinds in ((Phase.FORWARD, conv[0]), (Phase.BACKWARD_ACT, conv[1]))
+            for kind in kinds]
 
 
-def _collective_s(kind: Collective, nbytes: float, pricing: Pricing) -> float:
-    if kind is Collective.ALL_TO_ALL:
-        nbytes /= pricing.split.tp  # what one rank holds
-    return estimate_collective_s(kind, nbytes, pricing.tp_group, pricing.cluster, pricing.eff)
+def loss_parallel_collectives(graph: GraphIR, node: NodeInfo, act_bytes: float
+                              ) -> list[TPCollective]:
+    """A vocabulary-split loss's all-reduces of one fp32 value per token."""
+    logits = graph.node(node.inputs[0]).out if node.inputs and graph.has_node(
+        node.inputs[0]) else None
+    tokens = logits.numel / logits.shape[-1] / graph.batch if logits is not None else 0.0
+    return [TPCollective(f"{node.name}.loss{r}", tokens * 4.0 / act_bytes, Phase.FORWARD)
+            for r in range(LOSS_PARALLEL_REDUCTIONS)]
+
+
+def _priced_s(collectives: list[TPCollective], pricing: Pricing) -> float:
+    """Seconds of ``collectives`` for one micro-batch on the tp group."""
+    return sum(tp_collective_s(c, pricing.split, pricing.tp_group, pricing.cluster, pricing.eff)
+               for c in collectives)
 
 
 def edge_s(graph: GraphIR, tensor: str, producer: Layout, consumer: Layout,
            pricing: Pricing) -> float:
-    nbytes, grad = _tensor_bytes(graph, tensor, pricing)
-    conv = conversion(producer, consumer, has_grad=grad)
-    if conv is None:
-        return IMPOSSIBLE
-    return sum(_collective_s(k, nbytes, pricing) for k in conv[0] + conv[1])
+    cols = conversion_collectives(graph, tensor, producer, consumer, pricing.split.act_bytes,
+                                  pricing.split.tp)
+    return IMPOSSIBLE if cols is None else _priced_s(cols, pricing)
 
 
 def _op_time(cost: OpCost | None, s: Strategy, graph: GraphIR, node: NodeInfo | None,
@@ -187,19 +207,22 @@ def _op_time(cost: OpCost | None, s: Strategy, graph: GraphIR, node: NodeInfo | 
         held = sum(graph.params[p].numel / (pricing.split.tp if _is_split(graph, p, s) else 1)
                    for p in node.params if p in graph.params)
         total += held * pricing.param_step_s
-    if s.loss_parallel and node is not None and node.inputs and graph.has_node(node.inputs[0]):
-        logits = graph.node(node.inputs[0]).out
-        tokens = logits.numel / logits.shape[-1] / graph.batch if logits is not None else 0.0
-        nbytes = tokens * pricing.split.micro_batch * 4.0 / pricing.split.cp
-        one = _collective_s(Collective.ALL_REDUCE, nbytes, pricing)
-        total += LOSS_PARALLEL_REDUCTIONS * one
-        fwd += LOSS_PARALLEL_REDUCTIONS * one
+    if s.loss_parallel and node is not None:
+        t = _priced_s(loss_parallel_collectives(graph, node, pricing.split.act_bytes), pricing)
+        total += t
+        fwd += t
     return total, fwd
 
 
+def head_node(cost: OpCost) -> str:
+    """The node an op cost belongs to: itself, or the first node of a fused chain (named
+    ``pattern:first`` by ``workload.op_costs``)."""
+    return cost.name.split(":", 1)[1] if ":" in cost.name else cost.name
+
+
 def costs_by_node(layer: LayerCost) -> dict[str, OpCost]:
-    """The layer's op costs keyed by the node that heads them (a fused chain by its first)."""
-    return {(c.name.split(":", 1)[1] if ":" in c.name else c.name): c for c in layer.ops}
+    """The layer's op costs keyed by the node that heads them."""
+    return {head_node(c): c for c in layer.ops}
 
 
 def block_problem(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, pricing: Pricing,
@@ -271,37 +294,21 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
     if sg.stream_tensor is not None:
         layout[sg.stream_tensor] = chosen[sg.stream_in].output if sg.stream_in is not None \
             else sg.ops[0].strategies[0].output
-    per_seq = 1.0 / graph.batch
     collectives: list[TPCollective] = []
-
-    def convert(tensor: str, src: Layout, dst: Layout, label: str) -> None:
-        out = graph.node(tensor).out
-        conv = conversion(src, dst, has_grad=out is not None and out.dtype.is_floating_point)
-        if conv is None:
-            raise RuntimeError(f"the strategy solve chose an impossible resharding {src}->{dst} "
-                               f"at {label}; please report this")
-        # in activation-dtype elements (an integer tensor moves its own itemsize)
-        size = act_bytes if out is None or out.dtype.is_floating_point else out.dtype.itemsize
-        elements = out.numel * per_seq * size / act_bytes if out is not None else 0.0
-        for phase, kinds in ((Phase.FORWARD, conv[0]), (Phase.BACKWARD_ACT, conv[1])):
-            for kind in kinds:
-                # an all-to-all is sized by what one rank holds
-                n = elements / tp if kind is Collective.ALL_TO_ALL else elements
-                collectives.append(TPCollective(label, n, phase, str(kind)))
-
     for j, op in enumerate(sg.ops):
         for k, (i, tensor) in enumerate(zip(op.inputs, op.tensors)):
-            convert(tensor, chosen[i].output, chosen[j].inputs[k], f"{sg.ops[i].name}->{op.name}")
+            label = f"{sg.ops[i].name}->{op.name}"
+            cols = conversion_collectives(graph, tensor, chosen[i].output, chosen[j].inputs[k],
+                                          act_bytes, tp, label)
+            if cols is None:
+                raise RuntimeError(f"the strategy solve chose an impossible resharding at "
+                                   f"{label}; please report this")
+            collectives += cols
         if chosen[j].loss_parallel and op.node is not None:
-            logits = graph.node(op.node.inputs[0]).out
-            tokens = logits.numel / logits.shape[-1] * per_seq if logits is not None else 0.0
-            for r in range(LOSS_PARALLEL_REDUCTIONS):
-                collectives.append(TPCollective(f"{op.name}.loss{r}", tokens * 4.0 / act_bytes,
-                                                Phase.FORWARD))
+            collectives += loss_parallel_collectives(graph, op.node, act_bytes)
     divides = {op.name: s.divides for op, s in zip(sg.ops, chosen) if op.node is not None}
-    ops = tuple(replace(c, shard=Shard.TP if divides.get(
-        c.name.split(":", 1)[1] if ":" in c.name else c.name, False) else Shard.REPLICATED)
-        for c in layer.ops)
+    ops = tuple(replace(c, shard=Shard.TP if divides.get(head_node(c), False)
+                        else Shard.REPLICATED) for c in layer.ops)
     saved = tuple(_saved_shard(graph, s, layout) for s in layer.saved)
     # expert weights (3-d) are divided by ep and tp in the step model already
     split_params = {p for op, s in zip(sg.ops, chosen) if op.node is not None
