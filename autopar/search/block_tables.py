@@ -28,10 +28,7 @@ from autopar.search.reshard import conversion
 from autopar.search.strategies import Layout, Strategy, strategies_for
 
 IMPOSSIBLE = math.inf
-"""Marks a conversion that cannot be done; ``block_problem`` replaces it by twice the cost of the
-most expensive feasible assignment, so the solve never picks it (``solved_layer`` checks). A
-fixed huge constant instead (1e4 s against op costs of 1e-5 s) spoiled HiGHS's numerics: it
-returned an assignment 3x worse than the optimum as "optimal"."""
+"""Resharding time of a conversion that cannot be done: the solver forbids the pair."""
 
 LOSS_PARALLEL_REDUCTIONS = 3
 """A vocabulary-split cross-entropy all-reduces the max, the sum of exponentials and the target
@@ -239,32 +236,18 @@ def block_problem(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, pricing: 
                                     state_bytes=(0.0,) * len(times),
                                     activation_bytes=(0.0,) * len(times),
                                     forward_s=tuple(t[1] for t in times), op=op.name))
-    Matrix = tuple[tuple[float, ...], ...]
-    edges: list[tuple[int, int, Matrix]] = []
-    for j, op in enumerate(sg.ops):
-        for k, (i, tensor) in enumerate(zip(op.inputs, op.tensors)):
-            edges.append((i, j, tuple(
-                tuple(edge_s(graph, tensor, a.output, b.inputs[k], pricing)
-                      for b in op.strategies) for a in sg.ops[i].strategies)))
-    boundary_edges: list[tuple[int, int, Matrix]] = []
+    edges = [Edge(i, j, tuple(tuple(edge_s(graph, tensor, a.output, b.inputs[k], pricing)
+                                    for b in op.strategies) for a in sg.ops[i].strategies))
+             for j, op in enumerate(sg.ops)
+             for k, (i, tensor) in enumerate(zip(op.inputs, op.tensors))]
+    boundary_edges = []
     if boundary and sg.stream_in is not None:
         fork = sg.ops[sg.stream_in]
-        boundary_edges.append((sg.output, sg.stream_in, tuple(
+        boundary_edges.append(Edge(sg.output, sg.stream_in, tuple(
             tuple(edge_s(graph, sg.output_tensor, a.output, b.inputs[0], pricing)
                   for b in fork.strategies) for a in sg.ops[sg.output].strategies)))
-    # an upper bound on any feasible assignment: the dearest strategy of every op and the dearest
-    # possible conversion of every edge, for every block
-    worst = sum(max(c for c in t.compute_s if math.isfinite(c)) for t in tables)
-    worst += sum(max((x for row in m for x in row if math.isfinite(x)), default=0.0)
-                 for _, _, m in edges + boundary_edges)
-    big = 2.0 * max(worst, 1e-3) * repeat
-
-    def finite(e: tuple[int, int, Matrix]) -> Edge:
-        return Edge(e[0], e[1], tuple(tuple(x if math.isfinite(x) else big for x in row)
-                                      for row in e[2]))
-
-    return BlockProblem(ops=tuple(tables), edges=tuple(finite(e) for e in edges), repeat=repeat,
-                        boundary_edges=tuple(finite(e) for e in boundary_edges))
+    return BlockProblem(ops=tuple(tables), edges=tuple(edges), repeat=repeat,
+                        boundary_edges=tuple(boundary_edges))
 
 
 def _is_split(graph: GraphIR, param: str, s: Strategy) -> bool:

@@ -263,6 +263,8 @@ def pair_costs(problem: BlockProblem) -> dict[tuple[int, int], list[list[float]]
 
 def _split_separable(matrix: list[list[float]]) -> tuple[list[float], list[float]] | None:
     """(u, v) with matrix[a][b] == u[a] + v[b] (to 1e-12 relative), or None."""
+    if not all(math.isfinite(c) for row in matrix for c in row):
+        return None  # a forbidden pair needs its product variable
     u = [row[0] for row in matrix]
     v = [matrix[0][b] - matrix[0][0] for b in range(len(matrix[0]))]
     tol = 1e-12 * max(max(abs(c) for row in matrix for c in row), 1e-300)
@@ -295,11 +297,15 @@ def add_edge_product_constraint(
     cost: list[list[float]],
     integral: bool,
 ) -> tuple[tuple[int, ...], ...] | None:
-    """Costs of one op pair: folded into x when separable, else e[a][b] with marginal rows."""
+    """Costs of one op pair: folded into x when separable, else e[a][b] with marginal rows; an
+    infinite cost fixes its e (or, on an op's own diagonal, its x) to 0."""
     i, j = pair
     if i == j:  # a boundary edge from an op to itself: only the diagonal can occur
         for a, xa in enumerate(x[i]):
-            lp.add_cost(xa, cost[a][a])
+            if math.isfinite(cost[a][a]):
+                lp.add_cost(xa, cost[a][a])
+            else:
+                lp.add_row([xa], [1.0], 0, 0, f"forbidden[{i}][{a}]")
         return None
     split = _split_separable(cost)
     if split is not None:
@@ -309,13 +315,15 @@ def add_edge_product_constraint(
             lp.add_cost(xb, split[1][b])
         return None
     e = tuple(
-        tuple(lp.add_var(0, 1, integral, f"e[{i},{j}][{a},{b}]") for b in range(len(x[j])))
+        tuple(lp.add_var(0, 1 if math.isfinite(cost[a][b]) else 0, integral,
+                         f"e[{i},{j}][{a},{b}]") for b in range(len(x[j])))
         for a in range(len(x[i]))
     )
     for a, row in enumerate(e):
         lp.add_row([*row, x[i][a]], [1.0] * len(row) + [-1.0], 0, 0, f"edge_row[{i},{j}][{a}]")
         for b, var in enumerate(row):
-            lp.add_cost(var, cost[a][b])
+            if math.isfinite(cost[a][b]):
+                lp.add_cost(var, cost[a][b])
     for b in range(len(x[j])):
         col = [e[a][b] for a in range(len(x[i]))]
         lp.add_row([*col, x[j][b]], [1.0] * len(col) + [-1.0], 0, 0, f"edge_col[{i},{j}][{b}]")

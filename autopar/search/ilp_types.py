@@ -80,7 +80,8 @@ class StrategyTable:
 
 @dataclass(frozen=True)
 class Edge:
-    """Resharding time ``reshard_s[a][b]`` when op ``src`` uses ``a`` and op ``dst`` uses ``b``."""
+    """Resharding time ``reshard_s[a][b]`` when op ``src`` uses ``a`` and op ``dst`` uses ``b``;
+    ``inf`` forbids the pair (a layout that cannot be converted)."""
 
     src: int
     dst: int
@@ -88,7 +89,8 @@ class Edge:
 
     def __post_init__(self) -> None:
         where = f"Edge({self.src}->{self.dst})"
-        rows = tuple(_floats(row, f"{where}.reshard_s") for row in self.reshard_s)
+        rows = tuple(_floats(row, f"{where}.reshard_s", allow_inf=True)
+                     for row in self.reshard_s)
         object.__setattr__(self, "reshard_s", rows)
 
 
