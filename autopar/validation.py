@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch.nn as nn
+
 from autopar import models
 from autopar.api import workload_of
 from autopar.costmodel.cluster import ClusterSpec
@@ -51,15 +53,23 @@ class RunCheck:
         return self.predicted_tflops / self.published_tflops - 1.0
 
 
-def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g") -> RunCheck:
-    gpus, tp, pp = row["num_gpus"], row["tensor_parallel_size"], row["pipeline_parallel_size"]
-    dp = gpus // (tp * pp)
+def megatron_inputs(row: dict, cluster_preset: str = "dgx-a100-80g"
+                    ) -> tuple[nn.Module, ClusterSpec, TrainSpec]:
+    """Model, cluster and training spec of a Megatron-LM Table 1 row, as the 2021 runs were:
+    GPT with eager attention and dropout 0.1, fp16 with Adam."""
     model = models.build("gpt", num_layers=row["num_layers"], hidden_size=row["hidden_size"],
                          num_heads=row["attention_heads"], vocab_size=row["vocab_size"],
                          seq_len=row["seq_len"], attention="eager", dropout=0.1, device="meta")
-    cluster = ClusterSpec.preset(cluster_preset, nodes=max(1, gpus // 8))
+    cluster = ClusterSpec.preset(cluster_preset, nodes=max(1, row["num_gpus"] // 8))
     train = TrainSpec(global_batch=row["global_batch_size"], seq_len=row["seq_len"],
                       precision="fp16", optimizer="adam")
+    return model, cluster, train
+
+
+def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g") -> RunCheck:
+    gpus, tp, pp = row["num_gpus"], row["tensor_parallel_size"], row["pipeline_parallel_size"]
+    dp = gpus // (tp * pp)
+    model, cluster, train = megatron_inputs(row, cluster_preset)
     work = workload_of(model, train, MEGATRON_FUSIONS)
     per_stage = row["num_layers"] // pp
     best: Estimate | None = None

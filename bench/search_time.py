@@ -24,10 +24,6 @@ once free (only the Megatron fusions fixed, as they describe the program).
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -37,9 +33,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-import autopar
-from autopar import ClusterSpec, Plan, TrainSpec
-from autopar.validation import MEGATRON_FUSIONS, load_published
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also when loaded by path
+
+import autopar  # noqa: E402
+from autopar import ClusterSpec, Plan, TrainSpec  # noqa: E402
+from autopar.validation import MEGATRON_FUSIONS, load_published, megatron_inputs  # noqa: E402
+from machine import machine_lines  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PUBLISHED_RUNS = REPO.parent / "shared" / "reference" / "published_runs.json"
@@ -97,22 +96,6 @@ def time_case(case: Case, repeats: int = 1) -> Timing:
 
 
 # ----- published configurations -----
-def megatron_inputs(row: dict) -> tuple[torch.nn.Module, ClusterSpec, TrainSpec]:
-    """Model, cluster and training spec of a Megatron-LM Table 1 row.
-
-    The same inputs as ``autopar.validation.check_megatron_row`` (which builds them inline);
-    ``tests/search/test_published_plans.py`` checks that the two give the same estimate.
-    """
-    model = autopar.models.build("gpt", num_layers=row["num_layers"],
-                                 hidden_size=row["hidden_size"], num_heads=row["attention_heads"],
-                                 vocab_size=row["vocab_size"], seq_len=row["seq_len"],
-                                 attention="eager", dropout=0.1, device="meta")
-    cluster = ClusterSpec.preset("dgx-a100-80g", nodes=max(1, row["num_gpus"] // 8))
-    train = TrainSpec(global_batch=row["global_batch_size"], seq_len=row["seq_len"],
-                      precision="fp16", optimizer="adam")
-    return model, cluster, train
-
-
 def published_constraints(row: dict) -> dict[str, object]:
     """The configuration the paper ran, as constraints (see the module docstring)."""
     tp, pp = row["tensor_parallel_size"], row["pipeline_parallel_size"]
@@ -205,37 +188,6 @@ def rich_table(title: str, header: list[str], body: list[list[str]]) -> Table:
     return table
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def _revision() -> str:
-    """The commit the results were taken at, and whether the tree had uncommitted changes."""
-    try:
-        rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, check=True,
-                             capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown revision"
-    return rev.replace("-dirty", " with uncommitted changes")
-
-
-def machine_lines(command: str) -> list[str]:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "-"
-    return [f"- Date: {datetime.date.today().isoformat()}",
-            f"- Machine: {platform.machine()}, {cpus} CPUs ({_cpu_name()}), no GPU; "
-            f"{platform.platform()}; load average at start {load}",
-            f"- Python {platform.python_version()}, torch {torch.__version__}, "
-            f"autopar {autopar.__version__} at {_revision()}",
-            f"- Command: `{command}`"]
-
-
 def published_section(comparisons: list[PublishedComparison]) -> str:
     total = sum(c.constrained_s + c.free_s for c in comparisons)
     return "\n".join([
@@ -290,7 +242,8 @@ def main() -> None:
     print("\n".join([
         "# `autopar.optimize` wall time, and free plans against published configurations",
         "", *machine_lines(COMMAND + "".join(f" --only {m}" for m in args.only)
-                           + (f" --repeats {args.repeats}" if args.repeats > 1 else "")), "",
+                           + (f" --repeats {args.repeats}" if args.repeats > 1 else ""),
+                           f"torch {torch.__version__}, autopar {autopar.__version__}"), "",
         "## Search time",
         "",
         "Each model built with `autopar.models.build(name, device=\"meta\")` before the clock "

@@ -22,10 +22,8 @@ Instances (all synthetic, generated here with fixed seeds):
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import math
-import platform
 import random
 import statistics
 import sys
@@ -34,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ortools
+from machine import machine_lines
 
 from autopar.search.ilp import (
     NO_CHECKPOINT,
@@ -385,16 +384,6 @@ def describe(problem: BlockProblem) -> str:
     )
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -461,10 +450,7 @@ def main() -> None:
     header = [
         "# Solver back ends of the per-candidate ILP (`autopar/search/ilp.py`)",
         "",
-        f"- Date: {datetime.date.today().isoformat()}",
-        f"- Machine: 2-core {_cpu_name()} CPU VM, no GPU; Python "
-        f"{platform.python_version()}, OR-Tools {ortools.__version__}",
-        "- Command: `python bench/solver_compare.py`",
+        *machine_lines("python bench/solver_compare.py", f"OR-Tools {ortools.__version__}"),
         "- Each solve: `autopar.search.ilp.solve(problem, limit, backend=...)`, num_workers=8,",
         f"  time limit {args.time_limit_s:.0f} s; block instances run {args.repeats} times",
         "  (median and min-max), the 500-op ones once. 'seconds' includes building the model in",

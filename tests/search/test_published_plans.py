@@ -20,7 +20,7 @@ import pytest
 
 import autopar
 from autopar.costmodel.specs import Checkpoint, Schedule
-from autopar.validation import check_megatron_row
+from autopar.validation import check_megatron_row, megatron_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 REL = 1e-9
@@ -80,7 +80,7 @@ def test_inputs_and_search_agree_with_validation(index: int) -> None:
     finds validation's own micro-batch/chunk sweep's best or better (it sweeps a superset)."""
     row = ROWS[index]
     check = check_megatron_row(row)
-    model, cluster, train = bench.megatron_inputs(row)
+    model, cluster, train = megatron_inputs(row)
     again = autopar.estimate(model, cluster, train, check.estimate.config)
     assert again.step_time_s == check.estimate.step_time_s
     assert again.peak_memory_bytes == check.estimate.peak_memory_bytes
