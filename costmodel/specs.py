@@ -71,6 +71,34 @@ def _positive_int(value: object, name: str, *, minimum: int = 1) -> None:
         )
 
 
+def check_field(name: str, value: object) -> object:
+    """One ``ParallelConfig`` field checked on its own (``AutoparError`` naming it) and
+    normalised (enums from strings, tuples from lists); the checks between fields are
+    ``ParallelConfig.__post_init__``'s. Constraints on the search are checked with it too."""
+    if name in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "virtual_stages") or (
+            name == "num_microbatches" and value is not None):
+        _positive_int(value, name)
+    elif name == "zero" and (value not in (0, 1, 2, 3) or isinstance(value, bool)):
+        raise AutoparError(f"zero={value!r} is not a ZeRO stage", where="zero",
+                           fix="use 0, 1, 2 or 3")
+    elif name == "schedule":
+        return _choice(Schedule, value, "schedule")
+    elif name == "checkpoint":
+        if isinstance(value, (str, StrEnum)):
+            return _choice(Checkpoint, value, "checkpoint")
+        policies = tuple(_choice(Checkpoint, c, "checkpoint") for c in value)  # type: ignore[attr-defined]
+        if not policies:
+            raise AutoparError("checkpoint is an empty list", where="checkpoint",
+                               fix="give one policy, or one per block")
+        return policies
+    elif name in ("sequence_parallel", "offload") and not isinstance(value, bool):
+        raise AutoparError(f"{name}={value!r} is not true or false", where=name,
+                           fix="give True or False")
+    elif name == "fusions":
+        return tuple(value)  # type: ignore[call-overload]
+    return value
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """What one optimizer step trains."""
@@ -137,16 +165,9 @@ class ParallelConfig:
     """Names of fused kernels applied (see ``autopar.kernels``)."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "virtual_stages"):
-            _positive_int(getattr(self, name), name)
-        if self.num_microbatches is not None:
-            _positive_int(self.num_microbatches, "num_microbatches")
-        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
-            raise AutoparError(
-                f"zero={self.zero!r} is not a ZeRO stage", where="zero", fix="use 0, 1, 2 or 3"
-            )
-        schedule = _choice(Schedule, self.schedule, "schedule")
-        object.__setattr__(self, "schedule", schedule)
+        for name in self.__dataclass_fields__:
+            object.__setattr__(self, name, check_field(name, getattr(self, name)))
+        schedule = self.schedule
         if self.virtual_stages > 1 and schedule is not Schedule.INTERLEAVED:
             raise AutoparError(
                 f"virtual_stages={self.virtual_stages} needs the interleaved schedule, "
@@ -156,18 +177,6 @@ class ParallelConfig:
             )
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
-        if isinstance(self.checkpoint, (str, StrEnum)):
-            object.__setattr__(
-                self, "checkpoint", _choice(Checkpoint, self.checkpoint, "checkpoint")
-            )
-        else:
-            policies = tuple(_choice(Checkpoint, c, "checkpoint") for c in self.checkpoint)
-            if not policies:
-                raise AutoparError(
-                    "checkpoint is an empty list", where="checkpoint",
-                    fix="give one policy, or one per block",
-                )
-            object.__setattr__(self, "checkpoint", policies)
         if (self.dp * self.cp) % self.ep:
             raise AutoparError(
                 f"ep={self.ep} does not divide dp*cp={self.dp * self.cp}: expert parallelism "
@@ -175,7 +184,6 @@ class ParallelConfig:
                 where="ep",
                 fix="choose ep among the divisors of dp*cp",
             )
-        object.__setattr__(self, "fusions", tuple(self.fusions))
 
     @property
     def world_size(self) -> int:

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
+from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, check_field
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 """Micro-batch sizes tried (those dividing the per-replica batch)."""
@@ -77,29 +77,7 @@ def check_constraints(constraints: Mapping[str, object]) -> None:
             raise AutoparError(f"unknown constraint {key!r}", where="constraints",
                                fix=f"use ParallelConfig fields: {', '.join(sorted(FIELDS))}")
     for key, value in constraints.items():
-        if key in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "num_microbatches",
-                   "virtual_stages"):
-            if value is None and key == "num_microbatches":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise AutoparError(f"constraint {key}={value!r} is not a positive integer",
-                                   where=f"constraints.{key}", fix="give a whole number >= 1")
-        elif key == "zero" and value not in (0, 1, 2, 3):
-            raise AutoparError(f"constraint zero={value!r} is not a ZeRO stage",
-                               where="constraints.zero", fix="use 0, 1, 2 or 3")
-        elif key in ("sequence_parallel", "offload") and not isinstance(value, bool):
-            raise AutoparError(f"constraint {key}={value!r} is not true or false",
-                               where=f"constraints.{key}", fix="give True or False")
-        elif key == "schedule":
-            try:
-                Schedule(value)
-            except ValueError:
-                raise AutoparError(
-                    f"constraint schedule={value!r} is not a pipeline schedule",
-                    where="constraints.schedule",
-                    fix="use one of " + ", ".join(repr(str(s)) for s in Schedule)) from None
-        elif key == "checkpoint":
-            parse_checkpoint(value)  # type: ignore[arg-type]
+        check_field(key, value)
 
 
 def _allowed(values: list[int], key: str, constraints: Mapping[str, object]) -> list[int]:
