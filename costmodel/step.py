@@ -70,13 +70,16 @@ def check_world(config: ParallelConfig, cluster: ClusterSpec) -> None:
 
 
 def _stage_groups(
-    workload: Workload, part: StagePartition, stage: int, policies: tuple[Checkpoint, ...]
+    workload: Workload, part: StagePartition, stage: int,
+    policies: tuple[Checkpoint, ...] | None = None,
 ) -> list[tuple[LayerCost, Checkpoint, int]]:
     """(layer, policy, how many) of one stage: its blocks grouped by policy, since every block
-    under one policy costs the same (a stage of 100 blocks is priced in two or three terms)."""
+    under one policy costs the same (a stage of 100 blocks is priced in two or three terms).
+    Without ``policies`` the blocks are one group."""
     first = part.first_block(stage)
     counts: dict[Checkpoint, int] = {}
-    for p in policies[first:first + part.blocks[stage]]:
+    for p in (policies[first:first + part.blocks[stage]] if policies is not None
+              else (Checkpoint.NONE,) * part.blocks[stage]):
         counts[p] = counts.get(p, 0) + 1
     groups = [(workload.block, p, n) for p, n in counts.items()]
     if stage == 0:
@@ -195,7 +198,7 @@ def _stage_params(workload: Workload, part: StagePartition, stage: int, config: 
                   ) -> tuple[float, float]:
     """(dense, expert) parameters on one GPU of a stage."""
     dense = expert = 0.0
-    for layer, _, n in _stage_groups(workload, part, stage, (Checkpoint.NONE,) * sum(part.blocks)):
+    for layer, _, n in _stage_groups(workload, part, stage):
         plain = layer.params - layer.params_tp - layer.params_expert
         dense += n * (plain + layer.params_tp / config.tp)
         expert += n * layer.params_expert / (config.ep * config.tp)

@@ -51,11 +51,15 @@ class StratOp:
     """A rule knew the op (else it runs replicated and is reported)."""
 
 
-def _fork(name: str, producer: int, tensor: str, sp: bool) -> StratOp:
+def _fork(name: str, producer: int | None, tensor: str, sp: bool) -> StratOp:
+    """A fork of ``tensor`` for its readers; ``producer`` None: the layer's input, joined to the
+    previous block's output by a boundary edge."""
     layouts = [Layout.R, Layout.S] + ([Layout.Q] if sp else [])
     strategies = [Strategy(str(lay), (lay,), lay, divides=False) for lay in layouts]
     strategies.append(Strategy("R*", (Layout.R_PARTIAL_GRAD,), Layout.R_PARTIAL_GRAD,
                                divides=False))
+    if producer is None:
+        return StratOp(name, tuple(strategies), (), ())
     return StratOp(name, tuple(strategies), (producer,), (tensor,))
 
 
@@ -106,8 +110,7 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
             ops.append(_pinned("source", input_layout))
             index[external] = len(ops) - 1
         else:
-            ops.append(_fork(f"fork:{external}", -1, external, sp))
-            ops[-1] = replace(ops[-1], inputs=(), tensors=())
+            ops.append(_fork(f"fork:{external}", None, external, sp))
             stream_in = len(ops) - 1
             index[external] = stream_in
     for n in real:

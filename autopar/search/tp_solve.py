@@ -51,7 +51,6 @@ class StrategySolver:
     base: Workload
     """The workload with the fixed Megatron assignment (its costs per op are reused)."""
     act_bytes: float
-    solves: int = 0
     cache: dict[tuple, StrategyResult] = field(default_factory=dict)
 
     def _solve(self, nodes: list[NodeInfo], layer, pricing: Pricing, sp: bool, *,
@@ -62,7 +61,6 @@ class StrategySolver:
         problem = block_problem(self.graph, sg, layer, pricing, repeat=repeat,
                                 boundary=boundary)
         sol = solve(problem, math.inf, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
-        self.solves += 1
         gap = sol.gap if math.isfinite(sol.gap) else 1.0
         return solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
                             pricing.split.tp), gap
