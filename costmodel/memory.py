@@ -45,6 +45,11 @@ def activation_bytes_per_element(precision: Precision) -> float:
     return 4.0 if precision is Precision.FP32 else 2.0
 
 
+ZERO_SHARDS_FROM = {"optimizer": 1, "grads": 2, "params": 3}
+"""The ZeRO stage from which each kind of model state is sharded over the data-parallel ranks
+(Rajbhandari et al., SC'20: P_os, P_os+g, P_os+g+p)."""
+
+
 @dataclass(frozen=True)
 class ModelStates:
     """Bytes on one GPU."""
@@ -75,11 +80,13 @@ def model_state_bytes(
             return (n_dense + n_expert) * per_param
         return (n_dense / dp + n_expert / expert_dp) * per_param
 
-    opt = 0.0 if offload else sharded(params, expert_params, sb.optimizer, zero >= 1)
+    def kind(name: str, per_param: float) -> float:
+        return sharded(params, expert_params, per_param, zero >= ZERO_SHARDS_FROM[name])
+
     return ModelStates(
-        params=sharded(params, expert_params, sb.weights, zero >= 3),
-        grads=sharded(params, expert_params, sb.grads, zero >= 2),
-        optimizer=opt,
+        params=kind("params", sb.weights),
+        grads=kind("grads", sb.grads),
+        optimizer=0.0 if offload else kind("optimizer", sb.optimizer),
     )
 
 

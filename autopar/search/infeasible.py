@@ -20,13 +20,12 @@ from collections.abc import Mapping
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.estimate import Estimate
+from autopar.costmodel.memory import ZERO_SHARDS_FROM
 from autopar.costmodel.specs import Checkpoint, ParallelConfig, TrainSpec
 from autopar.search.space import ModelShape
 
 GIB = 2**30
-STATES = ("params", "grads", "optimizer")
-ZERO_STAGE_SHARDING = {"optimizer": 1, "grads": 2, "params": 3}
-"""The ZeRO stage from which each model state is sharded over the dp*cp ranks."""
+STATES = tuple(ZERO_SHARDS_FROM)
 
 
 class InfeasibleError(AutoparError):
@@ -142,7 +141,7 @@ def total_state_bytes(breakdown: Mapping[str, float], c: ParallelConfig) -> dict
     loaded stage times the stages, tensor-parallel replicated weights counted tp times)."""
     out = {}
     for kind in STATES:
-        shards = c.tp * c.pp * (c.dp * c.cp if c.zero >= ZERO_STAGE_SHARDING[kind] else 1)
+        shards = c.tp * c.pp * (c.dp * c.cp if c.zero >= ZERO_SHARDS_FROM[kind] else 1)
         out[kind] = breakdown.get(kind, 0.0) * shards
     return out
 
