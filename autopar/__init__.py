@@ -1,7 +1,7 @@
 """autopar: automatic parallelism planner and compiler for training large models with PyTorch."""
 
 from autopar import models
-from autopar.api import estimate, optimize, workload_of
+from autopar.api import estimate, optimize, plan_for, workload_of
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.estimate import Estimate
@@ -31,6 +31,7 @@ __all__ = [
     "estimate",
     "models",
     "optimize",
+    "plan_for",
     "trace",
     "workload_of",
 ]

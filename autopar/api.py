@@ -15,7 +15,7 @@ from autopar.costmodel.step import check_world, estimate_step
 from autopar.costmodel.workload import Workload
 from autopar.graph import GraphIR
 from autopar.plan import Plan
-from autopar.search.planner import ProgressFn, plan_search
+from autopar.search.planner import ProgressFn, plan_config, plan_search
 from autopar.tracing import trace
 from autopar.workload import build_workload
 
@@ -56,14 +56,38 @@ def optimize(
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
     progress: ProgressFn | None = None,
     name: str | None = None,
+    split_weights: bool = False,
 ) -> Plan:
     """The fastest plan that fits, with up to ``keep - 1`` runner-ups.
 
     ``constraints`` fix any ``ParallelConfig`` field (``{"tp": 8, "checkpoint": "full"}``).
     Raises ``AutoparError`` (an ``InfeasibleError``) naming the smallest footprint found and what
-    would make it fit when no candidate fits.
+    would make it fit when no candidate fits. ``split_weights`` makes every weight GEMM split
+    (column or row) when tp > 1, leaving the solve only the choice between them.
     """
     graph = model if isinstance(model, GraphIR) else trace(model, train)
     name = name or graph.model_name or type(model).__name__
     return plan_search(graph, model, name, cluster, train, constraints or {}, keep=keep,
-                       time_limit_s=time_limit_s, efficiency=efficiency, progress=progress)
+                       time_limit_s=time_limit_s, efficiency=efficiency, progress=progress,
+                       split_weights=split_weights)
+
+
+def plan_for(
+    model: nn.Module | GraphIR,
+    cluster: ClusterSpec,
+    train: TrainSpec,
+    config: ParallelConfig,
+    *,
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    name: str | None = None,
+    split_weights: bool = True,
+) -> Plan:
+    """The ``Plan`` of one given configuration, with no search: its per-op strategies solved
+    (by default every weight GEMM split, since a tp degree was asked for) and its step priced.
+    What ``autopar verify`` and ``export`` run when a plan is given as flags."""
+    check_world(config, cluster)
+    config.microbatches(train)
+    graph = model if isinstance(model, GraphIR) else trace(model, train)
+    name = name or graph.model_name or type(model).__name__
+    return plan_config(graph, name, cluster, train, config, efficiency=efficiency,
+                       split_weights=split_weights)

@@ -57,6 +57,9 @@ class Plan:
     head)."""
     block_strategies: tuple[tuple[str, str], ...] = ()
     """(op, strategy) for the ops of one block, tied across the repeated blocks."""
+    module_strategies: tuple[tuple[str, str], ...] = ()
+    """(module, style) that the tensor-parallel pass applies, folded from the per-op strategies
+    (see ``autopar.module_strategies``): ``layers.*.attn.q_proj`` -> ``column``..."""
     ops_without_rules: tuple[str, ...] = ()
     """Ops the strategy registry had no rule for: run replicated."""
     alternatives: tuple[Plan, ...] = ()
@@ -84,6 +87,7 @@ class Plan:
             "config": self.config.to_dict(), "estimate": self.estimate.to_dict(),
             "stage_blocks": list(self.stage_blocks),
             "block_strategies": [list(s) for s in self.block_strategies],
+            "module_strategies": [list(s) for s in self.module_strategies],
             "ops_without_rules": list(self.ops_without_rules),
             "alternatives": [a.to_dict() for a in self.alternatives],
         }
@@ -106,6 +110,7 @@ class Plan:
             estimate=Estimate.from_dict(d["estimate"]),
             stage_blocks=tuple(d["stage_blocks"]),
             block_strategies=tuple(tuple(s) for s in d.get("block_strategies", ())),
+            module_strategies=tuple(tuple(s) for s in d.get("module_strategies", ())),
             ops_without_rules=tuple(d.get("ops_without_rules", ())),
             alternatives=tuple(cls.from_dict(a) for a in d.get("alternatives", ())),
             solver=SolverInfo(**solver) if solver else None,

@@ -85,12 +85,12 @@ class StrategyGraph:
 
 
 def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
-                   input_layout: Layout | None = None, output_layout: Layout | None = None
-                   ) -> StrategyGraph:
+                   input_layout: Layout | None = None, output_layout: Layout | None = None,
+                   split_weights: bool = False) -> StrategyGraph:
     """The ops the solve chooses for. ``input_layout`` pins the layout the layer receives its
     activation input in (a ``source``); without it the input is a fork the caller joins to the
     previous block's output. ``output_layout`` adds a ``sink`` requiring that layout of the
-    layer's output."""
+    layer's output. ``split_weights`` leaves weight GEMMs only their split strategies."""
     real = [n for n in nodes if n.out is not None]
     names = {n.name for n in real}
     readers: dict[str, int] = {}
@@ -119,7 +119,7 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
             if i in index:
                 producers.append(index[i])
                 tensors.append(i)
-        strategies, known = strategies_for(n, graph, sp, width)
+        strategies, known = strategies_for(n, graph, sp, width, split_weights)
         # rules see every graph-node input; keep the layouts of the ones inside this layer
         kept = [k for k, i in enumerate(x for x in n.inputs if graph.has_node(x)) if i in index]
         strategies = [replace(s, inputs=tuple(s.inputs[k] for k in kept)) for s in strategies]

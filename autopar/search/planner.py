@@ -17,13 +17,14 @@ from autopar.costmodel.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
 from autopar.costmodel.specs import TrainSpec
 from autopar.graph import GraphIR
+from autopar.module_strategies import module_strategies
 from autopar.plan import Plan, SolverInfo
 from autopar.search.infeasible import infeasible_error
 from autopar.search.optimize import search
 from autopar.costmodel.compute import Split
 from autopar.costmodel.memory import state_bytes_per_param
 from autopar.costmodel.specs import ParallelConfig
-from autopar.costmodel.step import COMPUTE_DTYPE
+from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.search.block_tables import Pricing
@@ -75,27 +76,47 @@ def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
     graph = strategies.solver.graph
     ops = result.block_strategies if result is not None else tuple(
         (n.name, "replicated") for n in graph.block_nodes(0) if n.out is not None)
+    outer = result.outer_strategies if result is not None else ()
+    modules = module_strategies(graph, dict(ops + outer))
     return Plan(model=name, cluster=cluster.name, nodes=cluster.nodes,
                 gpus_per_node=cluster.gpus_per_node, train=train, config=c, estimate=est,
                 stage_blocks=tuple(sm.blocks for sm in est.stage_memory), block_strategies=ops,
+                module_strategies=modules,
                 ops_without_rules=ops_without_rules(graph), alternatives=alternatives,
                 solver=solver)
+
+
+def _strategies(graph: GraphIR, name: str, cluster: ClusterSpec, train: TrainSpec,
+                efficiency: Efficiency, fusions: tuple[str, ...], split_weights: bool
+                ) -> tuple[Strategies, Workload]:
+    act = activation_bytes_per_element(train.precision)
+    work = build_workload(graph, act, name=name, fusions=fusions)
+    solver = StrategySolver(graph, work, act, split_weights=split_weights)
+    return Strategies(solver, cluster, train, efficiency), work
+
+
+def plan_config(graph: GraphIR, name: str, cluster: ClusterSpec, train: TrainSpec,
+                config: ParallelConfig, *, efficiency: Efficiency, split_weights: bool) -> Plan:
+    """The plan of one given configuration (no search): its per-op strategies solved, its
+    step priced; it may not fit (``plan.estimate.fits``)."""
+    strategies, _ = _strategies(graph, name, cluster, train, efficiency, config.fusions,
+                                split_weights)
+    est = estimate_step(strategies(config), cluster, train, config, efficiency=efficiency)
+    return _plan(est, name, cluster, train, strategies, graph.num_blocks)
 
 
 def plan_search(graph: GraphIR, model: nn.Module | GraphIR, name: str, cluster: ClusterSpec,
                 train: TrainSpec, constraints: Mapping[str, object], *, keep: int,
                 time_limit_s: float | None, efficiency: Efficiency,
-                progress: ProgressFn | None) -> Plan:
+                progress: ProgressFn | None, split_weights: bool = False) -> Plan:
     """Search and build the ``Plan``; raise ``InfeasibleError`` when nothing fits."""
     constraints = dict(constraints)
     check_constraints(constraints)
     fusions = tuple(constraints.get("fusions", ()) or ())  # type: ignore[arg-type]
-    work = build_workload(graph, activation_bytes_per_element(train.precision), name=name,
-                          fusions=fusions)
+    strategies, work = _strategies(graph, name, cluster, train, efficiency, fusions,
+                                   split_weights)
     ring = any(op.kv_elements > 0 for op in work.block.ops)
     shape = shape_of(model, graph.num_blocks, ring_attention=ring)
-    strategies = Strategies(StrategySolver(graph, work, activation_bytes_per_element(
-        train.precision)), cluster, train, efficiency)
     result = search(strategies, shape, cluster, train, constraints, keep=keep,
                     efficiency=efficiency, progress=progress, time_limit_s=time_limit_s)
     if not result.best:

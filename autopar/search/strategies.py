@@ -66,6 +66,9 @@ class RuleContext:
     sequence_parallel: bool
     stream_width: int | None = None
     """Last dim of the residual stream (the layer's input), if known."""
+    split_weights: bool = False
+    """Every weight GEMM must be split over the tp ranks (column or row): the choice of a plan
+    whose tp degree was fixed by the user, e.g. to verify the sharded program."""
 
 
 Rule = Callable[[NodeInfo, RuleContext], list[Strategy]]
@@ -147,10 +150,10 @@ def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     weight gradients all-reduced over the tp ranks and is not one of the engine's parallel styles
     (``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel``) that the plan is applied
     with."""
-    return [replicated(node, ctx),
-            Strategy("column", (Layout.R_PARTIAL_GRAD,), Layout.S, divides=True,
-                     shards_params=True),
-            Strategy("row", (Layout.S,), Layout.P, divides=True, shards_params=True)]
+    split = [Strategy("column", (Layout.R_PARTIAL_GRAD,), Layout.S, divides=True,
+                      shards_params=True),
+             Strategy("row", (Layout.S,), Layout.P, divides=True, shards_params=True)]
+    return split if ctx.split_weights else [replicated(node, ctx), *split]
 
 
 @rule("batched_matmul")
@@ -238,10 +241,11 @@ def loss_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
 
 
 def strategies_for(node: NodeInfo, graph: GraphIR, sequence_parallel: bool,
-                   stream_width: int | None = None) -> tuple[list[Strategy], bool]:
+                   stream_width: int | None = None, split_weights: bool = False
+                   ) -> tuple[list[Strategy], bool]:
     """(candidate strategies, whether a rule knew the op)."""
     ctx = RuleContext(graph, tuple(i for i in node.inputs if graph.has_node(i)),
-                      sequence_parallel, stream_width)
+                      sequence_parallel, stream_width, split_weights)
     fn = rule_of(node, graph)
     if fn is None:
         return [replicated(node, ctx)], False

@@ -39,6 +39,8 @@ SOLVE_TIME_LIMIT_S = 5.0
 class StrategyResult:
     workload: Workload
     block_strategies: tuple[tuple[str, str], ...]
+    outer_strategies: tuple[tuple[str, str], ...]
+    """(op, strategy) of the ops outside the blocks: embedding first, then head and loss."""
     gap: float
     """Largest relative optimality gap of the three solves (0 when all proved optimal)."""
 
@@ -51,13 +53,15 @@ class StrategySolver:
     base: Workload
     """The workload with the fixed Megatron assignment (its costs per op are reused)."""
     act_bytes: float
+    split_weights: bool = False
+    """Offer weight GEMMs only their split strategies (see ``RuleContext.split_weights``)."""
     cache: dict[tuple, StrategyResult] = field(default_factory=dict)
 
     def _solve(self, nodes: list[NodeInfo], layer, pricing: Pricing, sp: bool, *,
                repeat: int = 1, boundary: bool = False, input_layout: Layout | None = None,
                output_layout: Layout | None = None) -> tuple[SolvedLayer, float]:
         sg = strategy_graph(self.graph, nodes, sp, input_layout=input_layout,
-                            output_layout=output_layout)
+                            output_layout=output_layout, split_weights=self.split_weights)
         problem = block_problem(self.graph, sg, layer, pricing, repeat=repeat,
                                 boundary=boundary)
         sol = solve(problem, math.inf, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
@@ -83,6 +87,7 @@ class StrategySolver:
         pre, g3 = self._solve(pre_nodes, self.base.pre, pricing, sp,
                               output_layout=block.input_layout)
         work = replace(self.base, pre=pre.layer, block=block.layer, post=post.layer)
-        result = StrategyResult(work, block.strategies, max(g1, g2, g3))
+        result = StrategyResult(work, block.strategies, pre.strategies + post.strategies,
+                                max(g1, g2, g3))
         self.cache[key] = result
         return result

@@ -1,0 +1,80 @@
+"""From per-op strategies to per-module ones: what the tensor-parallel pass applies.
+
+The strategy solve decides for every traced op (``Plan.block_strategies``); the engine applies
+parallel styles to modules (``ColwiseParallel`` on an ``nn.Linear``, ``SequenceParallel`` on a
+norm). This module folds the first into the second, once, when the plan is made, so that the
+passes read module names and never need the traced graph.
+
+A module is listed when one of its ops reads a parameter. Its style is the strategy of its
+weight GEMM or embedding (``column``, ``row``, ``vocab``, ``replicated``); for any other module
+(a norm, written as one op or as several) ``sequence`` when every op it owns runs over the
+sequence split, ``replicated`` when every op runs whole, and ``mixed`` otherwise (a layout the
+engine's styles cannot express; the pass refuses it). An embedding whose table is also a GEMM's
+weight (a tied head) is one parameter with one layout: it follows the GEMM (``column`` makes it
+``vocab``, both split by vocabulary rows), since the per-op solve prices them apart. Module names of the repeated blocks use
+``*`` for the block index (``layers.*.attn.q_proj``). The loss is listed as ``LOSS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from autopar.graph import GraphIR, NodeInfo
+from autopar.workload import is_weight_gemm
+
+LOSS = "<loss>"
+"""The key of the cross-entropy's strategy (``vocab``: ``loss_parallel``; ``replicated``)."""
+
+
+def _pattern(graph: GraphIR, path: str) -> str:
+    if graph.blocks is not None:
+        first = graph.blocks.instances[0]
+        if path == first or path.startswith(first + "."):
+            return f"{graph.blocks.path}.*{path[len(first):]}"
+    return path
+
+
+def _decisive(node: NodeInfo, graph: GraphIR) -> bool:
+    return node.op == "embedding" or is_weight_gemm(node, graph)
+
+
+def module_strategies(graph: GraphIR, strategies: Mapping[str, str]
+                      ) -> tuple[tuple[str, str], ...]:
+    """(module pattern, style) for every module with parameters of block 0 and outside the
+    blocks, in execution order, then the loss; ``strategies`` maps op names to strategy names
+    (ops missing from it run replicated)."""
+    nodes = [n for n in graph.nodes if n.block in (None, 0) and n.out is not None]
+    owners = [p for p in dict.fromkeys(n.module_path for n in nodes if n.params) if p]
+    out: list[tuple[str, str]] = []
+    for path in owners:
+        owned = [n for n in nodes if n.module_path == path]
+        decisive = [strategies.get(n.name, "replicated") for n in owned if _decisive(n, graph)]
+        if decisive:
+            style = decisive[0]
+        else:
+            seen = {strategies.get(n.name, "replicated") for n in owned}
+            style = seen.pop() if len(seen) == 1 else "mixed"
+            style = {"width": "mixed"}.get(style, style)
+        out.append((_pattern(graph, path), style))
+    out = _tie(nodes, graph, out)
+    losses = [strategies.get(n.name, "replicated") for n in nodes if n.op == "cross_entropy"]
+    if losses:
+        out.append((LOSS, losses[-1]))
+    return tuple(out)
+
+
+_TIED_EMBEDDING = {"column": "vocab", "replicated": "replicated"}
+
+
+def _tie(nodes: list[NodeInfo], graph: GraphIR, styles: list[tuple[str, str]]
+         ) -> list[tuple[str, str]]:
+    """Give an embedding that shares its table with a GEMM the GEMM's row split."""
+    by_path = dict(styles)
+    embeddings = {p: n.module_path for n in nodes if n.op == "embedding" for p in n.params}
+    for n in nodes:
+        if is_weight_gemm(n, graph):
+            for p in n.params:
+                if p in embeddings and embeddings[p] != n.module_path:
+                    gemm = by_path[_pattern(graph, n.module_path)]
+                    by_path[_pattern(graph, embeddings[p])] = _TIED_EMBEDDING.get(gemm, "mixed")
+    return [(path, by_path[path]) for path, _ in styles]

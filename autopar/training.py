@@ -1,0 +1,90 @@
+"""The recipe a verification or an exported run trains with: model, data, optimizer.
+
+Shared by ``autopar verify`` (the reference process and every rank must build the same model
+from the same seed and read the same tokens) and by the ``train.py`` that ``autopar export``
+writes. A ``ModelSpec`` names a zoo model (with field overrides) or a Hugging Face
+``LlamaForCausalLM`` config, and is plain JSON so it can be handed to other processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from autopar.costmodel.errors import AutoparError
+
+OPTIMIZER = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-6, "weight_decay": 0.1}
+"""AdamW settings. ``eps`` is 1e-6, not 1e-8: a gradient near zero divided by
+sqrt(v) + eps amplifies the last-bit differences of a reordered reduction, and parity checks
+compare parameters after the step (../shared/design/FINDINGS.md)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to build on every rank: a zoo name with overrides, or a transformers Llama."""
+
+    name: str = ""
+    """Zoo preset or family (``autopar models``); empty for a transformers config."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Config fields of the zoo model (``num_layers``...)."""
+    transformers_llama: dict[str, Any] | None = None
+    """``transformers.LlamaConfig`` fields: build a ``LlamaForCausalLM`` from them."""
+
+    def __post_init__(self) -> None:
+        if bool(self.name) == (self.transformers_llama is not None):
+            raise AutoparError("a ModelSpec names a zoo model or a transformers config, not "
+                               "both or neither", where="ModelSpec",
+                               fix="pass name=... or transformers_llama={...}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "overrides": dict(self.overrides),
+                "transformers_llama": self.transformers_llama}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
+        return cls(d.get("name", ""), dict(d.get("overrides") or {}), d.get("transformers_llama"))
+
+    @property
+    def label(self) -> str:
+        return self.name or "transformers LlamaForCausalLM"
+
+    def build(self, device: str | torch.device = "cpu", seed: int = 0) -> nn.Module:
+        """The model with its weights drawn from ``seed`` (on meta: shapes only)."""
+        torch.manual_seed(seed)
+        if self.transformers_llama is not None:
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            config = LlamaConfig(**self.transformers_llama)
+            with torch.device(device):
+                return LlamaForCausalLM(config)
+        from autopar import models
+
+        return models.build(self.name, device=device, **self.overrides)
+
+
+def vocab_size(model: nn.Module) -> int:
+    config = getattr(model, "config", None)
+    return int(getattr(config, "vocab_size"))
+
+
+def synthetic_batch(step: int, rows: int, seq_len: int, vocab: int, seed: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, targets) of step ``step``: uniform random tokens, targets shifted by one."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    x = torch.randint(vocab, (rows, seq_len + 1), generator=g)
+    return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+
+def optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """AdamW with ``OPTIMIZER``; ``foreach=False`` since a rank may hold plain tensors and
+    DTensors on different meshes side by side."""
+    return torch.optim.AdamW(params, foreach=False, **OPTIMIZER)
+
+
+def logits_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The whole model's logits (the reference's forward)."""
+    out = model(tokens)
+    return out.logits if hasattr(out, "logits") else out

@@ -1,0 +1,276 @@
+"""``autopar verify``: prove that a plan's sharded program computes what the model computes.
+
+Starts ``nproc`` CPU processes with gloo (``autopar.verify_worker``; the same environment
+protocol as ``torchrun``), trains ``steps`` steps of the plan from the same seed, weights and
+tokens as one plain process doing the same steps, and compares: the loss of every step, every
+gradient of the last step, and every parameter after the last optimizer step.
+
+Tolerances (``TOLERANCES``), per precision. In fp32 the sharded program does the same
+arithmetic in another order -- all-reduces, reduce-scatters, matmuls split over ranks, losses
+averaged per micro-batch -- so the differences are rounding: measured at or below ~1e-6 relative
+on the tiny models (bench/results/verify.md). The bounds sit above that with room for other
+shapes, and far below what a wrong program gives (a missing all-reduce, a wrong scale or a
+misplaced shard changes gradients by O(1) relative). Gradients and parameters are compared
+relative to the largest entry of each tensor, so a tensor of small values is not judged by
+noise in its zeros. bf16 runs compare against a reference under autocast, which does not round
+the same values as FSDP's bf16 parameters, so their bounds are those of bf16 itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+from autopar.costmodel.errors import AutoparError
+from autopar.costmodel.specs import Precision
+from autopar.plan import Plan
+from autopar.training import ModelSpec, logits_of, optimizer, synthetic_batch, vocab_size
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    loss_rel: float
+    """Largest |loss - reference| / |reference| over the steps."""
+    grad_rel: float
+    """Largest |grad - reference| / max|reference| over the tensors."""
+    param_rel: float
+    """Largest |param - reference| / max|reference| over the tensors, after the last step."""
+
+
+TOLERANCES = {
+    Precision.FP32: Tolerance(loss_rel=1e-5, grad_rel=1e-4, param_rel=1e-4),
+    Precision.BF16: Tolerance(loss_rel=3e-2, grad_rel=1e-1, param_rel=1e-2),
+    Precision.FP16: Tolerance(loss_rel=1e-2, grad_rel=5e-2, param_rel=5e-3),
+    Precision.BF16_PURE: Tolerance(loss_rel=3e-2, grad_rel=1e-1, param_rel=1e-2),
+}
+"""Bounds per precision; see the module docstring."""
+
+
+@dataclass(frozen=True)
+class Diff:
+    max_abs: float
+    max_rel: float
+    where: str
+    """The tensor with the largest relative difference."""
+
+
+@dataclass
+class VerifyResult:
+    plan: Plan
+    model: str
+    nproc: int
+    steps: int
+    reference_losses: list[float]
+    losses: list[float]
+    loss: Diff
+    grads: Diff
+    params: Diff
+    tolerance: Tolerance
+    wall_s: float
+    missing: list[str] = field(default_factory=list)
+    """Reference parameters the sharded program did not report (a failure)."""
+
+    @property
+    def passed(self) -> bool:
+        t = self.tolerance
+        return (not self.missing and self.loss.max_rel <= t.loss_rel
+                and self.grads.max_rel <= t.grad_rel and self.params.max_rel <= t.param_rel)
+
+    def table(self, width: int = 110) -> str:
+        buf = io.StringIO()
+        console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+        t = Table(title=f"autopar verify: {self.model}, {self.plan.summary()}, "
+                        f"{self.nproc} processes, {self.steps} steps ({self.wall_s:.1f} s)")
+        for col in ("compared", "max abs diff", "max rel diff", "tolerance (rel)", "worst",
+                    "ok"):
+            t.add_column(col, justify="left" if col in ("compared", "worst") else "right")
+        rows = (("loss per step", self.loss, self.tolerance.loss_rel),
+                ("gradients (last step)", self.grads, self.tolerance.grad_rel),
+                ("parameters (after step)", self.params, self.tolerance.param_rel))
+        for label, d, tol in rows:
+            t.add_row(label, f"{d.max_abs:.3e}", f"{d.max_rel:.3e}", f"{tol:.0e}", d.where,
+                      "yes" if d.max_rel <= tol else "NO")
+        console.print(t)
+        steps = "  ".join(f"{r:.6f}/{s:.6f}" for r, s in zip(self.reference_losses, self.losses))
+        console.print(f"losses (reference/sharded): {steps}")
+        if self.missing:
+            console.print(f"missing parameters: {', '.join(self.missing)}")
+        console.print("PASSED" if self.passed else "FAILED")
+        return buf.getvalue()
+
+
+def _diff(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> Diff:
+    worst = Diff(0.0, 0.0, "-")
+    max_abs = 0.0
+    for name, r in ref.items():
+        if name not in got:
+            continue
+        d = (got[name] - r).abs().max().item()
+        scale = max(r.abs().max().item(), 1e-30)
+        max_abs = max(max_abs, d)
+        if d / scale > worst.max_rel:
+            worst = Diff(0.0, d / scale, name)
+    return Diff(max_abs, worst.max_rel, worst.where)
+
+
+def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int
+              ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One process, whole model, whole batch: losses, last gradients, final parameters."""
+    torch.set_flush_denormal(True)
+    model = spec.build("cpu", seed)
+    train = plan.train
+    if train.precision is Precision.BF16_PURE:
+        model = model.to(torch.bfloat16)
+    low = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(train.precision)
+    opt = optimizer(list(model.parameters()))
+    vocab = vocab_size(model)
+    losses, grads = [], {}
+    named = dict(model.named_parameters(remove_duplicate=False))
+    for step in range(steps):
+        tokens, targets = synthetic_batch(step, train.global_batch, train.seq_len, vocab, seed)
+        with torch.autocast("cpu", dtype=low, enabled=low is not None):
+            logits = logits_of(model, tokens)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
+        loss.backward()
+        losses.append(loss.item())
+        if step == steps - 1:
+            grads = {n: p.grad.detach().float().clone() for n, p in named.items()
+                     if p.grad is not None}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    params = {n: p.detach().float().clone() for n, p in named.items()}
+    return losses, grads, params
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(job: dict, nproc: int, folder: Path, timeout_s: float) -> list[dict]:
+    (folder / "job.json").write_text(json.dumps(job))
+    port = _free_port()
+    procs = []
+    for rank in range(nproc):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1")
+        log = open(folder / f"rank{rank}.log", "w")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "autopar.verify_worker", str(folder / "job.json")],
+            env=env, stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + timeout_s
+    failed_at = None
+    while True:
+        done = [(folder / f"rank{r}.pt").exists() for r in range(nproc)]
+        errors = sorted(folder.glob("rank*.error"))
+        if all(done) and all(p.poll() is not None for p in procs):
+            break
+        if errors and failed_at is None:
+            failed_at = time.monotonic()
+        if (failed_at is not None and time.monotonic() - failed_at > 3.0) \
+                or time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+            _raise_failure(folder, nproc, errors, timeout_s)
+        if all(p.poll() is not None for p in procs) and not all(done):
+            _raise_failure(folder, nproc, errors, timeout_s)
+        time.sleep(0.05)
+    return [torch.load(folder / f"rank{r}.pt") for r in range(nproc)]
+
+
+def _raise_failure(folder: Path, nproc: int, errors: list[Path], timeout_s: float) -> None:
+    if errors:
+        text = errors[0].read_text().strip().splitlines()
+        detail = f"{errors[0].stem} failed: " + " | ".join(text[-6:])
+    else:
+        logs = [(folder / f"rank{r}.log").read_text()[-600:] for r in range(nproc)]
+        detail = (f"not every rank finished within {timeout_s:.0f} s; last output: "
+                  + " | ".join(line for line in logs if line))
+    raise AutoparError(f"the sharded program did not run: {detail}",
+                       where=f"autopar verify (logs in {folder})",
+                       fix="run again with --debug; if the plan came from an older version, "
+                           "re-plan it")
+
+
+def verify(spec: ModelSpec, plan: Plan, *, steps: int = 3, seed: int = 0,
+           timeout_s: float = 300.0, folder: str | os.PathLike[str] | None = None
+           ) -> VerifyResult:
+    """Run ``plan`` on ``plan.config.world_size`` CPU processes and one reference process;
+    compare (see the module docstring)."""
+    if steps < 1:
+        raise AutoparError(f"steps={steps}", where="--steps", fix="run at least one step")
+    nproc = plan.config.world_size
+    start = time.monotonic()
+    work = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="autopar-verify-"))
+    work.mkdir(parents=True, exist_ok=True)
+    job = {"plan": plan.to_dict(), "model": spec.to_dict(), "steps": steps, "seed": seed}
+    ranks_future = _launch_async(job, nproc, work, timeout_s)
+    ref_losses, ref_grads, ref_params = reference(spec, plan, steps, seed)
+    ranks = ranks_future()
+    losses = []
+    for step in range(steps):
+        per_dp = {r["dp_rank"]: r["losses"][step] for r in ranks if r["losses"] is not None}
+        losses.append(sum(per_dp.values()) / len(per_dp))
+    grads: dict[str, torch.Tensor] = {}
+    params: dict[str, torch.Tensor] = {}
+    for r in ranks:
+        grads.update(r.get("grads", {}))
+        params.update(r.get("params", {}))
+    loss_abs = max(abs(a - b) for a, b in zip(losses, ref_losses))
+    loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses))
+    return VerifyResult(
+        plan=plan, model=spec.label, nproc=nproc, steps=steps, reference_losses=ref_losses,
+        losses=losses, loss=Diff(loss_abs, loss_rel, "-"), grads=_diff(grads, ref_grads),
+        params=_diff(params, ref_params), tolerance=TOLERANCES[plan.train.precision],
+        wall_s=time.monotonic() - start, missing=sorted(set(ref_params) - set(params)))
+
+
+def _launch_async(job: dict, nproc: int, folder: Path, timeout_s: float):
+    """Start the ranks now and return a function that waits for their results, so the
+    reference runs while they start up."""
+    import threading
+
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["ranks"] = _launch(job, nproc, folder, timeout_s)
+        except BaseException as err:  # re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+
+    def wait() -> list[dict]:
+        thread.join()
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["ranks"]  # type: ignore[return-value]
+
+    return wait
+
+
+def process_cluster(nproc: int, like: str = "hgx-h100-80g"):
+    """A one-node cluster of ``nproc`` GPUs of preset ``like``: what a plan given as flags is
+    priced on when it is verified on ``nproc`` CPU processes."""
+    from dataclasses import replace
+
+    from autopar.costmodel.cluster import ClusterSpec
+
+    base = ClusterSpec.preset(like, nodes=1)
+    return replace(base, name=f"{like}-{nproc}gpu", gpus_per_node=nproc)

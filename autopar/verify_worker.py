@@ -1,0 +1,89 @@
+"""One rank of ``autopar verify``: ``python -m autopar.verify_worker JOB.json``.
+
+Reads the rendezvous from the environment as ``torchrun`` sets it (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``), applies the plan, trains ``steps`` steps on its slice of the
+synthetic batches and writes ``rank<R>.pt`` into the job's folder: its losses (ranks holding
+the last stage), and on the first tp and dp rank of each pipeline rank the full gradients of
+the last step and the full parameters after it. Gloo ranks can abort while the interpreter
+shuts down (../shared/design/FINDINGS.md), so each rank ends with a barrier and ``os._exit``,
+and the launcher reads these files rather than trusting exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from autopar.passes import device_mesh, parallelize
+from autopar.passes.mesh import Axis
+from autopar.plan import Plan
+from autopar.training import ModelSpec, optimizer, synthetic_batch, vocab_size
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().cpu().clone()
+
+
+def run(job: dict, out: Path) -> dict:
+    plan = Plan.from_dict(job["plan"])
+    spec = ModelSpec.from_dict(job["model"])
+    steps, seed = int(job["steps"]), int(job["seed"])
+    model = spec.build("cpu", seed)
+    vocab = vocab_size(model)
+    mesh = device_mesh(plan, "cpu")
+    program = parallelize(model, plan, mesh, "cpu")
+    opt = optimizer(program.parameters())
+    train, c = plan.train, plan.config
+    rows = train.global_batch // c.dp
+    first_of_stage = (mesh.get_local_rank(Axis.TP.value) == 0 and program.dp_rank == 0)
+    losses, grads = [], {}
+    for step in range(steps):
+        tokens, targets = synthetic_batch(step, train.global_batch, train.seq_len, vocab, seed)
+        mine = slice(program.dp_rank * rows, (program.dp_rank + 1) * rows)
+        loss = program.step(tokens[mine], targets[mine])
+        losses.append(None if loss is None else float(loss))
+        if step == steps - 1:
+            grads = {n: _full(p.grad) for n, p in program.named_parameters() if p.grad is not None}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    params = {n: _full(p) for n, p in program.named_parameters()}
+    result = {"rank": dist.get_rank(), "dp_rank": program.dp_rank,
+              "tp_rank": mesh.get_local_rank(Axis.TP.value),
+              "pp_rank": mesh.get_local_rank(Axis.PP.value),
+              "losses": losses if program.holds_last else None}
+    if first_of_stage:
+        result.update(grads=grads, params=params)
+    return result
+
+
+def main(argv: list[str]) -> None:
+    job_path = Path(argv[0])
+    job = json.loads(job_path.read_text())
+    out = job_path.parent
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    code = 0
+    try:
+        result = run(job, out)
+        torch.save(result, out / f"rank{rank}.pt")
+    except BaseException:  # reported to the launcher, which prints it
+        (out / f"rank{rank}.error").write_text(traceback.format_exc())
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 0:
+        dist.barrier()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

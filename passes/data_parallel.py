@@ -1,0 +1,105 @@
+"""Data parallelism by ZeRO stage, and mixed precision, on FSDP2 ``fully_shard``.
+
+Every block is one FSDP unit, then the stage root (torchtitan's wrapping). What the engine runs
+for each ZeRO stage (``ENGINE_ZERO`` says it in words for the report):
+
+* ZeRO-0: ``fully_shard`` over (``dp_replicate`` = dp, ``dp_shard`` = 1), i.e. FSDP2's hybrid
+  mode with shard groups of one -- parameters, gradients and optimizer states replicated,
+  gradients all-reduced (averaged) once per step, on the last micro-batch: DDP.
+* ZeRO-1: ``fully_shard(reshard_after_forward=False)`` over ``dp_shard``; parameters are
+  gathered once per step (first micro-batch), kept through every micro-batch, gradients
+  accumulate unsharded and are reduce-scattered once, on the last micro-batch; fp32 master
+  weights and optimizer states stay sharded.
+* ZeRO-2: the same, but gradients are reduce-scattered after every micro-batch's backward, so
+  only sharded gradients accumulate.
+* ZeRO-3: ``fully_shard`` (``reshard_after_forward=True``): each block's parameters are
+  gathered before its forward and again before its backward, and freed after each.
+
+One departure from the papers: at rest (between steps) the engine keeps the parameters sharded
+for ZeRO-1/2 as well; ZeRO-1/2 hold them whole. The memory during the step, and the traffic, are
+the papers' (and the cost model's; ``costmodel/step.py:_dp_comm_s``).
+
+Under pipelining, ``torch.distributed.pipelining`` drives the micro-batches itself: for every
+ZeRO stage it turns gradient sync and resharding off until the last micro-batch, so gradients
+are reduced once per step (ZeRO-1's traffic).
+
+Mixed precision (``TrainSpec.precision``): ``bf16``/``fp16`` use ``MixedPrecisionPolicy`` --
+fp32 master weights sharded or replicated as above, compute in the low precision, gradients
+reduced in fp32; ``bf16-pure`` casts the model to bf16 (no fp32 copy); ``fp32`` runs as is.
+fp16 gets no loss scaling here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+
+from autopar.costmodel.specs import Precision
+from autopar.plan import Plan
+from autopar.passes.mesh import Axis
+
+ENGINE_ZERO = {
+    0: "FSDP2 hybrid mode with shard groups of one (DDP): everything replicated, gradients "
+       "all-reduced once per step",
+    1: "FSDP2 reshard_after_forward=False: parameters gathered once per step, gradients "
+       "reduce-scattered once per step; master weights and optimizer states sharded",
+    2: "FSDP2 reshard_after_forward=False: parameters gathered once per step, gradients "
+       "reduce-scattered every micro-batch; master weights and optimizer states sharded",
+    3: "FSDP2 fully_shard per block: parameters gathered before each block's forward and "
+       "backward, gradients reduce-scattered every micro-batch; everything sharded",
+}
+"""What runs for each ZeRO stage (the module docstring has the details)."""
+
+_LOW = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+
+
+def mixed_precision(precision: Precision) -> MixedPrecisionPolicy | None:
+    low = _LOW.get(precision)
+    if low is None:
+        return None
+    return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+
+
+def wants_fsdp(plan: Plan) -> bool:
+    return plan.config.dp > 1 or plan.config.offload or plan.train.precision in _LOW
+
+
+def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Plan,
+                        mesh: DeviceMesh) -> None:
+    """Wrap ``blocks`` and then ``stage`` with ``fully_shard`` as the plan's ZeRO stage says.
+
+    Runs after tensor parallelism (FSDP2 then shards the tp DTensors along dp, a 2-D layout)
+    and after the pipeline split (each stage is its own FSDP root)."""
+    c = plan.config
+    if not wants_fsdp(plan):
+        return
+    if c.zero == 0:
+        dp_mesh = mesh[(Axis.DP_REPLICATE.value, Axis.DP_SHARD.value)]
+    else:
+        dp_mesh = mesh[Axis.DP_SHARD.value]
+    kwargs = dict(mesh=dp_mesh, reshard_after_forward=c.zero == 3,
+                  mp_policy=mixed_precision(plan.train.precision) or MixedPrecisionPolicy(),
+                  offload_policy=CPUOffloadPolicy() if c.offload else OffloadPolicy())
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(stage, **kwargs)
+
+
+def set_microbatch(modules: Iterable[nn.Module], zero: int, last: bool) -> None:
+    """Before a micro-batch's forward when the caller accumulates micro-batches itself (no
+    pipelining): gradients are reduced on the last micro-batch only (ZeRO 0 and 1) or on every
+    one (2 and 3), and ZeRO 0-2 keep the parameters gathered until the last backward."""
+    for m in modules:
+        if isinstance(m, FSDPModule):
+            m.set_requires_gradient_sync(last or zero >= 2)
+            m.set_reshard_after_backward(last or zero == 3)

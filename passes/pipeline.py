@@ -1,0 +1,44 @@
+"""Pipeline schedules from ``torch.distributed.pipelining`` for a rank's stages.
+
+``ScheduleGPipe`` and ``Schedule1F1B`` run one stage per rank; ``ScheduleInterleaved1F1B`` runs
+the rank's ``virtual_stages`` chunks. The loss function is the per-micro-batch mean; the
+schedule divides the accumulated gradients by the number of micro-batches (its default
+``scale_grads``), so a step's gradients are those of the mean over the rank's batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+from autopar.costmodel.specs import Schedule
+from autopar.plan import Plan
+from autopar.passes.mesh import Axis
+
+SCHEDULES = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B,
+             Schedule.INTERLEAVED: ScheduleInterleaved1F1B}
+
+
+def build_schedule(stages: list[tuple[int, nn.Module]], num_stages: int, plan: Plan,
+                   mesh: DeviceMesh, device: torch.device,
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                   ) -> _PipelineSchedule:
+    """The plan's schedule over this rank's ``stages`` (index, module)."""
+    group = mesh[Axis.PP.value].get_group()
+    pipe = [PipelineStage(module, index, num_stages, device, group=group)
+            for index, module in stages]
+    m = plan.config.microbatches(plan.train)
+    cls = SCHEDULES[plan.config.schedule]
+    if cls is ScheduleInterleaved1F1B:
+        return cls(pipe, n_microbatches=m, loss_fn=loss_fn)
+    return cls(pipe[0], n_microbatches=m, loss_fn=loss_fn)

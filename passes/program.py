@@ -1,0 +1,206 @@
+"""``parallelize(model, plan, mesh)``: the program one rank runs, and its training step.
+
+The passes run in this order, each for a reason:
+
+1. ``bf16-pure`` casts the model first, so every shard is made from bf16 weights.
+2. The pipeline split (``stage.build_stages``) comes before any sharding: each stage is its
+   own FSDP root and its own ``PipelineStage``; it keeps module names, so checkpoints match
+   across plans.
+3. Tensor parallelism (``tensor_parallel``) comes before data parallelism: FSDP2 shards the tp
+   DTensors along dp (a 2-D layout); the engine does not support the reverse order.
+4. Activation checkpointing needs no rewrite: the stage runs each block under its policy.
+5. Data parallelism and mixed precision (``data_parallel``), per block then per stage.
+6. A weight tied across pipeline stages (GPT's embedding and head) gets one all-reduce of its
+   gradient between the two stages after each backward (``TiedWeights``).
+7. The schedule (``pipeline``), when pp > 1.
+
+``ParallelProgram.step(tokens, targets)`` runs forward and backward of this rank's share of
+the global batch (its data-parallel slice, all its micro-batches) and returns the mean loss
+on the ranks holding the last stage (``None`` elsewhere); the caller steps the optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from autopar.costmodel.specs import Precision
+from autopar.plan import Plan
+from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
+from autopar.passes.mesh import Axis, check_executable, dp_rank
+from autopar.passes.model_parts import ModelParts, parts_of
+from autopar.passes.pipeline import build_schedule
+from autopar.passes.stage import StageModule, build_stages, stage_layout
+from autopar.passes.tensor_parallel import (
+    apply_tensor_parallel,
+    loss_is_vocab_parallel,
+    vocab_parallel_logits,
+)
+
+
+@dataclass
+class TiedWeights:
+    """Weights two pipeline stages hold copies of: their gradients are summed after backward."""
+
+    names: list[str]
+    """Parameter names held by this rank whose gradient is shared with another stage."""
+    group: dist.ProcessGroup | None
+
+    def sync(self, params: dict[str, nn.Parameter]) -> None:
+        if self.group is None:
+            return
+        for name in self.names:
+            if name not in params:  # the other stage's name for the same weight
+                continue
+            grad = params[name].grad
+            if grad is not None:
+                local = grad.to_local() if isinstance(grad, DTensor) else grad
+                dist.all_reduce(local, group=self.group)
+
+
+@dataclass
+class ParallelProgram:
+    """This rank's stages of the plan, sharded, with the schedule that runs them."""
+
+    plan: Plan
+    mesh: DeviceMesh
+    parts: ModelParts
+    stages: list[tuple[int, StageModule]]
+    num_stages: int
+    device: torch.device
+    tied: TiedWeights
+    schedule: object | None = None
+    _params: dict[str, nn.Parameter] = field(default_factory=dict)
+
+    @property
+    def modules(self) -> list[StageModule]:
+        return [m for _, m in self.stages]
+
+    @property
+    def holds_first(self) -> bool:
+        return any(i == 0 for i, _ in self.stages)
+
+    @property
+    def holds_last(self) -> bool:
+        return any(i == self.num_stages - 1 for i, _ in self.stages)
+
+    @property
+    def dp_rank(self) -> int:
+        return dp_rank(self.mesh)
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """This rank's parameters under the model's names (each once)."""
+        seen: set[int] = set()
+        for module in self.modules:
+            for name, p in module.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield name, p
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of one micro-batch, vocabulary-parallel when planned."""
+        if loss_is_vocab_parallel(self.plan):
+            logits = vocab_parallel_logits(logits, self.mesh[Axis.TP.value])
+        elif logits.dtype in (torch.bfloat16, torch.float16):
+            logits = logits.float()
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1))
+
+    def _loss_context(self):
+        return loss_parallel() if loss_is_vocab_parallel(self.plan) else nullcontext()
+
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Forward and backward of this rank's batch: ``tokens`` and ``targets`` are
+        (micro_batch * num_microbatches, seq_len); every rank of a data-parallel replica passes
+        the same ones. Returns the mean loss where the last stage is held, else ``None``."""
+        tokens, targets = tokens.to(self.device), targets.to(self.device)
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            args = (tokens,) if self.holds_first else ()
+            kwargs = {"target": targets, "losses": losses} if self.holds_last else {}
+            with self._loss_context():
+                self.schedule.step(*args, **kwargs)  # type: ignore[attr-defined]
+            self.tied.sync(self._params)
+            return torch.stack(losses).mean().detach() if self.holds_last else None
+        module = self.modules[0]
+        m = self.plan.config.microbatches(self.plan.train)
+        total = torch.zeros((), device=self.device)
+        for k, (tok, tgt) in enumerate(zip(tokens.chunk(m), targets.chunk(m))):
+            set_microbatch(module.modules(), self.plan.config.zero, last=k == m - 1)
+            with self._loss_context():
+                loss = self.loss(module(tok), tgt)
+                (loss / m).backward()
+            total += loss.detach()
+        return total / m
+
+
+def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
+                device: torch.device | str | None = None) -> ParallelProgram:
+    """Rewrite ``model`` (built whole on this rank, weights initialised) into this rank's
+    program under ``plan`` on ``mesh`` (``autopar.device_mesh(plan)``). The passes' order is
+    the module docstring's."""
+    check_executable(plan)
+    device = torch.device(device or mesh.device_type)
+    parts = parts_of(model)
+    model = model.to(device)
+    if plan.train.precision is Precision.BF16_PURE:
+        model = model.to(torch.bfloat16)
+    tied_names = _tied_across_stages(model, parts, plan)
+    pp_rank = mesh.get_local_rank(Axis.PP.value)
+    stages = build_stages(model, parts, plan, pp_rank)
+    num_stages = len(stage_layout(plan, len(model.get_submodule(parts.blocks))))
+    for _, stage in stages:
+        apply_tensor_parallel(stage, plan, mesh[Axis.TP.value], parts)
+        apply_data_parallel(stage, stage.blocks().values(), plan, mesh)
+    program = ParallelProgram(plan, mesh, parts, stages, num_stages, device,
+                              _tied_group(mesh, tied_names, plan))
+    program._params = dict(program.named_parameters())
+    if plan.config.pp > 1:
+        program.schedule = build_schedule(stages, num_stages, plan, mesh, device, program.loss)
+    return program
+
+
+def _tied_across_stages(model: nn.Module, parts: ModelParts, plan: Plan) -> list[str]:
+    """Names, under the module holding them on the later stage too, of weights shared by a
+    module of the first stage and one of the last (empty without pipelining)."""
+    if plan.config.pp == 1:
+        return []
+    owners: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for pname, p in module.named_parameters(recurse=False):
+            owners.setdefault(id(p), []).append(f"{name}.{pname}" if name else pname)
+    out = []
+    for names in owners.values():
+        if len(names) > 1:
+            out.extend(n for n in names if n.split(".")[0] in {
+                p.split(".")[0] for p in (*parts.first, *parts.last)})
+    return out
+
+
+def _tied_group(mesh: DeviceMesh, names: list[str], plan: Plan) -> TiedWeights:
+    """One process group per (dp, tp) position joining the first and last pipeline ranks;
+    every rank creates every group, in the same order (``new_group``'s contract)."""
+    if not names:
+        return TiedWeights([], None)
+    pp = plan.config.pp
+    ranks = mesh.mesh.reshape(pp, -1)
+    mine = None
+    for col in range(ranks.shape[1]):
+        members = sorted({int(ranks[0, col]), int(ranks[pp - 1, col])})
+        group = dist.new_group(members)
+        if dist.get_rank() in members:
+            mine = group
+    pp_rank = mesh.get_local_rank(Axis.PP.value)
+    held = names if pp_rank in (0, pp - 1) else []
+    return TiedWeights(held, mine if held else None)
