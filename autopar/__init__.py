@@ -14,6 +14,7 @@ from autopar.costmodel.specs import (
 )
 from autopar.graph import GraphIR
 from autopar.plan import Plan, diff
+from autopar.passes import ParallelProgram, device_mesh, parallelize
 from autopar.tracing import trace
 
 __all__ = [
@@ -22,15 +23,18 @@ __all__ = [
     "ClusterSpec",
     "Estimate",
     "GraphIR",
+    "ParallelProgram",
     "ParallelConfig",
     "Plan",
     "Precision",
     "Schedule",
     "TrainSpec",
+    "device_mesh",
     "diff",
     "estimate",
     "models",
     "optimize",
+    "parallelize",
     "plan_for",
     "trace",
     "workload_of",
