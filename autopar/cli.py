@@ -21,6 +21,7 @@ from rich.text import Text
 
 from autopar.costmodel.cluster import ClusterSpec, preset_names
 from autopar.costmodel.errors import AutoparError
+from autopar.cli_verify import add_verify_parser
 from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
 
 CONFIG_FLAGS = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "num_microbatches",
@@ -235,11 +236,18 @@ def _write(path: str, text: str, flag: str) -> None:
                            ) from None
 
 
+def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    from autopar.cli_verify import cmd_verify as run_verify
+
+    return run_verify(args, console, _given_fields, _parse_value)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "models": cmd_models,
     "clusters": cmd_clusters,
     "estimate": cmd_estimate,
     "plan": cmd_plan,
+    "verify": cmd_verify,
 }
 
 
@@ -277,6 +285,7 @@ def parser() -> argparse.ArgumentParser:
                      help="runner-up plans to keep and compare (default 3)")
     out.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
                      help="print why this plan and not the runner-ups (default on)")
+    add_verify_parser(sub, [debug], _add_parallel, _positive)
     return p
 
 

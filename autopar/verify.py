@@ -7,17 +7,30 @@ gradient of the last step, and every parameter after the last optimizer step.
 
 Tolerances (``TOLERANCES``), per precision. In fp32 the sharded program does the same
 arithmetic in another order -- all-reduces, reduce-scatters, matmuls split over ranks, losses
-averaged per micro-batch -- so the differences are rounding: measured at or below ~1e-6 relative
-on the tiny models (bench/results/verify.md). The bounds sit above that with room for other
-shapes, and far below what a wrong program gives (a missing all-reduce, a wrong scale or a
-misplaced shard changes gradients by O(1) relative). Gradients and parameters are compared
-relative to the largest entry of each tensor, so a tensor of small values is not judged by
-noise in its zeros. bf16 runs compare against a reference under autocast, which does not round
-the same values as FSDP's bf16 parameters, so their bounds are those of bf16 itself.
+averaged per micro-batch -- so the differences are rounding. Measured on the tiny models
+(tests/dist): losses within 2e-7 relative, gradients within 8e-5 of each tensor's largest
+entry (the most with GPT's tied embedding and micro-batches of one), parameters within 1e-3
+optimizer moves. The bounds sit above that with room for other shapes, and far below what a
+wrong program gives (a missing all-reduce, a wrong scale or a misplaced shard changes
+gradients by O(1) relative). Gradients are compared relative to the
+largest entry of each tensor, so a tensor of small values is not judged by noise in its zeros.
+Parameters are compared in units of the optimizer's largest move, ``lr x steps`` (AdamW moves
+a weight by at most about ``lr`` per step, whatever the gradient's scale): a relative measure
+would judge zero-initialised biases, whose values after a few steps are themselves a few
+``lr``, by the rounding of gradients that Adam divides by their own size.
+
+bf16 and fp16 runs compare against a reference that computes on a low-precision copy of fp32
+master weights, as FSDP's ``MixedPrecisionPolicy`` does; their gradients are rounded to 8 bits
+of mantissa on different batch slices, so the bounds are bf16's: the loss within 1e-3
+(measured ~6e-6), gradients within 10 % of each tensor's largest entry (measured ~2 %). The
+parameter bound there is one full optimizer move (of at most two): Adam turns a bf16-rounded
+near-zero gradient into a full-size step of either sign, so in low precision the check rests
+on the loss and the gradients.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -37,7 +50,14 @@ from rich.table import Table
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.specs import Precision
 from autopar.plan import Plan
-from autopar.training import ModelSpec, logits_of, optimizer, synthetic_batch, vocab_size
+from autopar.training import (
+    OPTIMIZER,
+    ModelSpec,
+    logits_of,
+    optimizer,
+    synthetic_batch,
+    vocab_size,
+)
 
 
 @dataclass(frozen=True)
@@ -46,15 +66,15 @@ class Tolerance:
     """Largest |loss - reference| / |reference| over the steps."""
     grad_rel: float
     """Largest |grad - reference| / max|reference| over the tensors."""
-    param_rel: float
-    """Largest |param - reference| / max|reference| over the tensors, after the last step."""
+    param_moves: float
+    """Largest |param - reference| after the last step, over ``lr x steps``."""
 
 
 TOLERANCES = {
-    Precision.FP32: Tolerance(loss_rel=1e-5, grad_rel=1e-4, param_rel=1e-4),
-    Precision.BF16: Tolerance(loss_rel=3e-2, grad_rel=1e-1, param_rel=1e-2),
-    Precision.FP16: Tolerance(loss_rel=1e-2, grad_rel=5e-2, param_rel=5e-3),
-    Precision.BF16_PURE: Tolerance(loss_rel=3e-2, grad_rel=1e-1, param_rel=1e-2),
+    Precision.FP32: Tolerance(loss_rel=1e-5, grad_rel=1e-3, param_moves=1e-2),
+    Precision.BF16: Tolerance(loss_rel=1e-3, grad_rel=1e-1, param_moves=1.0),
+    Precision.FP16: Tolerance(loss_rel=1e-3, grad_rel=1e-1, param_moves=1.0),
+    Precision.BF16_PURE: Tolerance(loss_rel=1e-3, grad_rel=1e-1, param_moves=1.0),
 }
 """Bounds per precision; see the module docstring."""
 
@@ -62,9 +82,10 @@ TOLERANCES = {
 @dataclass(frozen=True)
 class Diff:
     max_abs: float
-    max_rel: float
+    measure: float
+    """What the tolerance bounds (see ``Tolerance``)."""
     where: str
-    """The tensor with the largest relative difference."""
+    """The tensor with the largest measure."""
 
 
 @dataclass
@@ -86,23 +107,25 @@ class VerifyResult:
     @property
     def passed(self) -> bool:
         t = self.tolerance
-        return (not self.missing and self.loss.max_rel <= t.loss_rel
-                and self.grads.max_rel <= t.grad_rel and self.params.max_rel <= t.param_rel)
+        return (not self.missing and self.loss.measure <= t.loss_rel
+                and self.grads.measure <= t.grad_rel and self.params.measure <= t.param_moves)
 
     def table(self, width: int = 110) -> str:
         buf = io.StringIO()
         console = Console(file=buf, width=width, force_terminal=False, color_system=None)
         t = Table(title=f"autopar verify: {self.model}, {self.plan.summary()}, "
                         f"{self.nproc} processes, {self.steps} steps ({self.wall_s:.1f} s)")
-        for col in ("compared", "max abs diff", "max rel diff", "tolerance (rel)", "worst",
+        for col in ("compared", "max abs diff", "measured as", "value", "tolerance", "worst",
                     "ok"):
-            t.add_column(col, justify="left" if col in ("compared", "worst") else "right")
-        rows = (("loss per step", self.loss, self.tolerance.loss_rel),
-                ("gradients (last step)", self.grads, self.tolerance.grad_rel),
-                ("parameters (after step)", self.params, self.tolerance.param_rel))
-        for label, d, tol in rows:
-            t.add_row(label, f"{d.max_abs:.3e}", f"{d.max_rel:.3e}", f"{tol:.0e}", d.where,
-                      "yes" if d.max_rel <= tol else "NO")
+            t.add_column(col, justify="left" if col in ("compared", "worst", "measured as")
+                         else "right")
+        rows = (("loss per step", self.loss, "relative", self.tolerance.loss_rel),
+                ("gradients (last step)", self.grads, "/ tensor max", self.tolerance.grad_rel),
+                ("parameters (after step)", self.params, "/ (lr x steps)",
+                 self.tolerance.param_moves))
+        for label, d, how, tol in rows:
+            t.add_row(label, f"{d.max_abs:.3e}", how, f"{d.measure:.3e}", f"{tol:.0e}", d.where,
+                      "yes" if d.measure <= tol else "NO")
         console.print(t)
         steps = "  ".join(f"{r:.6f}/{s:.6f}" for r, s in zip(self.reference_losses, self.losses))
         console.print(f"losses (reference/sharded): {steps}")
@@ -112,23 +135,29 @@ class VerifyResult:
         return buf.getvalue()
 
 
-def _diff(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> Diff:
-    worst = Diff(0.0, 0.0, "-")
-    max_abs = 0.0
+def compare(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
+            unit: float | None = None) -> Diff:
+    """Largest difference over the tensors ``ref`` and ``got`` share: over ``unit`` when
+    given, else over each reference tensor's largest entry."""
+    worst, where, max_abs = 0.0, "-", 0.0
     for name, r in ref.items():
         if name not in got:
             continue
         d = (got[name] - r).abs().max().item()
-        scale = max(r.abs().max().item(), 1e-30)
+        scale = unit if unit is not None else max(r.abs().max().item(), 1e-30)
         max_abs = max(max_abs, d)
-        if d / scale > worst.max_rel:
-            worst = Diff(0.0, d / scale, name)
-    return Diff(max_abs, worst.max_rel, worst.where)
+        if d / scale > worst or where == "-":
+            worst, where = d / scale, name
+    return Diff(max_abs, worst, where)
 
 
 def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int
               ) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One process, whole model, whole batch: losses, last gradients, final parameters."""
+    """One process, whole model, whole batch: losses, last gradients, final parameters.
+
+    For bf16/fp16 plans it does what FSDP's ``MixedPrecisionPolicy`` does: each step runs
+    forward and backward on a low-precision copy of the fp32 master weights, and the
+    gradients, cast to fp32, update the masters."""
     torch.set_flush_denormal(True)
     model = spec.build("cpu", seed)
     train = plan.train
@@ -141,10 +170,13 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int
     named = dict(model.named_parameters(remove_duplicate=False))
     for step in range(steps):
         tokens, targets = synthetic_batch(step, train.global_batch, train.seq_len, vocab, seed)
-        with torch.autocast("cpu", dtype=low, enabled=low is not None):
-            logits = logits_of(model, tokens)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
+        runner = copy.deepcopy(model).to(low) if low is not None else model
+        loss = F.cross_entropy(logits_of(runner, tokens).float().flatten(0, 1),
+                               targets.flatten(0, 1))
         loss.backward()
+        if runner is not model:
+            for master, p in zip(model.parameters(), runner.parameters()):
+                master.grad = None if p.grad is None else p.grad.float()
         losses.append(loss.item())
         if step == steps - 1:
             grads = {n: p.grad.detach().float().clone() for n, p in named.items()
@@ -235,8 +267,9 @@ def verify(spec: ModelSpec, plan: Plan, *, steps: int = 3, seed: int = 0,
     loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses))
     return VerifyResult(
         plan=plan, model=spec.label, nproc=nproc, steps=steps, reference_losses=ref_losses,
-        losses=losses, loss=Diff(loss_abs, loss_rel, "-"), grads=_diff(grads, ref_grads),
-        params=_diff(params, ref_params), tolerance=TOLERANCES[plan.train.precision],
+        losses=losses, loss=Diff(loss_abs, loss_rel, "-"), grads=compare(grads, ref_grads),
+        params=compare(params, ref_params, unit=OPTIMIZER["lr"] * steps),
+        tolerance=TOLERANCES[plan.train.precision],
         wall_s=time.monotonic() - start, missing=sorted(set(ref_params) - set(params)))
 
 
@@ -265,7 +298,7 @@ def _launch_async(job: dict, nproc: int, folder: Path, timeout_s: float):
     return wait
 
 
-def process_cluster(nproc: int, like: str = "hgx-h100-80g"):
+def process_cluster(nproc: int, like: str = "hgx-h100-80g"):  # -> ClusterSpec
     """A one-node cluster of ``nproc`` GPUs of preset ``like``: what a plan given as flags is
     priced on when it is verified on ``nproc`` CPU processes."""
     from dataclasses import replace

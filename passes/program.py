@@ -97,12 +97,14 @@ class ParallelProgram:
     def dp_rank(self) -> int:
         return dp_rank(self.mesh)
 
-    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """This rank's parameters under the model's names (each once)."""
+    def named_parameters(self, remove_duplicate: bool = True
+                         ) -> Iterator[tuple[str, nn.Parameter]]:
+        """This rank's parameters under the model's names; a tied weight once, under its first
+        name, unless ``remove_duplicate`` is false."""
         seen: set[int] = set()
         for module in self.modules:
-            for name, p in module.named_parameters():
-                if id(p) not in seen:
+            for name, p in module.named_parameters(remove_duplicate=remove_duplicate):
+                if id(p) not in seen or not remove_duplicate:
                     seen.add(id(p))
                     yield name, p
 

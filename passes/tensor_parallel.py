@@ -16,7 +16,12 @@ turns each into the engine's parallel style and calls ``parallelize_module`` onc
 ``replicated``  nothing: every tp rank holds the module whole.
 ==============  ==================================================================
 
-Attention runs on the local heads (``use_local_output=True``): DTensor has no sharding rule for
+The modules holding column splits (attention, MLP) get ``PrepareBlockInput``: their activation
+input becomes one replicated DTensor (all-gathered once from sequence shards), so q, k and v
+(or gate and up) read it together and their input gradients, partial sums, are added before a
+single all-reduce or reduce-scatter -- the solve's ``fork``, where one ``ColwiseParallel`` per
+projection would communicate once per projection. Attention runs on the local heads
+(``use_local_output=True``): DTensor has no sharding rule for
 the CPU fused-attention op (../shared/design/FINDINGS.md). A vocabulary-sharded loss runs under
 ``loss_parallel``; see ``vocab_parallel_logits``. A tied embedding and head are re-tied after
 ``parallelize_module``, which replaces each module's parameter with its own DTensor.
@@ -33,6 +38,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
+    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -44,6 +50,25 @@ from autopar.plan import Plan
 from autopar.passes.model_parts import ModelParts
 
 EXECUTABLE_STYLES = frozenset({"column", "row", "vocab", "sequence", "replicated"})
+
+
+class PrepareBlockInput(PrepareModuleInput):
+    """The activation input of an attention or MLP module -- its first positional argument, or
+    ``hidden_states`` by keyword (transformers) -- as a replicated DTensor; other arguments
+    (rotary tables, masks) pass through."""
+
+    def __init__(self, layout: Shard | Replicate) -> None:
+        super().__init__(input_layouts=(layout,), desired_input_layouts=(Replicate(),),
+                         input_kwarg_layouts={"hidden_states": layout},
+                         desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                         use_local_output=False)
+
+    def _prepare_input_fn(self, inputs, device_mesh):  # type: ignore[override]
+        if not isinstance(inputs, tuple) or not inputs:
+            return inputs
+        first = self._prepare_input_arg(inputs[0], device_mesh, self.input_layouts[0],
+                                        self.desired_input_layouts[0])
+        return (first, *inputs[1:])
 
 
 def loss_is_vocab_parallel(plan: Plan) -> bool:
@@ -87,7 +112,8 @@ def _style(name: str, module: nn.Module, style: str, plan: Plan, parts: ModelPar
         # the logits stay vocabulary shards for loss_parallel, or are gathered whole
         out = Shard(-1) if loss_is_vocab_parallel(plan) else Replicate()
         return ColwiseParallel(input_layouts=seq, output_layouts=out)
-    return ColwiseParallel(input_layouts=seq)
+    # inside a block the parent's PrepareBlockInput has made the input a replicated DTensor
+    return ColwiseParallel(input_layouts=Replicate())
 
 
 def _check_pairs(styles: dict[str, str]) -> None:
@@ -124,6 +150,9 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
             chosen = _style(name, module, style, plan, parts, tp)
             if chosen is not None:
                 layout[name] = chosen
+            if style == "column" and name != parts.head:
+                seq = Shard(1) if plan.config.sequence_parallel else Replicate()
+                layout[name.rsplit(".", 1)[0]] = PrepareBlockInput(seq)
     if plan.config.sequence_parallel:
         present = {n for n, _ in stage.named_modules()}
         layout.update({k: v for k, v in parts.sequence_parallel_styles(styles).items()

@@ -1,0 +1,134 @@
+"""``autopar verify``: run a plan on CPU processes and compare it with one process.
+
+The plan comes from ``--plan plan.json`` or from ParallelConfig flags (``--dp 2 --tp 2 ...``),
+which ``autopar.plan_for`` turns into a plan priced on a one-node cluster of ``--nproc`` GPUs
+(every weight GEMM split when tp > 1). Exit status: 0 when every difference is within its
+tolerance, 1 when one is not, 2 for an error a person can act on.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+from rich.console import Console
+
+from autopar.costmodel.errors import AutoparError
+from autopar.costmodel.specs import ParallelConfig, TrainSpec
+
+HF_LLAMA = "hf-llama"
+"""``--model hf-llama``: a transformers ``LlamaForCausalLM`` from a config (tiny by default;
+``--model-arg`` sets any ``LlamaConfig`` field)."""
+
+HF_LLAMA_TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "max_position_embeddings": 64}
+
+
+def add_verify_parser(sub: argparse._SubParsersAction, parents: list,
+                      add_parallel, positive) -> None:
+    p = sub.add_parser("verify", parents=parents,
+                       help="run a plan on CPU processes (gloo) and compare it with one process",
+                       description=__doc__.splitlines()[0])
+    g = p.add_argument_group("model and plan")
+    g.add_argument("--model", required=True,
+                   help=f"a zoo preset or family (autopar models), or {HF_LLAMA} for a "
+                        "transformers Llama made from a config")
+    g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model (or LlamaConfig) field (repeatable)")
+    g.add_argument("--plan", default=None, metavar="F",
+                   help="a plan.json from `autopar plan --json`; else the flags below")
+    g.add_argument("--nproc", type=positive, default=None, metavar="N",
+                   help="processes (default: the plan's world size)")
+    g.add_argument("--steps", type=positive, default=3, metavar="K")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--global-batch", type=positive, default=None, metavar="N",
+                   help="sequences per step (default: dp x micro-batch x 2 x pp)")
+    g.add_argument("--seq-len", type=positive, default=None, metavar="N",
+                   help="tokens per sequence (default: the model's)")
+    g.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 | bf16-pure")
+    g.add_argument("--priced-on", default="hgx-h100-80g", metavar="PRESET",
+                   help="cluster preset a flags plan is priced on (default hgx-h100-80g)")
+    g.add_argument("--timeout", type=positive, default=300, metavar="S")
+    g.add_argument("--logs", default=None, metavar="DIR",
+                   help="keep the ranks' logs and results in DIR")
+    add_parallel(p, "plan as flags (ParallelConfig fields)")
+
+
+def _spec(args: argparse.Namespace, overrides: dict):
+    from autopar.training import ModelSpec
+
+    if args.model == HF_LLAMA:
+        return ModelSpec(transformers_llama={**HF_LLAMA_TINY, **overrides})
+    return ModelSpec(args.model, overrides)
+
+
+def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model):
+    from autopar.api import plan_for
+    from autopar.tracing import resolve_seq_len
+    from autopar.verify import process_cluster
+
+    inner = int(fields.get("tp", 1)) * int(fields.get("pp", 1)) * int(fields.get("cp", 1))
+    if "dp" not in fields:
+        if args.nproc is not None and args.nproc % inner:
+            raise AutoparError(f"--nproc {args.nproc} is not a multiple of tp*pp*cp = {inner}",
+                               where="--nproc", fix="give a multiple, or --dp")
+        fields["dp"] = (args.nproc or inner) // inner
+    if fields.get("virtual_stages", 1) != 1 and "schedule" not in fields:
+        fields["schedule"] = "interleaved"
+    config = ParallelConfig(**fields)
+    if args.nproc is not None and args.nproc != config.world_size:
+        raise AutoparError(f"--nproc {args.nproc} but dp*tp*pp*cp = {config.world_size}",
+                           where="--nproc", fix="make them equal, or leave --nproc out")
+    batch = args.global_batch or config.dp * config.micro_batch * (
+        config.num_microbatches or 2 * config.pp)
+    seq = resolve_seq_len(model, None, args.seq_len)
+    train = TrainSpec(global_batch=batch, seq_len=seq, precision=args.precision)
+    return plan_for(model, process_cluster(config.world_size, args.priced_on), train, config,
+                    name=spec.label)
+
+
+def cmd_verify(args: argparse.Namespace, console: Console, given_fields, parse_value) -> int:
+    from autopar.plan import Plan
+    from autopar.verify import verify
+
+    overrides: dict[str, object] = {}
+    for item in args.model_arg:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise AutoparError(f"--model-arg {item!r} is not KEY=VALUE", where="--model-arg",
+                               fix="write e.g. --model-arg num_layers=4")
+        overrides[key.strip()] = parse_value(value.strip())
+    spec = _spec(args, overrides)
+    fields = given_fields(args)
+    if args.plan:
+        if fields:
+            raise AutoparError("both --plan and plan flags given", where=", ".join(
+                f"--{k.replace('_', '-')}" for k in fields), fix="give one or the other")
+        try:
+            with open(args.plan, encoding="utf-8") as f:
+                plan = Plan.from_json(f.read())
+        except OSError as err:
+            raise AutoparError(f"cannot read {args.plan}: {err.strerror}", where="--plan",
+                               fix="pass a plan written by `autopar plan --json F`") from None
+        except (ValueError, KeyError, TypeError) as err:
+            raise AutoparError(f"{args.plan} is not a plan: {err}", where="--plan",
+                               fix="pass a plan written by `autopar plan --json F`") from None
+        if args.nproc is not None and args.nproc != plan.config.world_size:
+            raise AutoparError(f"the plan runs on {plan.config.world_size} processes, "
+                               f"--nproc is {args.nproc}", where="--nproc",
+                               fix="leave --nproc out, or re-plan for that many GPUs")
+    else:
+        with console.status("planning..."):
+            plan = _plan_from_flags(args, fields, spec, spec.build("meta"))
+    console.print(f"verifying {plan.summary()} on {plan.config.world_size} CPU processes, "
+                  f"{args.steps} steps, batch {plan.train.global_batch} x "
+                  f"{plan.train.seq_len} tokens ({plan.train.precision.value})")
+    with console.status("running the sharded program and the reference..."):
+        result = verify(spec, plan, steps=args.steps, seed=args.seed,
+                        timeout_s=args.timeout, folder=args.logs)
+    console.file.write(result.table())
+    return 0 if result.passed else 1
+
+
+

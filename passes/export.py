@@ -1,0 +1,205 @@
+"""``export_plan(plan, folder)``: a runnable training folder for a plan (``autopar export``).
+
+The folder holds:
+
+* ``plan.json`` -- the plan, as ``Plan.to_json`` writes it;
+* ``model.json`` -- the ``ModelSpec`` every rank builds (zoo name and overrides, or a
+  transformers Llama config);
+* ``train.py`` -- ``passes/train_template.py`` copied verbatim: builds the model, applies the
+  plan, trains on synthetic tokens or a token file, logs loss and tokens/s, saves and resumes
+  ``torch.distributed.checkpoint`` checkpoints (its docstring says how);
+* ``launch.sh`` -- the ``torchrun`` command for the plan's nodes and GPUs per node;
+* ``README.md`` -- what the plan is and how to run, resume and go multi-node.
+
+Export checks what it can before anyone launches: the passes can execute the plan, the model
+is known and has as many blocks as the plan places.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from autopar.costmodel.errors import AutoparError
+from autopar.plan import Plan
+from autopar.passes.mesh import check_executable
+from autopar.training import ModelSpec
+
+TEMPLATE = Path(__file__).with_name("train_template.py")
+FILES = ("plan.json", "model.json", "train.py", "launch.sh", "README.md")
+"""What ``export_plan`` writes."""
+GIB = 2**30
+
+
+def export_plan(plan: Plan, folder: str | os.PathLike[str], model_spec: ModelSpec | None = None,
+                *, overwrite: bool = False) -> Path:
+    """Write the runnable folder for ``plan`` (see the module docstring) and return its path.
+
+    ``model_spec`` defaults to the zoo preset ``plan.model``; a plan of another model needs
+    it. Refuses a folder that already holds files unless ``overwrite`` (which replaces the
+    files above and leaves the others, checkpoints included, alone)."""
+    check_executable(plan)
+    spec = model_spec or _default_spec(plan)
+    _check_model(spec, plan)
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise AutoparError(f"{out} is a file", where="the export folder",
+                           fix="pass a folder path (it is created if missing)")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise AutoparError(f"{out} is not empty", where="the export folder",
+                           fix="export into a new or empty folder, or pass --overwrite "
+                               "(overwrite=True) to replace the exported files in it")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(plan.to_json(), encoding="utf-8")
+    (out / "model.json").write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True) + "\n",
+                                    encoding="utf-8")
+    shutil.copyfile(TEMPLATE, out / "train.py")
+    launch = out / "launch.sh"
+    launch.write_text(launch_script(plan), encoding="utf-8")
+    launch.chmod(launch.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    (out / "README.md").write_text(readme(plan, spec), encoding="utf-8")
+    return out
+
+
+def _default_spec(plan: Plan) -> ModelSpec:
+    from autopar import models
+
+    if plan.model not in models.names():
+        raise AutoparError(
+            f"the plan's model {plan.model!r} is not a zoo preset, so export does not know how "
+            "to build it", where="plan.model",
+            fix="pass the model: plan.export(folder, model=ModelSpec(...)), or on the command "
+                "line --model NAME [--model-arg KEY=VALUE ...]")
+    return ModelSpec(plan.model)
+
+
+def _check_model(spec: ModelSpec, plan: Plan) -> None:
+    """The model builds (on meta) and has the blocks the plan places."""
+    from autopar.passes.model_parts import parts_of
+
+    try:
+        model = spec.build("meta")
+    except AutoparError:
+        raise
+    except (TypeError, ValueError, ImportError) as err:
+        raise AutoparError(f"cannot build {spec.label}: {err}", where="the model",
+                           fix="check the model name and its --model-arg fields") from None
+    blocks = len(model.get_submodule(parts_of(model).blocks))
+    if blocks != sum(plan.stage_blocks):
+        raise AutoparError(
+            f"{spec.label} has {blocks} blocks, the plan places {sum(plan.stage_blocks)}",
+            where="the model", fix="export with the model the plan was made for")
+
+
+def launch_script(plan: Plan) -> str:
+    """``launch.sh``: ``torchrun`` over the plan's nodes and GPUs per node."""
+    return f"""#!/usr/bin/env bash
+# Train under the plan in plan.json: {plan.summary()}
+# {plan.nodes} node(s) x {plan.gpus_per_node} process(es) = {plan.config.world_size} ranks.
+# Arguments are passed to train.py (python3 train.py --help), e.g.
+#   bash launch.sh --steps 100 --save-every 50
+#
+# Multi-node: run this script once on every node, with the same MASTER_ADDR/MASTER_PORT and
+# NODE_RANK = 0 .. NNODES-1. Under Slurm, e.g. in an sbatch script:
+#   export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+#   srun --ntasks-per-node=1 bash -c 'NODE_RANK=$SLURM_NODEID bash launch.sh'
+# On Kubernetes (e.g. a PyTorchJob or an indexed Job), MASTER_ADDR is the head pod's service
+# name and NODE_RANK the pod's index (JOB_COMPLETION_INDEX).
+set -euo pipefail
+HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+
+# Nodes taking part; the plan needs exactly {plan.nodes}.
+NNODES="${{NNODES:-{plan.nodes}}}"
+# This node's index, 0 .. NNODES-1 (with the c10d rendezvous any order works, but each node
+# needs a different one for logs to make sense).
+NODE_RANK="${{NODE_RANK:-0}}"
+# Host and port of the rendezvous: any one node's address that all nodes can reach (the one
+# with NODE_RANK=0 by convention). 127.0.0.1 is right for one node only.
+MASTER_ADDR="${{MASTER_ADDR:-127.0.0.1}}"
+MASTER_PORT="${{MASTER_PORT:-29500}}"
+# Names this job's rendezvous; jobs sharing MASTER_ADDR:MASTER_PORT need different ids.
+RDZV_ID="${{RDZV_ID:-autopar}}"
+# Processes per node: the plan's GPUs per node (on a machine without CUDA, CPU processes).
+NPROC_PER_NODE={plan.gpus_per_node}
+# CPU threads per process: the cores shared among the local processes (at least 1).
+CORES="$(nproc 2>/dev/null || echo 1)"
+export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-$(( CORES / NPROC_PER_NODE > 0 ? CORES / NPROC_PER_NODE : 1 ))}}"
+TORCHRUN="${{TORCHRUN:-torchrun}}"
+
+exec "$TORCHRUN" \\
+    --nnodes "$NNODES" \\
+    --nproc-per-node "$NPROC_PER_NODE" \\
+    --node-rank "$NODE_RANK" \\
+    --rdzv-backend c10d \\
+    --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \\
+    --rdzv-id "$RDZV_ID" \\
+    --max-restarts 0 \\
+    "$HERE/train.py" "$@"
+"""
+
+
+def readme(plan: Plan, spec: ModelSpec) -> str:
+    """The folder's ``README.md``."""
+    est = plan.estimate
+    return f"""# {spec.label}: {plan.summary()}
+
+Exported by `autopar export` for {plan.nodes} node(s) x {plan.gpus_per_node} GPUs of
+`{plan.cluster}`: global batch {plan.train.global_batch} x {plan.train.seq_len} tokens,
+precision {plan.train.precision}.
+
+Predicted by autopar's cost model: **{est.step_time_s:.4g} s per step**,
+{est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%}, peak memory
+**{est.peak_memory_bytes / GIB:.2f} GiB** on the most loaded GPU
+({'fits' if est.fits else 'does NOT fit'}).
+
+```
+{plan.report(width=100).rstrip()}
+```
+
+## Files
+
+| file | what |
+|---|---|
+| `plan.json` | the plan (`autopar.Plan.from_json`) |
+| `model.json` | the model every rank builds (`autopar.training.ModelSpec`) |
+| `train.py` | the training script; `python3 train.py --help` |
+| `launch.sh` | `torchrun` for this plan; arguments go to `train.py` |
+
+## Run
+
+    bash launch.sh --steps 100 --log-every 10 --save-every 50
+
+starts {plan.gpus_per_node} process(es) on this node. Each rank builds the model from `--seed`
+on the CPU (the whole model on every rank: meta-device initialisation of models that do not
+fit in host memory is not done yet), applies the plan and trains. The rank holding the last
+pipeline stage with data- and tensor-parallel rank 0 prints one JSON line per logged step
+(step, loss over the global batch, tokens/s) and appends it to `train_log.jsonl`
+(`--log-file`). Without CUDA the ranks run on the CPU with gloo, which is only good for small
+models.
+
+## Data
+
+Without `--tokens` the script trains on uniform random tokens
+(`autopar.training.synthetic_batch`). `--tokens FILE` reads a flat array of token ids: a
+`.npy` file, or a raw binary file of `uint16` (nanoGPT's `.bin`) or `int32`
+(`--tokens-dtype int32`). Ids must be below the model's vocabulary size.
+
+## Checkpoints and resuming
+
+`--save-every N` writes `torch.distributed.checkpoint` checkpoints to
+`--checkpoint-dir` (default `checkpoints/`) as `step-<N>/`. `--resume` continues from the
+latest complete one there, `--resume PATH` from a given one, at step N+1; `--steps` is the
+step to stop at, counted from 1 across resumes. Checkpoints are keyed by the model's parameter
+names, not by the plan, so one saved under this plan loads under any other plan of the same
+model (export the other plan and pass `--resume PATH`): the checkpoint library reshards.
+
+## Several nodes
+
+Run `launch.sh` on each of the {plan.nodes} node(s) with `NNODES={plan.nodes}`, a different
+`NODE_RANK` (0..{plan.nodes - 1}) and the same `MASTER_ADDR`/`MASTER_PORT` (a reachable address
+of one node); the comments in `launch.sh` show Slurm and Kubernetes. The checkpoint folder
+must be on storage all nodes share.
+"""

@@ -1,0 +1,261 @@
+"""Train a model under an autopar plan: the ``train.py`` that ``autopar export`` writes.
+
+Run it on every rank with ``torchrun`` (``bash launch.sh`` next to it does that). It reads
+``plan.json`` and ``model.json`` from its own folder, builds the model from ``--seed`` (on the
+CPU, whole, on every rank: meta-device initialisation of very large models is not done yet),
+applies the plan (``autopar.device_mesh`` + ``autopar.parallelize``) and trains.
+
+Steps are counted from 1: step ``s`` trains on batch ``s - 1`` of the data and a checkpoint
+``step-<N>`` holds the state after ``N`` optimizer steps, so ``--resume`` continues at ``N + 1``
+and sees the tokens an uninterrupted run would have seen.
+
+Data: without ``--tokens``, ``autopar.training.synthetic_batch(s - 1, global_batch, seq_len,
+vocab, seed)`` (uniform random tokens; the same as ``autopar verify``). With ``--tokens FILE``,
+a flat array of token ids: a ``.npy`` file (any integer dtype), or a raw file of
+``--tokens-dtype`` (``uint16`` by default, as nanoGPT's ``.bin`` files; or ``int32``), read
+through a memory map. Row ``r`` of step ``s`` is the window of ``seq_len + 1`` tokens starting at
+``((s - 1) * global_batch + r) * seq_len`` (wrapping around the file); inputs are its first
+``seq_len`` tokens, targets the last ``seq_len``. Each data-parallel replica reads its own rows.
+
+Checkpoints: ``torch.distributed.checkpoint`` (DCP) in ``--checkpoint-dir/step-<N>/``. The
+state is keyed by the model's own parameter names (the stages keep them) with the optimizer
+state flattened per parameter (``StateDictOptions(flatten_optimizer_state_dict=True)``), so no
+key depends on the plan, and DCP reshards on load: a checkpoint saved under one plan resumes
+under another. Each pipeline stage module on a rank has its own AdamW (an interleaved rank
+holds several; ``get_state_dict`` maps one optimizer's parameters to the names of one module).
+
+Logs: one JSON line per logged step (``step``, ``loss``, ``tokens_per_s``, ...) in
+``--log-file``, printed too, by the rank that holds the last stage with dp and tp rank 0. The
+loss is the mean over the whole global batch (averaged over the data-parallel replicas).
+
+Every rank ends with a barrier and ``os._exit``: gloo ranks can abort while the interpreter
+shuts down, which would make ``torchrun`` report a failure after a good run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from autopar import ParallelProgram, Plan, device_mesh, parallelize
+from autopar.costmodel.errors import AutoparError
+from autopar.training import ModelSpec, optimizer, synthetic_batch, vocab_size
+
+HERE = Path(__file__).resolve().parent
+STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=10,
+                   help="train until this step number (counted from 1, also after a resume)")
+    p.add_argument("--tokens", default=None, metavar="FILE",
+                   help="flat token ids: FILE.npy, or raw --tokens-dtype (default: synthetic)")
+    p.add_argument("--tokens-dtype", choices=("uint16", "int32"), default="uint16",
+                   help="dtype of a raw (not .npy) token file (default uint16)")
+    p.add_argument("--checkpoint-dir", default=str(HERE / "checkpoints"), metavar="DIR",
+                   help="where step-<N>/ checkpoints go (default: ./checkpoints next to train.py)")
+    p.add_argument("--save-every", type=int, default=0, metavar="N",
+                   help="save a checkpoint every N steps and after the last (0: never)")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
+                   help="continue from a checkpoint: the latest in --checkpoint-dir, or CKPT")
+    p.add_argument("--log-every", type=int, default=1, metavar="N")
+    p.add_argument("--log-file", default=str(HERE / "train_log.jsonl"), metavar="FILE",
+                   help="JSON lines, one per logged step (appended)")
+    p.add_argument("--seed", type=int, default=0, help="weights and synthetic tokens")
+    return p.parse_args(argv)
+
+
+# ----- data -----
+class TokenFile:
+    """A flat array of token ids on disk, read through a memory map."""
+
+    def __init__(self, path: str, dtype: str, vocab: int) -> None:
+        if path.endswith(".npy"):
+            self.ids = np.load(path, mmap_mode="r")
+        else:
+            self.ids = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+        if self.ids.ndim != 1 or self.ids.dtype.kind not in "iu":
+            raise AutoparError(f"{path} holds {self.ids.dtype} of shape {self.ids.shape}",
+                               where="--tokens", fix="pass a flat array of integer token ids")
+        self.vocab = vocab
+
+    def batch(self, index: int, rows: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.ids)
+        if n < seq_len + 1:
+            raise AutoparError(f"the token file has {n} tokens, a row needs {seq_len + 1}",
+                               where="--tokens", fix="pass a longer token file")
+        out = np.empty((rows, seq_len + 1), dtype=np.int64)
+        for r in range(rows):
+            start = ((index * rows + r) * seq_len) % (n - seq_len)
+            out[r] = self.ids[start:start + seq_len + 1]
+        x = torch.from_numpy(out)
+        if int(x.max()) >= self.vocab:
+            raise AutoparError(f"token id {int(x.max())} is outside the model's vocabulary of "
+                               f"{self.vocab}", where="--tokens",
+                               fix="tokenize with the model's tokenizer, or pick a model whose "
+                                   "vocab_size covers the ids")
+        return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+
+# ----- checkpoints -----
+class Checkpointer:
+    """Model and optimizer state of this rank's stage modules, saved and loaded with DCP."""
+
+    def __init__(self, modules: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
+        self.modules, self.optimizers = modules, optimizers
+
+    def _parts(self) -> list[tuple[dict, dict]]:
+        return [get_state_dict(m, o, options=STATE_OPTIONS)
+                for m, o in zip(self.modules, self.optimizers)]
+
+    @staticmethod
+    def _merge(parts: list[tuple[dict, dict]], step: int) -> dict:
+        # Keys are the model's own names, so the stages of a rank never collide, except on
+        # modules every stage keeps (rotary tables): one entry serves them all.
+        model: dict = {}
+        optim: dict = {}
+        for m, o in parts:
+            model.update(m)
+            optim.update(o)
+        return {"model": model, "optim": optim, "step": step}
+
+    def save(self, folder: Path, step: int) -> None:
+        dcp.save(self._merge(self._parts(), step), checkpoint_id=str(folder))
+
+    def load(self, folder: Path) -> int:
+        """Load ``folder`` into this plan's sharding (DCP reshards); returns its step."""
+        parts = self._parts()
+        state = self._merge(parts, -1)
+        dcp.load(state, checkpoint_id=str(folder))
+        for (m_sd, o_sd), module, opt in zip(parts, self.modules, self.optimizers):
+            set_state_dict(module, opt, options=STATE_OPTIONS,
+                           model_state_dict={k: state["model"][k] for k in m_sd},
+                           optim_state_dict={k: state["optim"][k] for k in o_sd})
+        return int(state["step"])
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The complete ``step-<N>`` checkpoint with the largest N (DCP writes ``.metadata`` last)."""
+    done = [p for p in folder.glob("step-*") if (p / ".metadata").exists()
+            and p.name.removeprefix("step-").isdigit()]
+    return max(done, key=lambda p: int(p.name.removeprefix("step-")), default=None)
+
+
+# ----- training -----
+def global_mean(loss: torch.Tensor, program: ParallelProgram) -> torch.Tensor:
+    """The loss over the global batch: the mean of the data-parallel replicas' means (each
+    replica has the same number of rows). Called by the ranks holding the last stage only;
+    their dp groups hold nobody else."""
+    loss = loss.detach().clone()
+    for axis in ("dp_replicate", "dp_shard"):
+        group = program.mesh[axis]
+        if group.size() > 1:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=group.get_group())
+    return loss
+
+
+def train(args: argparse.Namespace) -> None:
+    plan = Plan.from_json((HERE / "plan.json").read_text())
+    spec = ModelSpec.from_dict(json.loads((HERE / "model.json").read_text()))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = torch.device("cuda" if cuda else "cpu")
+
+    model = spec.build("cpu", args.seed)
+    vocab = vocab_size(model)
+    mesh = device_mesh(plan, device.type)
+    program = parallelize(model, plan, mesh, device)
+    optimizers = [optimizer(list(m.parameters())) for m in program.modules]
+    ckpt = Checkpointer(program.modules, optimizers)
+
+    train_spec, c = plan.train, plan.config
+    rows = train_spec.global_batch // c.dp
+    mine = slice(program.dp_rank * rows, (program.dp_rank + 1) * rows)
+    logs = program.holds_last and program.dp_rank == 0 and mesh["tp"].get_local_rank() == 0
+    data = TokenFile(args.tokens, args.tokens_dtype, vocab) if args.tokens else None
+    ckpt_dir = Path(args.checkpoint_dir)
+
+    def log(record: dict) -> None:
+        if logs:
+            line = json.dumps(record)
+            print(line, flush=True)
+            with open(args.log_file, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+    start = 1
+    if args.resume:
+        source = latest_checkpoint(ckpt_dir) if args.resume == "latest" else Path(args.resume)
+        if source is None:
+            raise AutoparError(f"no complete checkpoint in {ckpt_dir}", where="--resume",
+                               fix="pass --checkpoint-dir of an earlier run, or drop --resume")
+        done = ckpt.load(source)
+        start = done + 1
+        log({"event": "resume", "checkpoint": str(source), "step": done,
+             "plan": plan.summary()})
+    else:
+        log({"event": "start", "plan": plan.summary(), "world_size": dist.get_world_size()})
+
+    tokens_per_step = train_spec.global_batch * train_spec.seq_len
+    timed_from, timed_steps = time.perf_counter(), 0
+    for step in range(start, args.steps + 1):
+        if data is None:
+            tokens, targets = synthetic_batch(step - 1, train_spec.global_batch,
+                                              train_spec.seq_len, vocab, args.seed)
+        else:
+            tokens, targets = data.batch(step - 1, train_spec.global_batch, train_spec.seq_len)
+        loss = program.step(tokens[mine], targets[mine])
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        timed_steps += 1
+        if step % args.log_every == 0 or step == args.steps:
+            mean = global_mean(loss, program) if program.holds_last else None
+            elapsed = time.perf_counter() - timed_from
+            log({"step": step, "loss": None if mean is None else float(mean),
+                 "tokens_per_s": tokens_per_step * timed_steps / elapsed})
+            timed_from, timed_steps = time.perf_counter(), 0
+        if args.save_every and (step % args.save_every == 0 or step == args.steps):
+            ckpt.save(ckpt_dir / f"step-{step}", step)
+            log({"event": "checkpoint", "step": step, "path": str(ckpt_dir / f"step-{step}")})
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_flush_denormal(True)
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    code = 0
+    try:
+        train(args)
+    except AutoparError as err:
+        print(f"train.py rank {dist.get_rank()}: error: {err.paragraph()}", file=sys.stderr)
+        code = 2
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 0:
+        dist.barrier()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
