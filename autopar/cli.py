@@ -21,6 +21,7 @@ from rich.text import Text
 
 from autopar.costmodel.cluster import ClusterSpec, preset_names
 from autopar.costmodel.errors import AutoparError
+from autopar.cli_export import add_export_parser, cmd_export
 from autopar.cli_verify import add_verify_parser
 from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
 
@@ -248,6 +249,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "estimate": cmd_estimate,
     "plan": cmd_plan,
     "verify": cmd_verify,
+    "export": cmd_export,
 }
 
 
@@ -286,6 +288,7 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
                      help="print why this plan and not the runner-ups (default on)")
     add_verify_parser(sub, [debug], _add_parallel, _positive)
+    add_export_parser(sub, [debug])
     return p
 
 

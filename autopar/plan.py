@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.table import Table
 
 from autopar.costmodel.estimate import Estimate
 from autopar.costmodel.specs import ParallelConfig, TrainSpec
+
+if TYPE_CHECKING:
+    from autopar.training import ModelSpec
 
 GIB = 2**30
 FORMAT_VERSION = 1
@@ -169,6 +175,15 @@ class Plan:
         for i, alt in enumerate(self.alternatives, 1):
             lines.append(f"#{i} {alt.summary()}: " + _why_better(self.estimate, alt.estimate))
         return "\n".join(lines)
+
+    def export(self, folder: str | os.PathLike[str], model: ModelSpec | None = None, *,
+               overwrite: bool = False) -> Path:
+        """Write a runnable training folder for this plan (``plan.json``, ``model.json``,
+        ``train.py``, ``launch.sh``, ``README.md``; ``autopar.passes.export``). ``model``
+        defaults to the zoo preset ``self.model``."""
+        from autopar.passes.export import export_plan  # the passes import this module
+
+        return export_plan(self, folder, model, overwrite=overwrite)
 
 
 def _why_better(best: Estimate, alt: Estimate) -> str:

@@ -113,8 +113,8 @@ HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 
 # Nodes taking part; the plan needs exactly {plan.nodes}.
 NNODES="${{NNODES:-{plan.nodes}}}"
-# This node's index, 0 .. NNODES-1 (with the c10d rendezvous any order works, but each node
-# needs a different one for logs to make sense).
+# This node's index, 0 .. NNODES-1, different on every node (the c10d rendezvous assigns the
+# ranks itself; torchrun still names its logs and error files by it).
 NODE_RANK="${{NODE_RANK:-0}}"
 # Host and port of the rendezvous: any one node's address that all nodes can reach (the one
 # with NODE_RANK=0 by convention). 127.0.0.1 is right for one node only.
@@ -126,7 +126,8 @@ RDZV_ID="${{RDZV_ID:-autopar}}"
 NPROC_PER_NODE={plan.gpus_per_node}
 # CPU threads per process: the cores shared among the local processes (at least 1).
 CORES="$(nproc 2>/dev/null || echo 1)"
-export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-$(( CORES / NPROC_PER_NODE > 0 ? CORES / NPROC_PER_NODE : 1 ))}}"
+THREADS=$(( CORES / NPROC_PER_NODE > 0 ? CORES / NPROC_PER_NODE : 1 ))
+export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-$THREADS}}"
 TORCHRUN="${{TORCHRUN:-torchrun}}"
 
 exec "$TORCHRUN" \\
@@ -144,16 +145,20 @@ exec "$TORCHRUN" \\
 def readme(plan: Plan, spec: ModelSpec) -> str:
     """The folder's ``README.md``."""
     est = plan.estimate
+    if plan.nodes == 1:
+        nodes = ("This plan runs on one node. For a plan over several nodes, `launch.sh` runs "
+                 "on each node with")
+    else:
+        nodes = f"Run `launch.sh` on each of the {plan.nodes} nodes with"
     return f"""# {spec.label}: {plan.summary()}
 
-Exported by `autopar export` for {plan.nodes} node(s) x {plan.gpus_per_node} GPUs of
-`{plan.cluster}`: global batch {plan.train.global_batch} x {plan.train.seq_len} tokens,
-precision {plan.train.precision}.
+The plan for {plan.nodes} node(s) x {plan.gpus_per_node} GPUs of `{plan.cluster}`: global batch
+{plan.train.global_batch} sequences of {plan.train.seq_len} tokens, precision
+{plan.train.precision}, exported by autopar.
 
-Predicted by autopar's cost model: **{est.step_time_s:.4g} s per step**,
-{est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%}, peak memory
-**{est.peak_memory_bytes / GIB:.2f} GiB** on the most loaded GPU
-({'fits' if est.fits else 'does NOT fit'}).
+Predicted by autopar's cost model for those GPUs: **{est.step_time_s:.4g} s per step**
+({est.tokens_per_s:,.0f} tokens/s, MFU {est.mfu:.1%}) and **{est.peak_memory_bytes / GIB:.2f} GiB**
+peak memory on the most loaded GPU ({'fits' if est.fits else 'does NOT fit'}).
 
 ```
 {plan.report(width=100).rstrip()}
@@ -177,29 +182,32 @@ on the CPU (the whole model on every rank: meta-device initialisation of models 
 fit in host memory is not done yet), applies the plan and trains. The rank holding the last
 pipeline stage with data- and tensor-parallel rank 0 prints one JSON line per logged step
 (step, loss over the global batch, tokens/s) and appends it to `train_log.jsonl`
-(`--log-file`). Without CUDA the ranks run on the CPU with gloo, which is only good for small
-models.
+(`--log-file`). Without CUDA the ranks run on the CPU with gloo: fine for small models, and
+its tokens/s say nothing about the prediction above.
 
 ## Data
 
 Without `--tokens` the script trains on uniform random tokens
-(`autopar.training.synthetic_batch`). `--tokens FILE` reads a flat array of token ids: a
-`.npy` file, or a raw binary file of `uint16` (nanoGPT's `.bin`) or `int32`
-(`--tokens-dtype int32`). Ids must be below the model's vocabulary size.
+(`autopar.training.synthetic_batch`, drawn from `--seed`). `--tokens FILE` reads a flat array
+of token ids: a `.npy` file, or a raw binary file of `uint16` (nanoGPT's `.bin`) or `int32`
+(`--tokens-dtype int32`). Step `s` reads rows `(s - 1) * {plan.train.global_batch}` onwards,
+consecutive windows of {plan.train.seq_len} + 1 tokens. Ids must be below the model's vocabulary
+size.
 
 ## Checkpoints and resuming
 
-`--save-every N` writes `torch.distributed.checkpoint` checkpoints to
-`--checkpoint-dir` (default `checkpoints/`) as `step-<N>/`. `--resume` continues from the
-latest complete one there, `--resume PATH` from a given one, at step N+1; `--steps` is the
-step to stop at, counted from 1 across resumes. Checkpoints are keyed by the model's parameter
-names, not by the plan, so one saved under this plan loads under any other plan of the same
-model (export the other plan and pass `--resume PATH`): the checkpoint library reshards.
+`--save-every N` writes `torch.distributed.checkpoint` checkpoints to `--checkpoint-dir`
+(default `checkpoints/`) as `step-<N>/`, the state after N steps. `--resume` continues from the
+latest complete one there, `--resume PATH` from a given one, at step N+1; `--steps` is the step
+to stop at, counted from 1 across resumes. Pass the same `--seed` and data when resuming.
+Checkpoints are keyed by the model's parameter names, not by the plan, so one saved under this
+plan loads under any other plan of the same model (export the other plan and pass
+`--resume PATH`): the checkpoint library reshards model and optimizer state.
 
 ## Several nodes
 
-Run `launch.sh` on each of the {plan.nodes} node(s) with `NNODES={plan.nodes}`, a different
-`NODE_RANK` (0..{plan.nodes - 1}) and the same `MASTER_ADDR`/`MASTER_PORT` (a reachable address
-of one node); the comments in `launch.sh` show Slurm and Kubernetes. The checkpoint folder
-must be on storage all nodes share.
+{nodes} `NNODES` set to the node count, a different `NODE_RANK` (0, 1, ...) on each node and
+the same `MASTER_ADDR`/`MASTER_PORT` (an address of one node that all can reach); the comments
+in `launch.sh` show Slurm and Kubernetes. The checkpoint folder must be on storage all nodes
+share.
 """

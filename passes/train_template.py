@@ -55,6 +55,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from autopar import ParallelProgram, Plan, device_mesh, parallelize
 from autopar.costmodel.errors import AutoparError
+from autopar.passes.mesh import Axis
 from autopar.training import ModelSpec, optimizer, synthetic_batch, vocab_size
 
 HERE = Path(__file__).resolve().parent
@@ -75,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="save a checkpoint every N steps and after the last (0: never)")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CKPT",
                    help="continue from a checkpoint: the latest in --checkpoint-dir, or CKPT")
-    p.add_argument("--log-every", type=int, default=1, metavar="N")
+    p.add_argument("--log-every", type=int, default=1, metavar="N",
+                   help="log every N steps and the last (default 1)")
     p.add_argument("--log-file", default=str(HERE / "train_log.jsonl"), metavar="FILE",
                    help="JSON lines, one per logged step (appended)")
     p.add_argument("--seed", type=int, default=0, help="weights and synthetic tokens")
@@ -164,8 +166,8 @@ def global_mean(loss: torch.Tensor, program: ParallelProgram) -> torch.Tensor:
     replica has the same number of rows). Called by the ranks holding the last stage only;
     their dp groups hold nobody else."""
     loss = loss.detach().clone()
-    for axis in ("dp_replicate", "dp_shard"):
-        group = program.mesh[axis]
+    for axis in (Axis.DP_REPLICATE, Axis.DP_SHARD):
+        group = program.mesh[axis.value]
         if group.size() > 1:
             dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=group.get_group())
     return loss
@@ -189,7 +191,8 @@ def train(args: argparse.Namespace) -> None:
     train_spec, c = plan.train, plan.config
     rows = train_spec.global_batch // c.dp
     mine = slice(program.dp_rank * rows, (program.dp_rank + 1) * rows)
-    logs = program.holds_last and program.dp_rank == 0 and mesh["tp"].get_local_rank() == 0
+    logs = (program.holds_last and program.dp_rank == 0
+            and mesh[Axis.TP.value].get_local_rank() == 0)
     data = TokenFile(args.tokens, args.tokens_dtype, vocab) if args.tokens else None
     ckpt_dir = Path(args.checkpoint_dir)
 
@@ -203,9 +206,10 @@ def train(args: argparse.Namespace) -> None:
     start = 1
     if args.resume:
         source = latest_checkpoint(ckpt_dir) if args.resume == "latest" else Path(args.resume)
-        if source is None:
-            raise AutoparError(f"no complete checkpoint in {ckpt_dir}", where="--resume",
-                               fix="pass --checkpoint-dir of an earlier run, or drop --resume")
+        if source is None or not (source / ".metadata").exists():
+            raise AutoparError(f"no complete checkpoint at {source or ckpt_dir}",
+                               where="--resume", fix="pass --checkpoint-dir of an earlier run "
+                               "or a step-<N> folder in it, or drop --resume")
         done = ckpt.load(source)
         start = done + 1
         log({"event": "resume", "checkpoint": str(source), "step": done,
