@@ -105,7 +105,7 @@ def _hf_block_args(root: nn.Module, x: torch.Tensor, s: int) -> tuple:
     positions = torch.arange(s, device=x.device).unsqueeze(0)
     cos, sin = root.model.rotary_emb(x, position_ids=positions)
     mask = None
-    if getattr(root.model.config, "_attn_implementation", "sdpa") != "sdpa":
+    if getattr(root.config, "_attn_implementation", "sdpa") != "sdpa":
         # eager attention gets no causal mask when none is passed: build the additive one
         mask = torch.full((s, s), float("-inf"), device=x.device, dtype=cos.dtype).triu(1)
         mask = mask[None, None]

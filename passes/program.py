@@ -134,7 +134,9 @@ class ParallelProgram:
             with self._loss_context():
                 self.schedule.step(*args, **kwargs)  # type: ignore[attr-defined]
             self.tied.sync(self._params)
-            return torch.stack(losses).mean().detach() if self.holds_last else None
+            if not self.holds_last:
+                return None
+            return torch.stack([_plain(x) for x in losses]).mean()
         module = self.modules[0]
         m = self.plan.config.microbatches(self.plan.train)
         total = torch.zeros((), device=self.device)
@@ -143,8 +145,14 @@ class ParallelProgram:
             with self._loss_context():
                 loss = self.loss(module(tok), tgt)
                 (loss / m).backward()
-            total += loss.detach()
+            total += _plain(loss)
         return total / m
+
+
+def _plain(loss: torch.Tensor) -> torch.Tensor:
+    """A detached plain tensor (``loss_parallel`` returns a replicated DTensor)."""
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,

@@ -34,6 +34,8 @@ class StageModule(nn.Module):
         self.parts = parts
         self.first, self.last, self.seq_len = first, last, seq_len
         self.policies = policies
+        self.config = getattr(model, "config", None)
+        """The model's config object (the families read it, e.g. the attention kernel)."""
         keep = [*parts.shared, *(parts.first if first else ()), *(parts.last if last else ())]
         for path in keep:
             _attach(self, path, model.get_submodule(path))

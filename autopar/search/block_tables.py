@@ -86,11 +86,14 @@ class StrategyGraph:
 
 def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
                    input_layout: Layout | None = None, output_layout: Layout | None = None,
-                   split_weights: bool = False) -> StrategyGraph:
+                   split_weights: bool = False, output_tensor: str | None = None
+                   ) -> StrategyGraph:
     """The ops the solve chooses for. ``input_layout`` pins the layout the layer receives its
     activation input in (a ``source``); without it the input is a fork the caller joins to the
     previous block's output. ``output_layout`` adds a ``sink`` requiring that layout of the
-    layer's output. ``split_weights`` leaves weight GEMMs only their split strategies."""
+    layer's output: the output of ``output_tensor`` when given (the tensor the next layer
+    reads; a transformers model computes masks and rotary tables after its embedding), else of
+    the layer's last op. ``split_weights`` leaves weight GEMMs only their split strategies."""
     real = [n for n in nodes if n.out is not None]
     names = {n.name for n in real}
     readers: dict[str, int] = {}
@@ -128,10 +131,11 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
         if readers.get(n.name, 0) > 1:
             ops.append(_fork(f"fork:{n.name}", index[n.name], n.name, sp))
             index[n.name] = len(ops) - 1
-    output = index[real[-1].name]
+    leaving = output_tensor if output_tensor in index else real[-1].name
+    output = index[leaving]
     if output_layout is not None:
-        ops.append(_pinned("sink", output_layout, output, real[-1].name))
-    return StrategyGraph(tuple(ops), output, stream_in, real[-1].name, external)
+        ops.append(_pinned("sink", output_layout, output, leaving))
+    return StrategyGraph(tuple(ops), output, stream_in, leaving, external)
 
 
 @dataclass(frozen=True)

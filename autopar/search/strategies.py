@@ -194,7 +194,10 @@ def elementwise_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     stream = (not ctx.sequence_parallel and node.op != "view" and node.out is not None
               and len(node.out.shape) <= 3 and ctx.stream_width is not None
               and node.out.shape[-1] == ctx.stream_width)
-    return _follow(node, ctx, [Layout.R, *([] if stream else [Layout.S]), *_seq(ctx)])
+    # a view (expand included) has one activation input and keeps its split dim: it has no
+    # small operand to broadcast, though expand's output has more elements than its input
+    return _follow(node, ctx, [Layout.R, *([] if stream else [Layout.S]), *_seq(ctx)],
+                   broadcasts=node.op != "view")
 
 
 @rule("last_dim", "softmax", "log_softmax", "mean", "sum", "max", "min", "cumsum", "cat",

@@ -59,15 +59,18 @@ class StrategySolver:
 
     def _solve(self, nodes: list[NodeInfo], layer, pricing: Pricing, sp: bool, *,
                repeat: int = 1, boundary: bool = False, input_layout: Layout | None = None,
-               output_layout: Layout | None = None) -> tuple[SolvedLayer, float]:
+               output_layout: Layout | None = None, output_tensor: str | None = None
+               ) -> tuple[SolvedLayer, float, str | None]:
+        """The solved layer, its gap, and the tensor it reads from the layer before."""
         sg = strategy_graph(self.graph, nodes, sp, input_layout=input_layout,
-                            output_layout=output_layout, split_weights=self.split_weights)
+                            output_layout=output_layout, split_weights=self.split_weights,
+                            output_tensor=output_tensor)
         problem = block_problem(self.graph, sg, layer, pricing, repeat=repeat,
                                 boundary=boundary)
         sol = solve(problem, math.inf, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
         gap = sol.gap if math.isfinite(sol.gap) else 1.0
         return solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
-                            pricing.split.tp), gap
+                            pricing.split.tp), gap, sg.stream_tensor
 
     def solve(self, pricing: Pricing, sp: bool) -> StrategyResult:
         # The strategies are solved at one micro-batch of one sequence (no cp split) and reused
@@ -80,12 +83,12 @@ class StrategySolver:
         if key in self.cache:
             return self.cache[key]
         pre_nodes, block_nodes, post_nodes = layer_nodes(self.graph)
-        block, g1 = self._solve(block_nodes, self.base.block, pricing, sp,
-                                repeat=self.base.num_blocks, boundary=True)
-        post, g2 = self._solve(post_nodes, self.base.post, pricing, sp,
-                               input_layout=block.output_layout)
-        pre, g3 = self._solve(pre_nodes, self.base.pre, pricing, sp,
-                              output_layout=block.input_layout)
+        block, g1, block_input = self._solve(block_nodes, self.base.block, pricing, sp,
+                                             repeat=self.base.num_blocks, boundary=True)
+        post, g2, _ = self._solve(post_nodes, self.base.post, pricing, sp,
+                                  input_layout=block.output_layout)
+        pre, g3, _ = self._solve(pre_nodes, self.base.pre, pricing, sp,
+                                 output_layout=block.input_layout, output_tensor=block_input)
         work = replace(self.base, pre=pre.layer, block=block.layer, post=post.layer)
         result = StrategyResult(work, block.strategies, pre.strategies + post.strategies,
                                 max(g1, g2, g3))

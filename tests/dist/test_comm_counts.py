@@ -1,0 +1,70 @@
+"""The tensor-parallel program communicates what the plan priced.
+
+One process with torch's ``fake`` process-group backend (collectives return without moving
+data) stands in for every rank of the tp group: ``CommDebugMode`` counts the collectives of a
+forward and backward of the parallelized model, which must equal the tp collectives of the
+plan's solved workload (pre-block layer + blocks x count + post layer), kind by kind.
+Tied embeddings are left out: the plan prices GPT's embedding as the solve chose it, while the
+executed table follows the head's vocabulary split (``autopar.module_strategies``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+import autopar
+from autopar import ParallelConfig, TrainSpec
+from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
+from autopar.search.planner import _strategies
+from autopar.training import ModelSpec
+from autopar.verify import process_cluster
+
+KIND = {"c10d_functional.all_reduce": "all-reduce",
+        "c10d_functional.all_gather_into_tensor": "all-gather",
+        "c10d_functional.reduce_scatter_tensor": "reduce-scatter"}
+
+
+@pytest.fixture
+def fake_world():
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    yield
+    dist.destroy_process_group()
+
+
+def _predicted(spec: ModelSpec, train: TrainSpec, config: ParallelConfig) -> Counter:
+    graph = autopar.trace(spec.build("meta"), train)
+    strategies, _ = _strategies(graph, spec.label, process_cluster(config.world_size), train,
+                                DEFAULT_EFFICIENCY, (), True)
+    work = strategies(config)
+    counts: Counter = Counter()
+    for layer, times in ((work.pre, 1), (work.block, work.num_blocks), (work.post, 1)):
+        for c in layer.tp_collectives:
+            counts[c.kind] += times
+    return counts
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
+@pytest.mark.parametrize("model", ["tiny-llama", "hf-llama"])
+def test_tp_collectives_match_the_plan(fake_world, sp, model):
+    from autopar.cli_verify import HF_LLAMA_TINY
+
+    spec = (ModelSpec(transformers_llama=HF_LLAMA_TINY) if model == "hf-llama"
+            else ModelSpec(model))
+    train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")
+    config = ParallelConfig(tp=2, sequence_parallel=sp, micro_batch=2)
+    plan = autopar.plan_for(spec.build("meta"), process_cluster(2), train, config)
+    program = autopar.parallelize(spec.build("cpu"), plan, autopar.device_mesh(plan))
+    tokens = torch.randint(256, (2, 32))
+    with CommDebugMode() as comm:
+        loss = program.loss(program.modules[0](tokens), tokens)
+        loss.backward()
+    counted = Counter()
+    for op, n in comm.get_comm_counts().items():
+        counted[KIND.get(str(op), str(op))] += n
+    assert counted == _predicted(spec, train, config)
