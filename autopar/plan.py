@@ -140,7 +140,7 @@ class Plan:
         title = (f"{self.model} on {self.cluster} ({self.nodes} x {self.gpus_per_node} GPUs): "
                  f"{self.summary()}")
         console.print(estimate_tables(self.estimate, None, title=title))
-        extra = []
+        extra = [self._execution_table()]
         if self.ops_without_rules:
             t = Table(title="Ops without a strategy rule (run replicated)")
             t.add_column("op")
@@ -164,6 +164,19 @@ class Plan:
         if extra:
             console.print(Group(*extra))
         return buf.getvalue()
+
+    def _execution_table(self) -> Table:
+        from autopar.execution import execution_lines
+
+        t = Table(title="What runs (autopar.parallelize on torch.distributed)", show_header=False)
+        t.add_column(style="bold")
+        t.add_column()
+        for aspect, text in execution_lines(self.config, self.train, sum(self.stage_blocks)):
+            t.add_row(aspect, text)
+        split = [(m, s) for m, s in self.module_strategies if s != "replicated"]
+        if self.config.tp > 1 and split:
+            t.add_row("module styles", ", ".join(f"{m}: {s}" for m, s in split))
+        return t
 
     def explain(self) -> str:
         """Why this plan and not each runner-up: the deltas that decide it."""

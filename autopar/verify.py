@@ -34,6 +34,7 @@ import copy
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -49,6 +50,7 @@ from rich.table import Table
 
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.specs import Precision
+from autopar.passes.mesh import check_executable
 from autopar.plan import Plan
 from autopar.training import (
     OPTIMIZER,
@@ -246,14 +248,18 @@ def verify(spec: ModelSpec, plan: Plan, *, steps: int = 3, seed: int = 0,
     compare (see the module docstring)."""
     if steps < 1:
         raise AutoparError(f"steps={steps}", where="--steps", fix="run at least one step")
+    check_executable(plan)
     nproc = plan.config.world_size
     start = time.monotonic()
-    work = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="autopar-verify-"))
+    keep = folder is not None
+    work = Path(folder) if keep else Path(tempfile.mkdtemp(prefix="autopar-verify-"))
     work.mkdir(parents=True, exist_ok=True)
     job = {"plan": plan.to_dict(), "model": spec.to_dict(), "steps": steps, "seed": seed}
     ranks_future = _launch_async(job, nproc, work, timeout_s)
     ref_losses, ref_grads, ref_params = reference(spec, plan, steps, seed)
     ranks = ranks_future()
+    if not keep:  # a failure raised above and left the folder for its logs
+        shutil.rmtree(work, ignore_errors=True)
     losses = []
     for step in range(steps):
         per_dp = {r["dp_rank"]: r["losses"][step] for r in ranks if r["losses"] is not None}

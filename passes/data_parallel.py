@@ -1,7 +1,7 @@
 """Data parallelism by ZeRO stage, and mixed precision, on FSDP2 ``fully_shard``.
 
 Every block is one FSDP unit, then the stage root (torchtitan's wrapping). What the engine runs
-for each ZeRO stage (``ENGINE_ZERO`` says it in words for the report):
+for each ZeRO stage (``autopar.execution.ENGINE_ZERO`` says it in the plan's report):
 
 * ZeRO-0: ``fully_shard`` over (``dp_replicate`` = dp, ``dp_shard`` = 1), i.e. FSDP2's hybrid
   mode with shard groups of one -- parameters, gradients and optimizer states replicated,
@@ -47,18 +47,6 @@ from torch.distributed.fsdp import (
 from autopar.costmodel.specs import Precision
 from autopar.plan import Plan
 from autopar.passes.mesh import Axis
-
-ENGINE_ZERO = {
-    0: "FSDP2 hybrid mode with shard groups of one (DDP): everything replicated, gradients "
-       "all-reduced once per step",
-    1: "FSDP2 reshard_after_forward=False: parameters gathered once per step, gradients "
-       "reduce-scattered once per step; master weights and optimizer states sharded",
-    2: "FSDP2 reshard_after_forward=False: parameters gathered once per step, gradients "
-       "reduce-scattered every micro-batch; master weights and optimizer states sharded",
-    3: "FSDP2 fully_shard per block: parameters gathered before each block's forward and "
-       "backward, gradients reduce-scattered every micro-batch; everything sharded",
-}
-"""What runs for each ZeRO stage (the module docstring has the details)."""
 
 _LOW = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
