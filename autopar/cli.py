@@ -21,6 +21,7 @@ from rich.text import Text
 
 from autopar.costmodel.cluster import ClusterSpec, preset_names
 from autopar.costmodel.errors import AutoparError
+from autopar.cli_args import model_overrides
 from autopar.cli_export import add_export_parser, cmd_export
 from autopar.cli_verify import add_verify_parser
 from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
@@ -76,15 +77,6 @@ def _add_parallel(p: argparse.ArgumentParser, title: str) -> None:
                    help="fused kernels, e.g. scale_mask_softmax,bias_dropout_add")
 
 
-def _parse_value(text: str) -> object:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def _model(args: argparse.Namespace):
     from autopar import models
     from autopar.user_model import is_user_model, load_user_model
@@ -92,13 +84,7 @@ def _model(args: argparse.Namespace):
     if is_user_model(args.model):
         return load_user_model(args.model)
 
-    overrides: dict[str, object] = {}
-    for item in args.model_arg:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise AutoparError(f"--model-arg {item!r} is not KEY=VALUE", where="--model-arg",
-                               fix="write e.g. --model-arg num_layers=12")
-        overrides[key.strip()] = _parse_value(value.strip())
+    overrides = model_overrides(args.model_arg)
     if args.seq_len is not None:
         overrides.setdefault("seq_len", args.seq_len)
     return models.build(args.model, device="meta", **overrides)
@@ -240,7 +226,7 @@ def _write(path: str, text: str, flag: str) -> None:
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     from autopar.cli_verify import cmd_verify as run_verify
 
-    return run_verify(args, console, _given_fields, _parse_value)
+    return run_verify(args, console, _given_fields)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {

@@ -7,12 +7,10 @@ command table); the folder's contents are ``autopar.passes.export``'s.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from rich.console import Console
 
-from autopar.costmodel.errors import AutoparError
+from autopar.cli_args import model_overrides, read_plan
 
 
 def add_export_parser(sub: argparse._SubParsersAction,
@@ -34,39 +32,14 @@ def add_export_parser(sub: argparse._SubParsersAction,
     return p
 
 
-def _read_plan(path: str):
-    from autopar.plan import Plan
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise AutoparError(f"cannot read the plan file {path}: {err.strerror}", where="PLAN",
-                           fix="pass a plan written by `autopar plan --json F` or "
-                               "Plan.to_json()") from None
-    try:
-        return Plan.from_json(text)
-    except (ValueError, KeyError, TypeError) as err:  # bad JSON, missing or invalid fields
-        raise AutoparError(f"{path} is not a plan file ({type(err).__name__}: {err})",
-                           where="PLAN", fix="pass a plan written by `autopar plan --json F` or "
-                                             "Plan.to_json()") from None
-
-
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
-    from autopar.cli import _parse_value  # cli imports this module
     from autopar.passes.export import export_plan
     from autopar.training import ModelSpec
 
-    plan = _read_plan(args.plan)
+    plan = read_plan(args.plan)
     spec = None
     if args.model or args.model_arg:
-        overrides: dict[str, object] = {}
-        for item in args.model_arg:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise AutoparError(f"--model-arg {item!r} is not KEY=VALUE",
-                                   where="--model-arg", fix="write e.g. --model-arg num_layers=12")
-            overrides[key.strip()] = _parse_value(value.strip())
-        spec = ModelSpec(args.model or plan.model, overrides)
+        spec = ModelSpec(args.model or plan.model, model_overrides(args.model_arg))
     folder = export_plan(plan, args.folder, spec, overwrite=args.overwrite)
     console.print(f"wrote {folder}/: plan.json, model.json, train.py, launch.sh, README.md\n"
                   f"plan: {plan.summary()} on {plan.nodes} x {plan.gpus_per_node} GPUs\n"

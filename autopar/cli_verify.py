@@ -13,6 +13,7 @@ import argparse
 
 from rich.console import Console
 
+from autopar.cli_args import model_overrides, read_plan
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.specs import ParallelConfig, TrainSpec
 
@@ -88,32 +89,16 @@ def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model):
                     name=spec.label)
 
 
-def cmd_verify(args: argparse.Namespace, console: Console, given_fields, parse_value) -> int:
-    from autopar.plan import Plan
+def cmd_verify(args: argparse.Namespace, console: Console, given_fields) -> int:
     from autopar.verify import verify
 
-    overrides: dict[str, object] = {}
-    for item in args.model_arg:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise AutoparError(f"--model-arg {item!r} is not KEY=VALUE", where="--model-arg",
-                               fix="write e.g. --model-arg num_layers=4")
-        overrides[key.strip()] = parse_value(value.strip())
-    spec = _spec(args, overrides)
+    spec = _spec(args, model_overrides(args.model_arg))
     fields = given_fields(args)
     if args.plan:
         if fields:
             raise AutoparError("both --plan and plan flags given", where=", ".join(
                 f"--{k.replace('_', '-')}" for k in fields), fix="give one or the other")
-        try:
-            with open(args.plan, encoding="utf-8") as f:
-                plan = Plan.from_json(f.read())
-        except OSError as err:
-            raise AutoparError(f"cannot read {args.plan}: {err.strerror}", where="--plan",
-                               fix="pass a plan written by `autopar plan --json F`") from None
-        except (ValueError, KeyError, TypeError) as err:
-            raise AutoparError(f"{args.plan} is not a plan: {err}", where="--plan",
-                               fix="pass a plan written by `autopar plan --json F`") from None
+        plan = read_plan(args.plan, where="--plan")
         if args.nproc is not None and args.nproc != plan.config.world_size:
             raise AutoparError(f"the plan runs on {plan.config.world_size} processes, "
                                f"--nproc is {args.nproc}", where="--nproc",

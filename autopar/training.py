@@ -88,3 +88,21 @@ def logits_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """The whole model's logits (the reference's forward)."""
     out = model(tokens)
     return out.logits if hasattr(out, "logits") else out
+
+
+def end_rank(code: int) -> None:
+    """End this rank's process: flush, wait at a barrier for the others when it succeeded, and
+    leave with ``os._exit``. Gloo ranks sometimes abort while the interpreter shuts down
+    (../shared/design/FINDINGS.md: 6 of 40 four-rank runs ending with
+    ``destroy_process_group``, 0 of 40 this way), so launchers judge a run by the files its ranks
+    write, never by exit codes alone."""
+    import os
+    import sys
+
+    import torch.distributed as dist
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 0 and dist.is_initialized():
+        dist.barrier()
+    os._exit(code)

@@ -12,7 +12,6 @@ and the launcher reads these files rather than trusting exit codes.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -24,7 +23,7 @@ from torch.distributed.tensor import DTensor
 from autopar.passes import device_mesh, parallelize
 from autopar.passes.mesh import Axis
 from autopar.plan import Plan
-from autopar.training import ModelSpec, optimizer, synthetic_batch, vocab_size
+from autopar.training import ModelSpec, end_rank, optimizer, synthetic_batch, vocab_size
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -79,11 +78,7 @@ def main(argv: list[str]) -> None:
     except BaseException:  # reported to the launcher, which prints it
         (out / f"rank{rank}.error").write_text(traceback.format_exc())
         code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if code == 0:
-        dist.barrier()
-    os._exit(code)
+    end_rank(code)
 
 
 if __name__ == "__main__":

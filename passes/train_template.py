@@ -56,7 +56,7 @@ from torch.distributed.checkpoint.state_dict import (
 from autopar import ParallelProgram, Plan, device_mesh, parallelize
 from autopar.costmodel.errors import AutoparError
 from autopar.passes.mesh import Axis
-from autopar.training import ModelSpec, optimizer, synthetic_batch, vocab_size
+from autopar.training import ModelSpec, end_rank, optimizer, synthetic_batch, vocab_size
 
 HERE = Path(__file__).resolve().parent
 STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -254,11 +254,7 @@ def main() -> None:
     except BaseException:
         traceback.print_exc()
         code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if code == 0:
-        dist.barrier()
-    os._exit(code)
+    end_rank(code)
 
 
 if __name__ == "__main__":
