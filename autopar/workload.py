@@ -12,13 +12,16 @@ Three analyses over the graph, each a small function:
   by op (a GEMM keeps its activation inputs, softmax its output, dropout a one-byte mask, GELU
   its input...), deduplicated through views to the tensor that owns the storage. For a GPT
   block with eager attention this gives Korthikanti et al.'s 34*s*h + 5*a*s^2 bytes exactly.
+  Each is marked with the policies that keep it: autograd without checkpointing, and the
+  selective policy of ``passes/checkpointing.py``, which keeps the block input and the outputs
+  of the linear layers and of fused attention and recomputes every other op.
 * **Costs per op** (``op_costs``): FLOPs and bytes per sequence, and which roofline applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 from autopar.costmodel.workload import (
     LayerCost,
@@ -63,11 +66,14 @@ class _TP:
     expert: set[str]
 
 
-def _base(graph: GraphIR, name: str) -> str:
-    """The node owning the storage of ``name``'s output (through views)."""
+def _base(graph: GraphIR, name: str, inside: frozenset[str] = frozenset()) -> str:
+    """The node owning the storage of ``name``'s output (through views, and through the
+    no-op dropouts (p = 0) among ``inside``, which return their input itself)."""
     while graph.has_node(name):
         node = graph.node(name)
-        if node.op != "view" or not node.inputs:
+        alias = node.op == "view" or (node.op == "dropout" and name in inside
+                                      and _dropout_p(node) == 0.0)
+        if not alias or not node.inputs:
             return name
         name = node.inputs[0]
     return name
@@ -150,13 +156,6 @@ def _op_shard(tp: _TP, n: NodeInfo) -> Shard:
     return _shard(tp, n)
 
 
-def _is_attention_core(n: NodeInfo, seq_len: int) -> bool:
-    """Scores-shaped (batch, heads, s, s): the region selective recomputation drops."""
-    out = n.out
-    return out is not None and len(out.shape) == 4 and out.shape[-1] == seq_len \
-        and out.shape[-2] == seq_len and n.op != "sdpa"
-
-
 def _dropout_p(n: NodeInfo) -> float:
     """The dropout probability of a dropout node (0 in eval mode or when p = 0)."""
     for a in n.scalar_args:
@@ -170,6 +169,19 @@ def _dropout_p(n: NodeInfo) -> float:
     return 0.0
 
 
+def is_linear(node: NodeInfo, graph: GraphIR) -> bool:
+    """A linear layer: a GEMM of one activation by a weight matrix, which PyTorch runs as
+    ``aten.mm``/``addmm`` -- the ops whose outputs the selective policy keeps. Stacked expert
+    weights (3-d) run as ``bmm`` and are recomputed."""
+    return is_weight_gemm(node, graph) and all(
+        len(graph.params[p].shape) <= 2 for p in node.params if p in graph.params)
+
+
+def kept_by_selective(node: NodeInfo, graph: GraphIR) -> bool:
+    """Whether the selective policy keeps ``node``'s output instead of recomputing it."""
+    return node.op == "sdpa" or is_linear(node, graph)
+
+
 def _kind(n: NodeInfo) -> OpKind:
     if n.op in GEMM_OPS:
         return OpKind.MATMUL
@@ -181,23 +193,27 @@ def _kind(n: NodeInfo) -> OpKind:
 
 
 def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[SavedTensor, ...]:
-    """The activations ``nodes`` keep for backward, per sequence, each storage counted once."""
+    """The activations ``nodes`` keep for backward, per sequence, each storage counted once,
+    marked with the policies that keep them (without checkpointing; selective)."""
     seen: dict[str, SavedTensor] = {}
     per_seq = 1.0 / graph.batch
-    seq = graph.seq_len
+    inside = frozenset(n.name for n in nodes)
+
+    def activation(name: str, shard: Shard | None = None) -> SavedTensor | None:
+        if not graph.has_node(name):
+            return None
+        src = graph.node(name)
+        if src.out is None or not src.out.dtype.is_floating_point:
+            return None
+        return SavedTensor(name, src.out.numel * per_seq, shard or _shard(tp, src))
 
     def keep(name: str) -> None:
-        base = _base(graph, name)
-        if base in seen or not graph.has_node(base):
-            return
-        src = graph.node(base)
-        if src.out is None or not src.out.dtype.is_floating_point:
-            return
-        seen[base] = SavedTensor(base, src.out.numel * per_seq, _shard(tp, src),
-                                 attention_core=_is_attention_core(src, seq))
+        base = _base(graph, name, inside)
+        if base not in seen and (t := activation(base)) is not None:
+            seen[base] = t
 
-    def extra(key: str, elements: float, size: float, shard: Shard, core: bool = False) -> None:
-        seen[key] = SavedTensor(key, elements * per_seq, shard, size, core)
+    def extra(key: str, elements: float, size: float, shard: Shard) -> None:
+        seen[key] = SavedTensor(key, elements * per_seq, shard, size)
 
     for n in nodes:
         shard = _shard(tp, n)
@@ -215,7 +231,8 @@ def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[Saved
             for i in n.inputs[:1]:
                 keep(i)
             if n.out is not None and len(n.out.shape) >= 1:
-                extra(n.name + ".stats", 2 * n.out.numel / n.out.shape[-1], 4.0, shard)
+                stats = 1 if n.op == "rms_norm" else 2  # rstd; or mean and rstd
+                extra(n.name + ".stats", stats * n.out.numel / n.out.shape[-1], 4.0, shard)
         elif n.op in ACTIVATIONS_SAVING_INPUT:
             for i in n.inputs[:1]:
                 keep(i)
@@ -223,7 +240,7 @@ def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[Saved
             keep(n.name)
         elif n.op == "dropout":
             if _dropout_p(n) > 0 and n.out is not None:
-                extra(n.name + ".mask", n.out.numel, 1.0, shard, _is_attention_core(n, seq))
+                extra(n.name + ".mask", n.out.numel, 1.0, shard)
         elif n.op in MUL_LIKE:
             if len(n.inputs) >= 2:
                 for i in n.inputs:
@@ -243,7 +260,36 @@ def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[Saved
         elif n.op not in NOTHING_SAVED and n.op not in KNOWN_OPS:
             for i in n.inputs:
                 keep(i)
+    _mark_selective(graph, nodes, tp, seen, activation)
     return tuple(seen.values())
+
+
+def _mark_selective(graph: GraphIR, nodes: list[NodeInfo], tp: _TP, seen: dict[str, SavedTensor],
+                    activation: Callable[..., SavedTensor | None]) -> None:
+    """Mark (or add) what the selective policy keeps: the block input, which checkpointing
+    saves, and what the policy caches -- every linear layer's output and fused attention's
+    output and log-sum-exp. A row-parallel linear's output is cached before its reduction, so
+    it is a full-size partial sum on every tp rank, divided by neither tp nor SP."""
+    def mark(key: str, shard: Shard | None = None) -> None:
+        if key in seen:
+            seen[key] = replace(seen[key], selective=True)
+        elif (t := activation(key.partition(".")[0], shard)) is not None:
+            seen[key] = replace(t, name=key, without_checkpoint=False, selective=True)
+
+    names = {n.name for n in nodes}
+    external = [i for n in nodes for i in n.inputs if i not in names]
+    if external:
+        mark(_base(graph, external[0]), Shard.SEQ)
+    for n in nodes:
+        if n.op == "sdpa":
+            mark(n.name)
+            if n.name + ".lse" in seen:
+                mark(n.name + ".lse")
+        elif is_linear(n, graph):
+            if n.name in tp.row:
+                mark(n.name + ".partial", Shard.REPLICATED)
+            else:
+                mark(n.name)
 
 
 def op_costs(graph: GraphIR, nodes: list[NodeInfo], tp: _TP, act_bytes: float,
@@ -265,7 +311,7 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], tp: _TP, act_bytes: float,
                 name=f"{pattern}:{n.name}", op=pattern, kind=OpKind.MEMORY,
                 flop=sum(c.fwd_flop for c in chain) * per_seq,
                 bytes=fused_bytes(chain) * per_seq * scale, shard=_op_shard(tp, n),
-                attention_core=any(_is_attention_core(c, graph.seq_len) for c in chain),
+                kept_by_selective=any(kept_by_selective(c, graph) for c in chain),
             ))
             continue
         kv = 0.0
@@ -275,7 +321,7 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], tp: _TP, act_bytes: float,
         costs.append(OpCost(
             name=n.name, op=n.op, kind=_kind(n), flop=n.fwd_flop * per_seq,
             bytes=n.fwd_bytes * per_seq * scale, shard=_op_shard(tp, n),
-            attention_core=_is_attention_core(n, graph.seq_len),
+            kept_by_selective=kept_by_selective(n, graph),
             expert=n.name in tp.expert, kv_elements=kv * per_seq,
         ))
     return tuple(costs)

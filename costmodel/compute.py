@@ -262,13 +262,14 @@ def estimate_layer_s(
     cluster: ClusterSpec,
     eff: Efficiency,
     *,
-    only_attention_core: bool = False,
+    only_recomputed_by_selective: bool = False,
     expert_scale: float = 1.0,
 ) -> PhaseTimes:
-    """Compute seconds of a layer (or of its attention core) for one micro-batch on one GPU."""
+    """Compute seconds of a layer (or of the ops the selective policy reruns) for one
+    micro-batch on one GPU."""
     total = PhaseTimes()
     for op in layer.ops:
-        if only_attention_core and not op.attention_core:
+        if only_recomputed_by_selective and op.kept_by_selective:
             continue
         total = total + estimate_op_s(op, split, cluster, eff, expert_scale=expert_scale)
     return total

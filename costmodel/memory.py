@@ -6,19 +6,34 @@ momentum and variance); stage 1 shards the optimizer state over the data-paralle
 also the gradients, stage 3 also the weights.
 
 Activations are the tensors a layer keeps for its backward pass (``SavedTensor``), as derived
-from the traced graph. For a GPT block they reproduce Korthikanti et al. (2022): per layer
-``s*b*h*(34 + 5*a*s/h)`` bytes without parallelism, ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` with
-tensor parallelism, ``s*b*h/t*(34 + 5*a*s/h)`` adding sequence parallelism, ``34*s*b*h/t`` with
-selective recomputation and ``2*s*b*h`` (``/t`` with SP) with full recomputation.
+from the traced graph, under each checkpoint policy as ``passes/checkpointing.py`` runs it:
+
+* ``none``: what autograd saves. For a GPT block with eager attention and dropout this is
+  Korthikanti et al. (2022): per layer ``s*b*h*(34 + 5*a*s/h)`` bytes without parallelism,
+  ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` with tensor parallelism, ``s*b*h/t*(34 + 5*a*s/h)``
+  adding sequence parallelism.
+* ``selective``: the block input and what the selective-checkpoint policy caches -- the output
+  of every linear layer (``aten.mm``/``addmm``) and of fused attention (its output and
+  log-sum-exp). For a GPT block in fp16 that is ``2 + 6 + 2 + 8 + 2 = 20*s*b*h`` bytes (input,
+  QKV, projection, MLP up, MLP down) plus the attention output ``2*s*b*h`` when attention is
+  fused. A row-parallel linear's output is cached before its all-reduce (or reduce-scatter):
+  the full-size partial sum, divided neither by tp nor by sequence parallelism.
+  This is not Korthikanti et al.'s selective recomputation (which keeps everything but the s^2
+  attention core, ``34*s*b*h/t``): it recomputes the memory-bound ops instead.
+* ``full``: the block input, ``2*s*b*h`` (``/t`` with SP).
+
+``tests/unit/test_saved_activations.py`` holds these against the bytes the executed program
+keeps for tiny models.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .compute import Split
 from .specs import Checkpoint, Optimizer, Precision
-from .workload import LayerCost, Shard
+from .workload import LayerCost, SavedTensor, Shard
 
 
 @dataclass(frozen=True)
@@ -94,17 +109,25 @@ def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
     """Bytes one micro-batch of ``layer`` keeps for the backward pass on one GPU."""
     if policy is Checkpoint.FULL:
         return layer.input_elements * split.act_bytes * split.scale(Shard.SEQ)
+    if policy is Checkpoint.SELECTIVE:
+        return _bytes(layer, split, lambda t: t.selective)
+    return _bytes(layer, split, lambda t: t.without_checkpoint)
+
+
+def _bytes(layer: LayerCost, split: Split, which: Callable[[SavedTensor], bool]) -> float:
     total = 0.0
     for t in layer.saved:
-        if policy is Checkpoint.SELECTIVE and t.attention_core:
-            continue
-        size = t.bytes_per_element if t.bytes_per_element is not None else split.act_bytes
-        total += t.elements * size * split.scale(t.shard)
+        if which(t):
+            size = t.bytes_per_element if t.bytes_per_element is not None else split.act_bytes
+            total += t.elements * size * split.scale(t.shard)
     return total
 
 
 def recompute_working_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
-    """Extra bytes live while a recomputed layer runs its backward (one layer at a time)."""
+    """Extra bytes live while a recomputed layer runs its backward (one layer at a time): what
+    the recomputation rebuilds for autograd beyond what the policy kept."""
     if policy is Checkpoint.NONE:
         return 0.0
+    if policy is Checkpoint.SELECTIVE:
+        return _bytes(layer, split, lambda t: t.without_checkpoint and not t.selective)
     return saved_bytes(layer, split, Checkpoint.NONE) - saved_bytes(layer, split, policy)

@@ -42,12 +42,18 @@ class Schedule(StrEnum):
 
 
 class Checkpoint(StrEnum):
-    """Activation checkpoint policy of one block (Korthikanti et al., 2022)."""
+    """Activation checkpoint policy of one block, as ``passes/checkpointing.py`` runs it."""
 
     NONE = "none"
     """Keep every activation the backward pass needs."""
     SELECTIVE = "selective"
-    """Recompute the attention core (scores, softmax, dropout): the activations that grow with s^2."""
+    """Keep the block input and the outputs of the linear layers (GEMMs by a weight matrix) and
+    of fused attention (output and log-sum-exp); recompute every other op in the backward pass
+    -- norms, activations, RoPE, dropout, the forward collectives, and the unfused attention
+    core's batched matmuls and the MoE experts' (``bmm``), which are not linear layers. Not
+    Korthikanti et al.'s (2022) selective recomputation, which recomputes only the s^2
+    attention core and keeps the rest: with fused attention that would keep what ``none``
+    keeps."""
     FULL = "full"
     """Keep only the block input; recompute the whole block in the backward pass."""
 

@@ -103,7 +103,9 @@ def tp_comm_s(
     total = 0.0
     for c in layer.tp_collectives:
         t = tp_collective_s(c, split, g.tp, cluster, eff)
-        repeats = 2 if (c.phase is Phase.FORWARD and policy is Checkpoint.FULL) else 1
+        # a recomputed forward issues its collectives again: the selective policy caches GEMM
+        # outputs, not the collectives after them (passes/checkpointing.py)
+        repeats = 2 if (c.phase is Phase.FORWARD and policy is not Checkpoint.NONE) else 1
         total += t * repeats
     return total
 
@@ -141,7 +143,7 @@ def _ep_comm_s(
     nbytes = (layer.ep_alltoall_elements * split.act_bytes * split.scale(Shard.SEQ)
               * eff.moe_load_imbalance)
     one = estimate_collective_s(Collective.ALL_TO_ALL, nbytes, g.ep, cluster, eff)
-    passes = 3 if policy is Checkpoint.FULL else 2
+    passes = 2 if policy is Checkpoint.NONE else 3
     return 2 * one * passes
 
 
@@ -156,7 +158,9 @@ def _layer_time(
     if policy is Checkpoint.FULL:
         recompute = t.forward
     elif policy is Checkpoint.SELECTIVE:
-        recompute = estimate_layer_s(layer, split, cluster, eff, only_attention_core=True).forward
+        # every op but the linear layers and fused attention runs again in the backward
+        recompute = estimate_layer_s(layer, split, cluster, eff, only_recomputed_by_selective=True,
+                                     expert_scale=imbalance).forward
     return (t, recompute, tp_comm_s(layer, split, policy, g, cluster, eff),
             _cp_comm_s(layer, split, g, cluster, eff),
             _ep_comm_s(layer, split, policy, g, cluster, eff))
@@ -357,7 +361,7 @@ def estimate_step(
     recomputed = sum(
         workload.block.matmul_flop if p is Checkpoint.FULL else
         sum(o.flop for o in workload.block.ops
-            if o.attention_core and o.kind in (OpKind.MATMUL, OpKind.ATTENTION))
+            if not o.kept_by_selective and o.kind in (OpKind.MATMUL, OpKind.ATTENTION))
         if p is Checkpoint.SELECTIVE else 0.0
         for p in policies
     )

@@ -59,8 +59,9 @@ class OpCost:
     bytes: float
     """Bytes read+written at the traced dtype's itemsize scaled to the activation dtype."""
     shard: Shard
-    attention_core: bool = False
-    """In the s^2 region (scores, softmax, dropout of probabilities): recomputed by selective."""
+    kept_by_selective: bool = False
+    """The selective policy keeps this op's output (a linear layer's GEMM, fused attention), so
+    its backward does not run it again; it reruns every other op of the block."""
     expert: bool = False
     """Expert computation of an MoE layer (its weights are split by ep)."""
     kv_elements: float = 0.0
@@ -76,8 +77,11 @@ class SavedTensor:
     shard: Shard
     bytes_per_element: float | None = None
     """Fixed element size (a bool mask: 1, an fp32 statistic: 4); None: the activation dtype."""
-    attention_core: bool = False
-    """Recomputed under the selective policy."""
+    without_checkpoint: bool = True
+    """Kept when the block is not checkpointed: autograd saves it for some op's backward."""
+    selective: bool = False
+    """Kept under the selective policy: the block input, a linear layer's output, fused
+    attention's output and statistics (``passes/checkpointing.py``)."""
 
 
 @dataclass(frozen=True)
