@@ -229,8 +229,10 @@ def _launch(job: dict, nproc: int, folder: Path, timeout_s: float) -> list[dict]
 
 def _raise_failure(folder: Path, nproc: int, errors: list[Path], timeout_s: float) -> None:
     if errors:
-        text = errors[0].read_text().strip().splitlines()
-        detail = f"{errors[0].stem} failed: " + " | ".join(text[-6:])
+        # the first rank to fail is the cause; the others mostly lost a peer
+        first = min(errors, key=lambda e: e.stat().st_mtime)
+        text = first.read_text().strip().splitlines()
+        detail = f"{first.stem} failed: " + " | ".join(text[-6:])
     else:
         logs = [(folder / f"rank{r}.log").read_text()[-600:] for r in range(nproc)]
         detail = (f"not every rank finished within {timeout_s:.0f} s; last output: "

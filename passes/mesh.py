@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autopar.costmodel.errors import AutoparError
+from autopar.costmodel.specs import Schedule
 from autopar.plan import Plan
 
 
@@ -33,6 +34,14 @@ AXES: tuple[Axis, ...] = (Axis.PP, Axis.DP_REPLICATE, Axis.DP_SHARD, Axis.TP)
 def check_executable(plan: Plan) -> None:
     """Refuse, with what to do, the parts of a plan this version cannot run."""
     c = plan.config
+    m = c.microbatches(plan.train)
+    if c.pp > 1 and c.schedule is Schedule.ONE_F_ONE_B and m < c.pp:
+        raise AutoparError(
+            f"the 1F1B schedule of torch.distributed.pipelining needs at least one micro-batch "
+            f"per stage; the plan has {m} for {c.pp} stages",
+            where="plan.config.schedule",
+            fix="use --schedule gpipe (the same memory and time with so few micro-batches), or "
+                "more micro-batches")
     for axis, value in (("cp", c.cp), ("ep", c.ep)):
         if value > 1:
             raise AutoparError(

@@ -36,6 +36,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from autopar.costmodel.specs import Precision
 from autopar.plan import Plan
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
+from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions, keep_fused_head_gathered
 from autopar.passes.mesh import Axis, check_executable, dp_rank
 from autopar.passes.model_parts import ModelParts, parts_of
 from autopar.passes.pipeline import build_schedule
@@ -61,10 +62,17 @@ class TiedWeights:
         for name in self.names:
             if name not in params:  # the other stage's name for the same weight
                 continue
-            grad = params[name].grad
-            if grad is not None:
-                local = grad.to_local() if isinstance(grad, DTensor) else grad
-                dist.all_reduce(local, group=self.group)
+            param = params[name]
+            grad = param.grad
+            if grad is None:
+                continue
+            if isinstance(grad, DTensor) and grad.placements != param.placements:
+                # an embedding's gradient comes back replicated for a vocabulary-split table;
+                # both stages must reduce the same local shard
+                grad = grad.redistribute(grad.device_mesh, param.placements)
+                param.grad = grad
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            dist.all_reduce(local, group=self.group)
 
 
 @dataclass
@@ -113,6 +121,9 @@ class ParallelProgram:
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of one micro-batch, vocabulary-parallel when planned."""
+        head = self.modules[-1].get_submodule(self.parts.head)
+        if isinstance(head, LinearCrossEntropyHead):  # fused: the stage gave the hidden state
+            return head.loss(logits, targets)
         if loss_is_vocab_parallel(self.plan):
             logits = vocab_parallel_logits(logits, self.mesh[Axis.TP.value])
         elif logits.dtype in (torch.bfloat16, torch.float16):
@@ -166,6 +177,9 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     model = model.to(device)
     if plan.train.precision is Precision.BF16_PURE:
         model = model.to(torch.bfloat16)
+    # Fusion after the cast (the fused modules hold the cast weights) and before the split
+    # and sharding, which find the fused modules under the model's names.
+    apply_fusions(model, plan.config.fusions, tp=plan.config.tp)
     tied_names = _tied_across_stages(model, parts, plan)
     pp_rank = mesh.get_local_rank(Axis.PP.value)
     stages = build_stages(model, parts, plan, pp_rank)
@@ -173,6 +187,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     for _, stage in stages:
         apply_tensor_parallel(stage, plan, mesh[Axis.TP.value], parts)
         apply_data_parallel(stage, stage.blocks().values(), plan, mesh)
+        keep_fused_head_gathered(stage, parts.head)
     program = ParallelProgram(plan, mesh, parts, stages, num_stages, device,
                               _tied_group(mesh, tied_names, plan))
     program._params = dict(program.named_parameters())

@@ -134,7 +134,7 @@ def outer_candidates(num_gpus: int, shape: ModelShape, train: TrainSpec,
             for mb in [m for m in sizes if per_replica % m == 0]:
                 m = per_replica // mb
                 for schedule, v in _schedules(pp, m, shape.num_blocks, constraints, stats):
-                    for zero in _zero_stages(dp * cp, constraints, stats):
+                    for zero in _zero_stages(dp * cp, pp, constraints, stats):
                         for sp in _sequence_parallel(tp, constraints, stats):
                             stats.enumerated += 1
                             yield ParallelConfig(
@@ -153,9 +153,11 @@ def _schedules(pp: int, m: int, num_blocks: int, constraints: Mapping[str, objec
         return [(want or Schedule.ONE_F_ONE_B, 1)] if want != Schedule.INTERLEAVED \
             else [(Schedule.INTERLEAVED, 1)]
     out: list[tuple[Schedule, int]] = []
-    if want in (None, Schedule.ONE_F_ONE_B):
+    # torch.distributed.pipelining's Schedule1F1B needs a micro-batch per stage at least; with
+    # fewer, 1F1B and GPipe keep the same m micro-batches in flight, so GPipe stands in for it
+    if want in (None, Schedule.ONE_F_ONE_B) and m >= pp:
         out.append((Schedule.ONE_F_ONE_B, 1))
-    if want == Schedule.GPIPE:
+    if want == Schedule.GPIPE or (want is None and m < pp):
         out.append((Schedule.GPIPE, 1))
     elif want is None:
         stats.prune("gpipe")
@@ -171,13 +173,18 @@ def _schedules(pp: int, m: int, num_blocks: int, constraints: Mapping[str, objec
     return out
 
 
-def _zero_stages(replicas: int, constraints: Mapping[str, object],
+def _zero_stages(replicas: int, pp: int, constraints: Mapping[str, object],
                  stats: SpaceStats) -> list[int]:
     if "zero" in constraints:
         return [int(constraints["zero"])]  # type: ignore[arg-type]
     if replicas == 1:
         return [0]
     stats.prune("zero0")
+    if pp > 1:
+        # torch.distributed.pipelining reduces gradients once per step, after the last
+        # micro-batch, whatever FSDP is told: ZeRO-2 would run as ZeRO-1 (passes/data_parallel)
+        stats.prune("zero2 under pipelining")
+        return [1, 3]
     return [1, 2, 3]
 
 

@@ -52,6 +52,7 @@ CASES = {
     # combinations
     "dp2xtp2": (LLAMA, dict(dp=2, tp=2, zero=3, micro_batch=1), 4),
     "tp2xpp2": (LLAMA, dict(tp=2, pp=2, sequence_parallel=True, micro_batch=1), 4),
+    "tp2xpp2-gpt-vocab-split-tie": (GPT, dict(tp=2, pp=2, schedule="gpipe", micro_batch=8), 16),
     "dp2xpp2": (LLAMA, dict(dp=2, pp=2, zero=1, schedule="interleaved", micro_batch=1), 8),
     "dp2xtp2xpp2": (GPT, dict(dp=2, tp=2, pp=2, zero=2, sequence_parallel=True,
                               micro_batch=1), 8),
