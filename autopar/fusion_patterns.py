@@ -6,8 +6,15 @@ outside inputs and writes its last output once: the intermediate tensors are nei
 nor read back from HBM. ``ParallelConfig.fusions`` names the patterns the program applies; the
 workload builder prices each match as one op with the fused bytes.
 
+Two things the traced graphs need: a ``view`` between two ops of a chain moves no data and is
+stepped over (the head's logits are reshaped before the cross-entropy), and a reader that yields
+no tensor (``size()``) does not count as a reader; and a pattern may take in ``SIDE_OPS``: an
+op whose output only the chain's last op reads (RoPE's ``x * cos`` meets ``rotate_half(x) * sin``
+at the add, a diamond no chain spans).
+
 The Megatron-LM patterns (``scale_mask_softmax``, ``bias_dropout_add``) are the fused kernels of
-Narayanan et al.'s runs; the kernels of ``autopar.kernels`` add their own.
+Narayanan et al.'s runs; the others are the kernels of ``autopar.kernels`` (named as them), which
+``passes/fuse.py`` swaps into the program.
 """
 
 from __future__ import annotations
@@ -18,7 +25,17 @@ from autopar.graph import GraphIR, NodeInfo
 PATTERNS: dict[str, tuple[str, ...]] = {
     "scale_mask_softmax": ("mul", "masked_fill", "softmax"),
     "bias_dropout_add": ("dropout", "add"),
+    "rms_norm": ("rms_norm",),
+    "layer_norm": ("layer_norm",),
+    "gelu": ("gelu",),
+    "swiglu": ("silu", "mul"),
+    "rope": ("neg", "cat", "mul", "add"),
+    "linear_cross_entropy": ("linear", "cross_entropy"),
 }
+
+SIDE_OPS: dict[str, tuple[str, ...]] = {"rope": ("mul",)}
+"""Per pattern, ops that join it as an input of its last op that nothing else reads: RoPE's
+``x * cos``, added to the chain ``neg, cat, mul`` of ``rotate_half(x) * sin``."""
 
 
 def find_fusions(graph: GraphIR, nodes: list[NodeInfo], names: tuple[str, ...]
@@ -38,24 +55,52 @@ def find_fusions(graph: GraphIR, nodes: list[NodeInfo], names: tuple[str, ...]
         for pname in names:
             chain = _match(n, PATTERNS[pname], consumers, taken)
             if chain:
+                chain[-1:-1] = _side_inputs(chain, SIDE_OPS.get(pname, ()), consumers, taken,
+                                            {x.name: x for x in nodes})
                 taken.update(c.name for c in chain)
                 found.append((pname, chain))
                 break
     return found
 
 
+def _sole_reader(node: NodeInfo, consumers: dict[str, list[NodeInfo]]) -> NodeInfo | None:
+    """The one node reading ``node``'s data, through views; None for none or several."""
+    while True:
+        readers = [r for r in consumers.get(node.name, []) if r.op != "view" or r.outputs]
+        if len(readers) != 1:
+            return None
+        if readers[0].op != "view":
+            return readers[0]
+        node = readers[0]
+
+
 def _match(start: NodeInfo, ops: tuple[str, ...], consumers: dict[str, list[NodeInfo]],
            taken: set[str]) -> list[NodeInfo] | None:
-    """The chain from ``start`` whose ops are ``ops``, each the sole reader of the previous."""
+    """The chain from ``start`` whose ops are ``ops``, each the sole reader of the previous
+    (views stepped over, not part of the chain)."""
     if start.op != ops[0] or start.name in taken:
         return None
     chain = [start]
     for op in ops[1:]:
-        readers = consumers.get(chain[-1].name, [])
-        if len(readers) != 1 or readers[0].op != op or readers[0].name in taken:
+        reader = _sole_reader(chain[-1], consumers)
+        if reader is None or reader.op != op or reader.name in taken:
             return None
-        chain.append(readers[0])
+        chain.append(reader)
     return chain
+
+
+def _side_inputs(chain: list[NodeInfo], ops: tuple[str, ...],
+                 consumers: dict[str, list[NodeInfo]], taken: set[str],
+                 by_name: dict[str, NodeInfo]) -> list[NodeInfo]:
+    """Producers of the last op's other inputs whose op is in ``ops`` and that only it reads."""
+    inside = {c.name for c in chain}
+    out = []
+    for name in chain[-1].inputs:
+        node = by_name.get(name)
+        if (node is not None and node.op in ops and name not in inside and name not in taken
+                and _sole_reader(node, consumers) is chain[-1]):
+            out.append(node)
+    return out
 
 
 def fused_bytes(chain: list[NodeInfo]) -> float:
