@@ -203,6 +203,8 @@ def _launch(job: dict, nproc: int, folder: Path, timeout_s: float) -> list[dict]
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                    LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1")
+        if job["plan"]["config"]["fusions"] and not torch.cuda.is_available():
+            env.setdefault("TRITON_INTERPRET", "1")  # the fused kernels' CPU interpreter
         log = open(folder / f"rank{rank}.log", "w")
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "autopar.verify_worker", str(folder / "job.json")],

@@ -33,7 +33,10 @@ AXES: tuple[Axis, ...] = (Axis.PP, Axis.DP_REPLICATE, Axis.DP_SHARD, Axis.TP)
 
 def check_executable(plan: Plan) -> None:
     """Refuse, with what to do, the parts of a plan this version cannot run."""
+    from autopar.passes.fuse import check_fusions  # the kernels' import, only when checking
+
     c = plan.config
+    check_fusions(c.fusions, c.tp)
     m = c.microbatches(plan.train)
     if c.pp > 1 and c.schedule is Schedule.ONE_F_ONE_B and m < c.pp:
         raise AutoparError(

@@ -71,6 +71,13 @@ class PrepareBlockInput(PrepareModuleInput):
         return (first, *inputs[1:])
 
 
+def sequence_parallel(plan: Plan) -> bool:
+    """Whether the residual stream runs in sequence shards: the plan enables it and some module
+    runs over the sequence (a solve may enable it and still keep every op whole)."""
+    return plan.config.sequence_parallel and any(
+        style == "sequence" for _, style in plan.module_strategies)
+
+
 def loss_is_vocab_parallel(plan: Plan) -> bool:
     return plan.config.tp > 1 and dict(plan.module_strategies).get(LOSS) == "vocab"
 
@@ -81,7 +88,7 @@ def _pattern(name: str, parts: ModelParts) -> str:
 
 def _style(name: str, module: nn.Module, style: str, plan: Plan, parts: ModelParts,
            tp: int) -> ParallelStyle | None:
-    sp = plan.config.sequence_parallel
+    sp = sequence_parallel(plan)
     if style not in EXECUTABLE_STYLES:
         raise AutoparError(
             f"the plan runs module {name} as {style!r}, a layout the engine's tensor-parallel "
@@ -151,9 +158,9 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
             if chosen is not None:
                 layout[name] = chosen
             if style == "column" and name != parts.head:
-                seq = Shard(1) if plan.config.sequence_parallel else Replicate()
+                seq = Shard(1) if sequence_parallel(plan) else Replicate()
                 layout[name.rsplit(".", 1)[0]] = PrepareBlockInput(seq)
-    if plan.config.sequence_parallel:
+    if sequence_parallel(plan):
         present = {n for n, _ in stage.named_modules()}
         layout.update({k: v for k, v in parts.sequence_parallel_styles(styles).items()
                        if k in present})
