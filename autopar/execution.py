@@ -63,6 +63,9 @@ def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
     rows.append(("checkpointing", "; ".join(
         f"{sum(p is k for p in policies)} block(s) {_CHECKPOINT[k]}" for k in kinds) or "none"))
     rows.append(("precision", _PRECISION[train.precision]))
+    if config.fusions:
+        rows.append(("fused kernels", ", ".join(config.fusions) + " (Triton, autopar.kernels; "
+                                      "swapped in by passes/fuse.py before the pipeline split)"))
     if config.offload:
         rows.append(("offload", "FSDP2 CPUOffloadPolicy: sharded parameters, gradients and the "
                                 "optimizer step on the CPU"))
