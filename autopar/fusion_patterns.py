@@ -103,10 +103,32 @@ def _side_inputs(chain: list[NodeInfo], ops: tuple[str, ...],
     return out
 
 
-def fused_bytes(chain: list[NodeInfo]) -> float:
-    """Bytes of the fused kernel: every op's bytes less each intermediate's write and read."""
+def fused_bytes(graph: GraphIR, chain: list[NodeInfo]) -> float:
+    """Bytes of the fused kernel: every op's bytes less each intermediate's write and read, and
+    less the second reads of an outside tensor that several ops read through views (RoPE's ops
+    read both halves of x and x itself; the kernel reads x once)."""
+    inside = {n.name for n in chain}
     total = sum(n.fwd_bytes for n in chain)
     for n in chain[:-1]:
         if n.out is not None:
             total -= 2 * n.out.nbytes
+    reads: dict[str, float] = {}
+    for n in chain:
+        for name in n.inputs:
+            if name in inside or not graph.has_node(name) or graph.node(name).out is None:
+                continue
+            base = _storage(graph, name)
+            reads[base] = reads.get(base, 0.0) + graph.node(name).out.nbytes
+    for base, read in reads.items():
+        whole = graph.node(base).out
+        if whole is not None:
+            total -= max(0.0, read - whole.nbytes)
     return max(total, 0.0)
+
+
+def _storage(graph: GraphIR, name: str) -> str:
+    """The node owning the storage ``name`` views."""
+    node = graph.node(name)
+    while node.op == "view" and node.inputs and graph.has_node(node.inputs[0]):
+        node = graph.node(node.inputs[0])
+    return node.name

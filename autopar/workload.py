@@ -14,12 +14,15 @@ Three analyses over the graph, each a small function:
   block with eager attention this gives Korthikanti et al.'s 34*s*h + 5*a*s^2 bytes exactly.
   Each is marked with the policies that keep it: autograd without checkpointing, and the
   selective policy of ``passes/checkpointing.py``, which keeps the block input and the outputs
-  of the linear layers and of fused attention and recomputes every other op.
+  of the linear layers and of fused attention and recomputes every other op. A fused kernel
+  (``fusions``) keeps what its autograd saves instead of what its eager ops would; the loss
+  also records what it holds only while it runs (``transient``).
 * **Costs per op** (``op_costs``): FLOPs and bytes per sequence, and which roofline applies.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -192,12 +195,16 @@ def _kind(n: NodeInfo) -> OpKind:
     return OpKind.MEMORY
 
 
-def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[SavedTensor, ...]:
+def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], tp: _TP,
+                  fusions: tuple[str, ...] = ()) -> tuple[SavedTensor, ...]:
     """The activations ``nodes`` keep for backward, per sequence, each storage counted once,
-    marked with the policies that keep them (without checkpointing; selective)."""
+    marked with the policies that keep them (without checkpointing; selective); a match of a
+    fused kernel's pattern keeps what the kernel saves (``_keep_fused``)."""
     seen: dict[str, SavedTensor] = {}
     per_seq = 1.0 / graph.batch
     inside = frozenset(n.name for n in nodes)
+    fused = {c.name: (pattern, chain) for pattern, chain in find_fusions(graph, nodes, fusions)
+             if pattern in KERNEL_FUSIONS for c in chain}
 
     def activation(name: str, shard: Shard | None = None) -> SavedTensor | None:
         if not graph.has_node(name):
@@ -212,12 +219,18 @@ def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[Saved
         if base not in seen and (t := activation(base)) is not None:
             seen[base] = t
 
-    def extra(key: str, elements: float, size: float, shard: Shard) -> None:
-        seen[key] = SavedTensor(key, elements * per_seq, shard, size)
+    def extra(key: str, elements: float, size: float | None, shard: Shard,
+              transient: bool = False) -> None:
+        seen[key] = SavedTensor(key, elements * per_seq, shard, size,
+                                without_checkpoint=not transient, transient=transient)
 
     for n in nodes:
         shard = _shard(tp, n)
-        if n.op in GEMM_OPS:
+        if n.name in fused:
+            pattern, chain = fused[n.name]
+            if n is chain[-1]:
+                _keep_fused(graph, tp, pattern, chain, keep, extra, seen)
+        elif n.op in GEMM_OPS:
             for i in n.inputs:
                 keep(i)
         elif n.op == "sdpa":
@@ -252,7 +265,13 @@ def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[Saved
             if n.inputs:
                 logits = graph.node(n.inputs[0]).out if graph.has_node(n.inputs[0]) else None
                 if logits is not None:
-                    extra(n.name + ".logprobs", logits.numel, 4.0, _shard(tp, graph.node(n.inputs[0])))
+                    # the program upcasts the logits and keeps log_softmax's fp32 output; its
+                    # backward holds that, the fp32 gradient of the log-probabilities and the
+                    # one of the logits at once: 8 bytes per logit beyond what is kept
+                    logits_shard = _shard(tp, graph.node(n.inputs[0]))
+                    extra(n.name + ".logprobs", logits.numel, 4.0, logits_shard)
+                    extra(_base(graph, n.inputs[0]) + ".grad", logits.numel, 8.0, logits_shard,
+                          transient=True)
         elif n.op in INDEX_SAVING:
             for out in n.outputs:
                 if not out.dtype.is_floating_point:
@@ -262,6 +281,46 @@ def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[Saved
                 keep(i)
     _mark_selective(graph, nodes, tp, seen, activation)
     return tuple(seen.values())
+
+
+KERNEL_FUSIONS = frozenset({"rms_norm", "layer_norm", "gelu", "swiglu", "rope",
+                            "linear_cross_entropy"})
+"""Fusions run by a kernel of ``autopar.kernels``, which keeps for the backward what its
+``register_autograd`` saves; the Megatron patterns keep what their eager ops keep."""
+
+
+def _keep_fused(graph: GraphIR, tp: _TP, pattern: str, chain: list[NodeInfo],
+                keep: Callable[[str], None], extra: Callable[..., None],
+                seen: dict[str, SavedTensor]) -> None:
+    """What a fused kernel's autograd saves (``setup_context`` in ``kernels/*.py``): the norms
+    and GELU their input x (the weight is a parameter; mean and rstd are recomputed from x);
+    SwiGLU gate and up (silu(gate) is recomputed); RoPE cos and sin (buffers): no activation.
+    The fused loss saves the two gradients it computed in the forward, of the hidden state
+    (tokens x hidden, hidden's dtype) and of the head's weight (vocab x hidden, cast to
+    hidden's dtype: one weight-sized buffer per micro-batch, ``per_token`` false), and holds
+    a chunk of logits while it runs (c = tokens / ceil(vocab / hidden) rows, as
+    ``kernels.linear_cross_entropy.chunk_tokens`` without its rounding up to a power of two)."""
+    first, last = chain[0], chain[-1]
+    if pattern in ("rms_norm", "layer_norm", "gelu"):
+        keep(first.inputs[0])
+    elif pattern == "swiglu":
+        keep(first.inputs[0])
+        for i in last.inputs:
+            if i != first.name:
+                keep(i)
+    elif pattern == "linear_cross_entropy":
+        hidden = graph.node(_base(graph, first.inputs[0]))
+        weights = [graph.params[p] for p in first.params
+                   if p in graph.params and len(graph.params[p].shape) == 2]
+        if hidden.out is None or not weights:
+            return
+        vocab, width = weights[0].shape
+        extra(first.name + ".grad_hidden", hidden.out.numel, None, _shard(tp, hidden))
+        key = first.name + ".grad_weight"
+        seen[key] = SavedTensor(key, float(vocab * width), _op_shard(tp, first), per_token=False)
+        tokens = hidden.out.numel / width
+        extra(first.name + ".chunk_logits", tokens / math.ceil(vocab / width) * vocab, None,
+              _op_shard(tp, first), transient=True)
 
 
 def _mark_selective(graph: GraphIR, nodes: list[NodeInfo], tp: _TP, seen: dict[str, SavedTensor],
@@ -305,12 +364,15 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], tp: _TP, act_bytes: float,
         itemsize = n.out.dtype.itemsize if n.out is not None and n.out.dtype.is_floating_point \
             else act_bytes
         scale = act_bytes / itemsize
+        if n.name in chains and chains[n.name][0] == "linear_cross_entropy":
+            costs.extend(_fused_loss_costs(graph, chains[n.name][1], tp, act_bytes))
+            continue
         if n.name in chains:
             pattern, chain = chains[n.name]
             costs.append(OpCost(
                 name=f"{pattern}:{n.name}", op=pattern, kind=OpKind.MEMORY,
                 flop=sum(c.fwd_flop for c in chain) * per_seq,
-                bytes=fused_bytes(chain) * per_seq * scale, shard=_op_shard(tp, n),
+                bytes=fused_bytes(graph, chain) * per_seq * scale, shard=_op_shard(tp, n),
                 kept_by_selective=any(kept_by_selective(c, graph) for c in chain),
             ))
             continue
@@ -325,6 +387,31 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], tp: _TP, act_bytes: float,
             expert=n.name in tp.expert, kv_elements=kv * per_seq,
         ))
     return tuple(costs)
+
+
+def _fused_loss_costs(graph: GraphIR, chain: list[NodeInfo], tp: _TP, act_bytes: float
+                      ) -> tuple[OpCost, OpCost]:
+    """The fused head and loss as two ops: the head's GEMMs, as many FLOPs as eager (the logits'
+    GEMM in the forward, and the two gradient GEMMs, which the kernel runs in the forward too,
+    priced as the linear layer's backward), and the row kernel, which reads each logit twice and
+    writes its gradient once (3 x tokens x vocab elements, none of the eager loss's fp32
+    copies); its backward only scales the saved gradients (read and write hidden- and
+    weight-sized tensors; the weight's is counted per sequence, exact at micro-batch 1 and
+    over by the micro-batch above it, as ``OpCost`` has no per-micro-batch bytes)."""
+    head, loss = chain
+    per_seq = 1.0 / graph.batch
+    logits = head.out
+    scale = act_bytes / logits.dtype.itemsize
+    hidden = graph.node(_base(graph, head.inputs[0])).out
+    weight = sum(graph.params[p].numel for p in head.params if p in graph.params)
+    gemm = OpCost(name=head.name, op=head.op, kind=OpKind.MATMUL, flop=head.fwd_flop * per_seq,
+                  bytes=head.fwd_bytes * per_seq * scale, shard=_op_shard(tp, head),
+                  kept_by_selective=True)
+    rows = OpCost(name=f"linear_cross_entropy:{loss.name}", op="linear_cross_entropy",
+                  kind=OpKind.MEMORY, flop=loss.fwd_flop * per_seq,
+                  bytes=3 * logits.nbytes * per_seq * scale, shard=_op_shard(tp, head),
+                  backward_bytes=2 * act_bytes * (hidden.numel * per_seq + weight * per_seq))
+    return gemm, rows
 
 
 def _tp_collectives(graph: GraphIR, nodes: list[NodeInfo], tp: _TP) -> tuple[TPCollective, ...]:
@@ -387,7 +474,7 @@ def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: flo
     return LayerCost(
         name=name,
         ops=op_costs(graph, nodes, tp, act_bytes, fusions),
-        saved=saved_tensors(graph, nodes, tp),
+        saved=saved_tensors(graph, nodes, tp, fusions),
         input_elements=_elements(graph, external[0] if external else None),
         output_elements=_elements(graph, nodes[-1].name if nodes else None),
         params=_numel(graph, every),

@@ -6,7 +6,8 @@ achieved HBM bandwidth, plus a fixed per-kernel cost. Backward work per op kind:
 * GEMM: an activation-gradient and a weight-gradient GEMM, each as many FLOPs as the forward;
 * attention: twice the forward FLOPs at the backward efficiency (FlashAttention);
 * memory-bound ops: twice the forward bytes (read the output gradient and the saved input,
-  write the input gradient).
+  write the input gradient), or the op's own ``backward_bytes`` (the fused loss, whose forward
+  computed the gradients: its backward only scales them).
 
 A linear layer's GEMMs are priced at their shape on this GPU when the split knows the sequence
 length (``Split.seq_len``): tokens = micro-batch x seq_len / cp rows, the weight's feature widths
@@ -253,7 +254,8 @@ def estimate_op_s(
         ring = ring_attention_merge_s(op, split, cluster, eff)
         return PhaseTimes(fwd + ring.forward, bwd + ring.backward_act, 0.0)
     fwd = nbytes / hbm + k
-    return PhaseTimes(fwd, 2 * nbytes / hbm + k, 0.0)
+    bwd = 2 * nbytes if op.backward_bytes is None else op.backward_bytes * s
+    return PhaseTimes(fwd, bwd / hbm + k, 0.0)
 
 
 def estimate_layer_s(

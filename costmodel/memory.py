@@ -22,8 +22,16 @@ from the traced graph, under each checkpoint policy as ``passes/checkpointing.py
   attention core, ``34*s*b*h/t``): it recomputes the memory-bound ops instead.
 * ``full``: the block input, ``2*s*b*h`` (``/t`` with SP).
 
-``tests/unit/test_saved_activations.py`` holds these against the bytes the executed program
-keeps for tiny models.
+Fused kernels (``ParallelConfig.fusions``) keep what their autograd saves, for every policy: the
+norms and GELU their input (the statistics are recomputed), SwiGLU gate and up (not silu(gate)),
+RoPE nothing but its tables. The fused loss (``linear_cross_entropy``) keeps the gradients it
+computed in the forward, of the hidden state (tokens x hidden) and of the head's weight (vocab x
+hidden, a buffer per micro-batch in flight whatever its size), instead of the eager loss's fp32
+log-probabilities (tokens x vocab); while it runs the eager loss also holds their gradient and
+the logits' (8 bytes per logit, ``transient_bytes``), the fused one a chunk of logits.
+
+``tests/unit/test_saved_activations.py`` holds these, fused or not, against the bytes the
+executed program keeps for tiny models.
 """
 
 from __future__ import annotations
@@ -119,8 +127,15 @@ def _bytes(layer: LayerCost, split: Split, which: Callable[[SavedTensor], bool])
     for t in layer.saved:
         if which(t):
             size = t.bytes_per_element if t.bytes_per_element is not None else split.act_bytes
-            total += t.elements * size * split.scale(t.shard)
+            scale = split.scale(t.shard) if t.per_token else 1.0 / split.divisor(t.shard)
+            total += t.elements * size * scale
     return total
+
+
+def transient_bytes(layer: LayerCost, split: Split) -> float:
+    """Bytes a layer holds only while it runs, beyond what it keeps: the loss's gradient of the
+    logits (eager) or its chunk of logits (fused), live once at the stage's peak."""
+    return _bytes(layer, split, lambda t: t.transient)
 
 
 def recompute_working_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:

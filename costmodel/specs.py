@@ -183,6 +183,15 @@ class ParallelConfig:
             )
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
+        if "linear_cross_entropy" in self.fusions and self.tp > 1:
+            raise AutoparError(
+                f"fusion 'linear_cross_entropy' with tp={self.tp}: the fused loss computes "
+                "every logit of the vocabulary on one GPU, and tensor parallelism splits the "
+                "head over the vocabulary (passes/fuse.py refuses it too)",
+                where="fusions",
+                fix="drop 'linear_cross_entropy' for tp > 1 (the vocabulary-parallel loss "
+                    "keeps the logits sharded instead), or plan tp=1",
+            )
         if (self.dp * self.cp) % self.ep:
             raise AutoparError(
                 f"ep={self.ep} does not divide dp*cp={self.dp * self.cp}: expert parallelism "

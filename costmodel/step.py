@@ -24,6 +24,7 @@ from .memory import (
     recompute_working_bytes,
     saved_bytes,
     state_bytes_per_param,
+    transient_bytes,
 )
 from .pipeline import StagePartition, bubble_fraction, even_partition, in_flight_microbatches
 from .specs import Checkpoint, ParallelConfig, Precision, Schedule, TrainSpec
@@ -407,7 +408,8 @@ def _stage_memory(
         key = (layer.name, policy)
         if key not in memo:  # every block costs the same: size it once
             memo[key] = (saved_bytes(layer, split, policy),
-                         recompute_working_bytes(layer, split, policy))
+                         recompute_working_bytes(layer, split, policy)
+                         + transient_bytes(layer, split))
         kept += n * memo[key][0]
         working = max(working, memo[key][1])
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)

@@ -66,6 +66,9 @@ class OpCost:
     """Expert computation of an MoE layer (its weights are split by ep)."""
     kv_elements: float = 0.0
     """For attention: K and V elements per sequence (what ring attention passes around)."""
+    backward_bytes: float | None = None
+    """Bytes the backward moves, for a memory-bound op whose backward is not the usual twice
+    the forward's bytes (a fused loss that computes its gradients in the forward); None: 2x."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,15 @@ class SavedTensor:
     selective: bool = False
     """Kept under the selective policy: the block input, a linear layer's output, fused
     attention's output and statistics (``passes/checkpointing.py``)."""
+    transient: bool = False
+    """Not kept from forward to backward but live while the layer runs, on top of what it
+    keeps: the eager loss's fp32 gradients of the logits, the fused loss's chunk of logits.
+    Counted once, at the stage's peak, not per micro-batch in flight (``without_checkpoint``
+    and ``selective`` are then false)."""
+    per_token: bool = True
+    """The size scales with the tokens on this GPU (an activation); False for a buffer the size
+    of a weight (the fused loss's weight gradient): ``elements`` per micro-batch, whatever its
+    size, divided by neither the micro-batch nor cp."""
 
 
 @dataclass(frozen=True)

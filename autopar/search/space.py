@@ -22,7 +22,8 @@ Pruning rules, each with why it cannot lose the optimum under the cost model:
 Everything else here is validity, not pruning: degrees must divide the GPU count, tp the
 attention heads (and key/value heads), pp at most the blocks, the sequence split 2*cp ways
 (load-balanced causal ring attention, which needs a fused attention op), ep the experts and dp*cp, and the micro-batch the
-per-replica batch.
+per-replica batch, and tp = 1 with the fused loss (``linear_cross_entropy`` computes every
+logit on one GPU; ``ParallelConfig`` refuses it with tp > 1).
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ def meshes(num_gpus: int, shape: ModelShape, train: TrainSpec,
             continue
         if constraints.get("sequence_parallel") and tp == 1:
             continue  # sequence parallelism splits over the tp ranks
+        if tp > 1 and "linear_cross_entropy" in (constraints.get("fusions") or ()):
+            continue  # the fused loss needs the whole vocabulary on one GPU
         rest = num_gpus // tp
         for pp in _allowed([p for p in divisors(rest) if p <= shape.num_blocks], "pp",
                            constraints):

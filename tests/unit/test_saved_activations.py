@@ -21,6 +21,11 @@ Two ways in which a storage is kept, both collected:
   collection) the storages still alive are kept by someone, and apart from the block's output
   that can only be the backward (the saved tensors or the checkpoint's cache).
 
+With fusions (``apply_fusions`` on the executed model, the kernels under Triton's interpreter on
+CPU; the cost model's workload traced from the unfused model with the fusions named), the same
+count for the fused block under every policy and for the layers after the blocks (final norm,
+head and loss, eager or fused).
+
 Not counted: the CPU RNG state that checkpointing keeps to replay dropout (5 KiB per block, a
 few bytes of CUDA state on a GPU).
 """
@@ -28,9 +33,11 @@ few bytes of CUDA state on a GPU).
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -41,6 +48,7 @@ from autopar.costmodel.compute import Split
 from autopar.costmodel.memory import saved_bytes
 from autopar.costmodel.specs import Checkpoint
 from autopar.passes.checkpointing import run_block
+from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions
 from autopar.passes.model_parts import parts_of
 
 B, S = 2, 32
@@ -64,9 +72,12 @@ class _LiveOutputs(TorchDispatchMode):
         return out
 
 
-def kept_bytes(model: torch.nn.Module, policy: Checkpoint) -> int:
-    """Bytes block 0 of ``model`` keeps for its backward after one forward under ``policy``."""
-    parts = parts_of(model)
+Run = Callable[[torch.Tensor], tuple[torch.Tensor, tuple[torch.Tensor, ...]]]
+"""(input) -> (output, other tensors the caller holds: the targets)."""
+
+
+def _kept(model: torch.nn.Module, run: Run) -> int:
+    """Bytes the backward keeps after ``run`` on a fresh (B, S, hidden) input."""
     held = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
     saved: dict[int, int] = {}
 
@@ -74,28 +85,56 @@ def kept_bytes(model: torch.nn.Module, policy: Checkpoint) -> int:
         saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    def forward() -> tuple[torch.Tensor, _LiveOutputs]:
+    def forward() -> tuple[torch.Tensor, tuple[torch.Tensor, ...], _LiveOutputs]:
         # a non-leaf input, as a block's input is, held here by nothing but the graph
         x = torch.randn(B, S, model.config.hidden_size, requires_grad=True) * 1.0
         outputs = _LiveOutputs()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), outputs:
-            y = run_block(parts.call_block, model.layers[0], x, parts.block_args(model, x, S),
-                          policy)
-        return y, outputs
+            y, caller = run(x)
+        return y, caller, outputs
 
-    y, outputs = forward()
+    y, caller, outputs = forward()
     gc.collect()
     kept = dict(saved)
     kept.update({ptr: n for ptr, (ref, n) in outputs.storages.items() if not ref.expired()})
-    skip = held | {y.untyped_storage().data_ptr()}
+    skip = held | {t.untyped_storage().data_ptr() for t in (y, *caller)}
     return sum(n for ptr, n in kept.items() if ptr not in skip)
 
 
-def predicted_bytes(model: torch.nn.Module, policy: Checkpoint) -> float:
-    work = autopar.workload_of(model, TrainSpec(global_batch=B, seq_len=S, precision="fp32"))
+def kept_bytes(model: torch.nn.Module, policy: Checkpoint) -> int:
+    """Bytes block 0 of ``model`` keeps for its backward after one forward under ``policy``."""
+    parts = parts_of(model)
+
+    def run(x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        return run_block(parts.call_block, model.layers[0], x, parts.block_args(model, x, S),
+                         policy), ()
+
+    return _kept(model, run)
+
+
+def loss_kept_bytes(model: torch.nn.Module) -> int:
+    """Bytes the layers after the blocks (final norm, head, loss) keep for the backward, the
+    loss computed as ``ParallelProgram.loss`` does: eager, or by the fused head."""
+    parts = parts_of(model)
+    head = model.get_submodule(parts.head)
+
+    def run(x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        targets = torch.randint(0, model.config.vocab_size, (B, S))
+        out = parts.finish(model, x)
+        if isinstance(head, LinearCrossEntropyHead):
+            return head.loss(out, targets), (targets,)
+        return F.cross_entropy(out.flatten(0, 1), targets.flatten(0, 1)), (targets,)
+
+    return _kept(model, run)
+
+
+def predicted_bytes(model: torch.nn.Module, policy: Checkpoint, fusions: tuple[str, ...] = (),
+                    layer: str = "block") -> float:
+    train = TrainSpec(global_batch=B, seq_len=S, precision="fp32")
+    work = autopar.workload_of(model, train, fusions)
     split = Split(micro_batch=B, tp=1, cp=1, sequence_parallel=False, act_bytes=FP32,
                   compute_dtype="tf32")
-    return saved_bytes(work.block, split, policy)
+    return saved_bytes(getattr(work, layer), split, policy)
 
 
 def _model(name: str, **overrides: object) -> torch.nn.Module:
@@ -162,3 +201,58 @@ def test_unchecked_dropout_gap_is_the_cpu_mask_dtype() -> None:
     mask_elements = B * (model.config.num_heads * S * S + 2 * S * h)
     extra = mask_elements * (FP32 - 1)
     assert kept_bytes(model, Checkpoint.NONE) == predicted_bytes(model, Checkpoint.NONE) + extra
+
+
+# --- with the fused kernels (Triton's interpreter on CPU) ----------------------------------
+
+FUSED = {
+    "tiny-llama": ("rms_norm", "swiglu", "rope", "linear_cross_entropy"),
+    "tiny-gpt": ("layer_norm", "gelu", "linear_cross_entropy"),
+}
+
+
+def _fused(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the model as traced, the same model with its fusions applied, as executed)."""
+    traced = MODELS[name]()
+    executed = MODELS[name]()
+    apply_fusions(executed, FUSED[name])
+    return traced, executed
+
+
+@pytest.mark.parametrize("name", sorted(FUSED))
+@pytest.mark.parametrize("policy", [Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.FULL])
+def test_fused_block_keeps_what_the_cost_model_charges(name: str, policy: Checkpoint) -> None:
+    # Exact under every policy, on CPU too: the fused norms keep x alone (the kernels recompute
+    # the statistics; the CPU gap of eager RMSNorm is gone), SwiGLU gate and up, RoPE nothing
+    # but its tables (buffers), GELU its input; selective and full recompute the kernels.
+    traced, executed = _fused(name)
+    assert kept_bytes(executed, policy) == predicted_bytes(traced, policy, FUSED[name])
+
+
+def test_fused_llama_block_keeps_less_than_eager_by_silu_and_the_norm_statistics() -> None:
+    traced, executed = _fused("tiny-llama")
+    c = traced.config
+    dropped = B * S * (c.ffn_hidden_size * FP32 + 2 * FP32)  # silu(gate); two norms' rstd
+    eager = predicted_bytes(traced, Checkpoint.NONE)
+    assert kept_bytes(executed, Checkpoint.NONE) == eager - dropped
+
+
+@pytest.mark.parametrize("name", sorted(FUSED))
+def test_fused_loss_keeps_its_gradients_not_the_logits(name: str) -> None:
+    # Exact: the final norm's input, then the fused loss's grad_hidden (tokens x hidden) and
+    # grad_weight (vocab x hidden, whatever the micro-batch) instead of the logits.
+    traced, executed = _fused(name)
+    c = traced.config
+    predicted = predicted_bytes(traced, Checkpoint.NONE, FUSED[name], layer="post")
+    assert loss_kept_bytes(executed) == predicted
+    assert predicted == (2 * B * S * c.hidden_size + c.vocab_size * c.hidden_size) * FP32
+
+
+def test_eager_loss_keeps_the_fp32_log_probabilities() -> None:
+    # Exact but for nll_loss's total_weight, a 4-byte scalar: LayerNorm's input, mean and
+    # rstd, the head's input, log_softmax's output (tokens x vocab).
+    model = MODELS["tiny-gpt"]()
+    c = model.config
+    predicted = predicted_bytes(model, Checkpoint.NONE, layer="post")
+    assert loss_kept_bytes(model) == predicted + 4
+    assert predicted == B * S * (2 * c.hidden_size + 2 + c.vocab_size) * FP32
