@@ -21,7 +21,7 @@ from rich.text import Text
 
 from autopar.costmodel.cluster import ClusterSpec, preset_names
 from autopar.costmodel.errors import AutoparError
-from autopar.cli_args import model_overrides
+from autopar.cli_args import config_from_fields, model_overrides
 from autopar.cli_export import add_export_parser, cmd_export
 from autopar.cli_verify import add_verify_parser
 from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
@@ -119,17 +119,7 @@ def _given_fields(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _config(args: argparse.Namespace, cluster: ClusterSpec) -> ParallelConfig:
-    fields = _given_fields(args)
-    if "dp" not in fields:
-        inner = int(fields.get("tp", 1)) * int(fields.get("pp", 1)) * int(fields.get("cp", 1))
-        if cluster.num_gpus % inner:
-            raise AutoparError(
-                f"tp*pp*cp = {inner} does not divide the {cluster.num_gpus} GPUs of the cluster",
-                where="--tp/--pp/--cp", fix="choose degrees whose product divides the GPU count")
-        fields["dp"] = cluster.num_gpus // inner
-    if fields.get("virtual_stages", 1) != 1 and "schedule" not in fields:
-        fields["schedule"] = "interleaved"
-    return ParallelConfig(**fields)  # type: ignore[arg-type]
+    return config_from_fields(_given_fields(args), cluster.num_gpus, "--tp/--pp/--cp")
 
 
 def cmd_models(args: argparse.Namespace, console: Console) -> int:

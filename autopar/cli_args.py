@@ -29,6 +29,24 @@ def model_overrides(items: list[str]) -> dict[str, object]:
     return overrides
 
 
+def config_from_fields(fields: dict[str, object], gpus: int | None, where: str):
+    """The ``ParallelConfig`` of the given flags: ``dp`` defaults to the ``gpus`` left over by
+    tp*pp*cp (to 1 without ``gpus``), ``--virtual-stages`` implies the interleaved schedule."""
+    from autopar.costmodel.specs import ParallelConfig
+
+    fields = dict(fields)
+    if "dp" not in fields:
+        inner = int(fields.get("tp", 1)) * int(fields.get("pp", 1)) * int(fields.get("cp", 1))
+        if gpus is not None and gpus % inner:
+            raise AutoparError(f"tp*pp*cp = {inner} does not divide the {gpus} GPUs; {gpus} is "
+                               f"not a multiple of {inner}", where=where,
+                               fix="choose degrees whose product divides the GPU count, or --dp")
+        fields["dp"] = (gpus or inner) // inner
+    if fields.get("virtual_stages", 1) != 1 and "schedule" not in fields:
+        fields["schedule"] = "interleaved"
+    return ParallelConfig(**fields)  # type: ignore[arg-type]
+
+
 def read_plan(path: str, where: str = "PLAN"):
     """The ``Plan`` in a JSON file, or an ``AutoparError`` saying why not."""
     from autopar.plan import Plan

@@ -13,9 +13,9 @@ import argparse
 
 from rich.console import Console
 
-from autopar.cli_args import model_overrides, read_plan
+from autopar.cli_args import config_from_fields, model_overrides, read_plan
 from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.specs import ParallelConfig, TrainSpec
+from autopar.costmodel.specs import TrainSpec
 
 HF_LLAMA = "hf-llama"
 """``--model hf-llama``: a transformers ``LlamaForCausalLM`` from a config (tiny by default;
@@ -69,15 +69,7 @@ def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model):
     from autopar.tracing import resolve_seq_len
     from autopar.verify import process_cluster
 
-    inner = int(fields.get("tp", 1)) * int(fields.get("pp", 1)) * int(fields.get("cp", 1))
-    if "dp" not in fields:
-        if args.nproc is not None and args.nproc % inner:
-            raise AutoparError(f"--nproc {args.nproc} is not a multiple of tp*pp*cp = {inner}",
-                               where="--nproc", fix="give a multiple, or --dp")
-        fields["dp"] = (args.nproc or inner) // inner
-    if fields.get("virtual_stages", 1) != 1 and "schedule" not in fields:
-        fields["schedule"] = "interleaved"
-    config = ParallelConfig(**fields)
+    config = config_from_fields(fields, args.nproc, "--nproc")
     if args.nproc is not None and args.nproc != config.world_size:
         raise AutoparError(f"--nproc {args.nproc} but dp*tp*pp*cp = {config.world_size}",
                            where="--nproc", fix="make them equal, or leave --nproc out")
