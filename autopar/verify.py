@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
+from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.specs import Precision
 from autopar.passes.mesh import check_executable
@@ -195,7 +196,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(job: dict, nproc: int, folder: Path, timeout_s: float) -> list[dict]:
+def _start(job: dict, nproc: int, folder: Path) -> list[subprocess.Popen]:
+    """Start the ranks (they run while the caller computes the reference)."""
     (folder / "job.json").write_text(json.dumps(job))
     port = _free_port()
     procs = []
@@ -205,28 +207,39 @@ def _launch(job: dict, nproc: int, folder: Path, timeout_s: float) -> list[dict]
                    OMP_NUM_THREADS="1")
         if job["plan"]["config"]["fusions"] and not torch.cuda.is_available():
             env.setdefault("TRITON_INTERPRET", "1")  # the fused kernels' CPU interpreter
-        log = open(folder / f"rank{rank}.log", "w")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "autopar.verify_worker", str(folder / "job.json")],
-            env=env, stdout=log, stderr=subprocess.STDOUT))
+        with open(folder / f"rank{rank}.log", "w") as log:  # the child keeps its own handle
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "autopar.verify_worker", str(folder / "job.json")],
+                env=env, stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+def _wait(procs: list[subprocess.Popen], folder: Path, timeout_s: float) -> list[dict]:
+    """The ranks' results, read from the files they write (not their exit codes); kills them
+    all and raises when one failed (after a grace for the others to report) or time ran out."""
+    nproc = len(procs)
     deadline = time.monotonic() + timeout_s
     failed_at = None
     while True:
-        done = [(folder / f"rank{r}.pt").exists() for r in range(nproc)]
+        done = all((folder / f"rank{r}.pt").exists() for r in range(nproc))
+        exited = all(p.poll() is not None for p in procs)
+        if done and exited:
+            return [torch.load(folder / f"rank{r}.pt") for r in range(nproc)]
         errors = sorted(folder.glob("rank*.error"))
-        if all(done) and all(p.poll() is not None for p in procs):
-            break
         if errors and failed_at is None:
             failed_at = time.monotonic()
-        if (failed_at is not None and time.monotonic() - failed_at > 3.0) \
-                or time.monotonic() > deadline:
-            for p in procs:
-                p.kill()
-            _raise_failure(folder, nproc, errors, timeout_s)
-        if all(p.poll() is not None for p in procs) and not all(done):
-            _raise_failure(folder, nproc, errors, timeout_s)
+        grace_over = failed_at is not None and time.monotonic() - failed_at > 3.0
+        if grace_over or exited or time.monotonic() > deadline:
+            _kill(procs)
+            _raise_failure(folder, nproc, sorted(folder.glob("rank*.error")), timeout_s)
         time.sleep(0.05)
-    return [torch.load(folder / f"rank{r}.pt") for r in range(nproc)]
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def _raise_failure(folder: Path, nproc: int, errors: list[Path], timeout_s: float) -> None:
@@ -259,9 +272,13 @@ def verify(spec: ModelSpec, plan: Plan, *, steps: int = 3, seed: int = 0,
     work = Path(folder) if keep else Path(tempfile.mkdtemp(prefix="autopar-verify-"))
     work.mkdir(parents=True, exist_ok=True)
     job = {"plan": plan.to_dict(), "model": spec.to_dict(), "steps": steps, "seed": seed}
-    ranks_future = _launch_async(job, nproc, work, timeout_s)
-    ref_losses, ref_grads, ref_params = reference(spec, plan, steps, seed)
-    ranks = ranks_future()
+    procs = _start(job, nproc, work)
+    try:
+        ref_losses, ref_grads, ref_params = reference(spec, plan, steps, seed)
+    except BaseException:
+        _kill(procs)
+        raise
+    ranks = _wait(procs, work, timeout_s)
     if not keep:  # a failure raised above and left the folder for its logs
         shutil.rmtree(work, ignore_errors=True)
     losses = []
@@ -283,37 +300,8 @@ def verify(spec: ModelSpec, plan: Plan, *, steps: int = 3, seed: int = 0,
         wall_s=time.monotonic() - start, missing=sorted(set(ref_params) - set(params)))
 
 
-def _launch_async(job: dict, nproc: int, folder: Path, timeout_s: float):
-    """Start the ranks now and return a function that waits for their results, so the
-    reference runs while they start up."""
-    import threading
-
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            box["ranks"] = _launch(job, nproc, folder, timeout_s)
-        except BaseException as err:  # re-raised in the caller's thread
-            box["error"] = err
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-
-    def wait() -> list[dict]:
-        thread.join()
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box["ranks"]  # type: ignore[return-value]
-
-    return wait
-
-
-def process_cluster(nproc: int, like: str = "hgx-h100-80g"):  # -> ClusterSpec
+def process_cluster(nproc: int, like: str = "hgx-h100-80g") -> ClusterSpec:
     """A one-node cluster of ``nproc`` GPUs of preset ``like``: what a plan given as flags is
     priced on when it is verified on ``nproc`` CPU processes."""
-    from dataclasses import replace
-
-    from autopar.costmodel.cluster import ClusterSpec
-
     base = ClusterSpec.preset(like, nodes=1)
     return replace(base, name=f"{like}-{nproc}gpu", gpus_per_node=nproc)

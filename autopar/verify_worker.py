@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from autopar.costmodel.errors import AutoparError
 from autopar.passes import device_mesh, parallelize
 from autopar.passes.mesh import Axis
 from autopar.plan import Plan
@@ -75,6 +76,9 @@ def main(argv: list[str]) -> None:
     try:
         result = run(job, out)
         torch.save(result, out / f"rank{rank}.pt")
+    except AutoparError as err:  # a person can act on it: its paragraph, no traceback
+        (out / f"rank{rank}.error").write_text(err.paragraph())
+        code = 1
     except BaseException:  # reported to the launcher, which prints it
         (out / f"rank{rank}.error").write_text(traceback.format_exc())
         code = 1
