@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -50,19 +50,14 @@ from autopar.passes.tensor_parallel import (
 
 @dataclass
 class TiedWeights:
-    """Weights two pipeline stages hold copies of: their gradients are summed after backward."""
+    """This rank's copies of weights that the first and the last pipeline stage both hold
+    (GPT's embedding and head): their gradients are summed between the two after backward."""
 
-    names: list[str]
-    """Parameter names held by this rank whose gradient is shared with another stage."""
+    params: list[nn.Parameter]
     group: dist.ProcessGroup | None
 
-    def sync(self, params: dict[str, nn.Parameter]) -> None:
-        if self.group is None:
-            return
-        for name in self.names:
-            if name not in params:  # the other stage's name for the same weight
-                continue
-            param = params[name]
+    def sync(self) -> None:
+        for param in self.params:
             grad = param.grad
             if grad is None:
                 continue
@@ -87,7 +82,6 @@ class ParallelProgram:
     device: torch.device
     tied: TiedWeights
     schedule: object | None = None
-    _params: dict[str, nn.Parameter] = field(default_factory=dict)
 
     @property
     def modules(self) -> list[StageModule]:
@@ -144,7 +138,7 @@ class ParallelProgram:
             kwargs = {"target": targets, "losses": losses} if self.holds_last else {}
             with self._loss_context():
                 self.schedule.step(*args, **kwargs)  # type: ignore[attr-defined]
-            self.tied.sync(self._params)
+            self.tied.sync()
             if not self.holds_last:
                 return None
             return torch.stack([_plain(x) for x in losses]).mean()
@@ -180,7 +174,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     # Fusion after the cast (the fused modules hold the cast weights) and before the split
     # and sharding, which find the fused modules under the model's names.
     apply_fusions(model, plan.config.fusions, tp=plan.config.tp)
-    tied_names = _tied_across_stages(model, parts, plan)
+    tied_names = _tied_across_stages(model, plan)
     pp_rank = mesh.get_local_rank(Axis.PP.value)
     stages = build_stages(model, parts, plan, pp_rank)
     num_stages = len(stage_layout(plan, len(model.get_submodule(parts.blocks))))
@@ -188,37 +182,34 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
         apply_tensor_parallel(stage, plan, mesh[Axis.TP.value], parts)
         apply_data_parallel(stage, stage.blocks().values(), plan, mesh)
         keep_fused_head_gathered(stage, parts.head)
-    program = ParallelProgram(plan, mesh, parts, stages, num_stages, device,
-                              _tied_group(mesh, tied_names, plan))
-    program._params = dict(program.named_parameters())
+    held = {n: p for _, stage in stages for n, p in stage.named_parameters(
+        remove_duplicate=False)}
+    tied = _tied_weights(mesh, plan, tied_names, held)
+    program = ParallelProgram(plan, mesh, parts, stages, num_stages, device, tied)
     if plan.config.pp > 1:
         program.schedule = build_schedule(stages, num_stages, plan, mesh, device, program.loss)
     return program
 
 
-def _tied_across_stages(model: nn.Module, parts: ModelParts, plan: Plan) -> list[str]:
-    """Names, under the module holding them on the later stage too, of weights shared by a
-    module of the first stage and one of the last (empty without pipelining)."""
+def _tied_across_stages(model: nn.Module, plan: Plan) -> list[str]:
+    """Every name of each weight the model holds under several names (a tied embedding and
+    head), when pipelining may put them on different stages."""
     if plan.config.pp == 1:
         return []
-    owners: dict[int, list[str]] = {}
-    for name, module in model.named_modules(remove_duplicate=False):
-        for pname, p in module.named_parameters(recurse=False):
-            owners.setdefault(id(p), []).append(f"{name}.{pname}" if name else pname)
-    out = []
-    for names in owners.values():
-        if len(names) > 1:
-            out.extend(n for n in names if n.split(".")[0] in {
-                p.split(".")[0] for p in (*parts.first, *parts.last)})
-    return out
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [n for group in names.values() if len(group) > 1 for n in group]
 
 
-def _tied_group(mesh: DeviceMesh, names: list[str], plan: Plan) -> TiedWeights:
-    """One process group per (dp, tp) position joining the first and last pipeline ranks;
-    every rank creates every group, in the same order (``new_group``'s contract)."""
+def _tied_weights(mesh: DeviceMesh, plan: Plan, names: list[str],
+                  held: dict[str, nn.Parameter]) -> TiedWeights:
+    """This rank's tied weights (of ``names``, those in ``held``) and one process group per
+    (dp, tp) position joining the first and last pipeline ranks; every rank creates every
+    group, in the same order (``new_group``'s contract), even one holding no tied weight."""
+    pp = plan.config.pp
     if not names:
         return TiedWeights([], None)
-    pp = plan.config.pp
     ranks = mesh.mesh.reshape(pp, -1)
     mine = None
     for col in range(ranks.shape[1]):
@@ -226,6 +217,5 @@ def _tied_group(mesh: DeviceMesh, names: list[str], plan: Plan) -> TiedWeights:
         group = dist.new_group(members)
         if dist.get_rank() in members:
             mine = group
-    pp_rank = mesh.get_local_rank(Axis.PP.value)
-    held = names if pp_rank in (0, pp - 1) else []
-    return TiedWeights(held, mine if held else None)
+    params = [held[n] for n in names if n in held]
+    return TiedWeights(params if mine is not None else [], mine)
