@@ -14,7 +14,6 @@ from autopar.costmodel.specs import (
 )
 from autopar.graph import GraphIR
 from autopar.plan import Plan, diff
-from autopar.passes import ParallelProgram, device_mesh, parallelize
 from autopar.tracing import trace
 
 __all__ = [
@@ -40,3 +39,16 @@ __all__ = [
     "workload_of",
 ]
 __version__ = "0.1.0"
+
+_EXECUTION = frozenset({"ParallelProgram", "device_mesh", "parallelize"})
+
+
+def __getattr__(name: str) -> object:
+    """The execution API (``autopar.passes``) on first use: it imports torch.distributed's
+    pipelining and DTensor machinery and the Triton kernels, about 0.9 s that planning alone
+    does not need."""
+    if name in _EXECUTION:
+        from autopar import passes
+
+        return getattr(passes, name)
+    raise AttributeError(f"module 'autopar' has no attribute {name!r}")
