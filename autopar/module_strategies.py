@@ -9,9 +9,8 @@ A module is listed when one of its ops reads a parameter. Its style is the strat
 weight GEMM or embedding (``column``, ``row``, ``vocab``, ``replicated``); for any other module
 (a norm, written as one op or as several) ``sequence`` when every op it owns runs over the
 sequence split, ``replicated`` when every op runs whole, and ``mixed`` otherwise (a layout the
-engine's styles cannot express; the pass refuses it). An embedding whose table is also a GEMM's
-weight (a tied head) is one parameter with one layout: it follows the GEMM (``column`` makes it
-``vocab``, both split by vocabulary rows), since the per-op solve prices them apart. Module names of the repeated blocks use
+engine's styles cannot express; the pass refuses it). (A tied embedding and head get one
+layout in the solve itself: ``StrategySolver._tied_tables``.) Module names of the repeated blocks use
 ``*`` for the block index (``layers.*.attn.q_proj``). The loss is listed as ``LOSS``.
 """
 
@@ -56,25 +55,8 @@ def module_strategies(graph: GraphIR, strategies: Mapping[str, str]
             style = seen.pop() if len(seen) == 1 else "mixed"
             style = {"width": "mixed"}.get(style, style)
         out.append((_pattern(graph, path), style))
-    out = _tie(nodes, graph, out)
     losses = [strategies.get(n.name, "replicated") for n in nodes if n.op == "cross_entropy"]
     if losses:
         out.append((LOSS, losses[-1]))
     return tuple(out)
 
-
-_TIED_EMBEDDING = {"column": "vocab", "replicated": "replicated"}
-
-
-def _tie(nodes: list[NodeInfo], graph: GraphIR, styles: list[tuple[str, str]]
-         ) -> list[tuple[str, str]]:
-    """Give an embedding that shares its table with a GEMM the GEMM's row split."""
-    by_path = dict(styles)
-    embeddings = {p: n.module_path for n in nodes if n.op == "embedding" for p in n.params}
-    for n in nodes:
-        if is_weight_gemm(n, graph):
-            for p in n.params:
-                if p in embeddings and embeddings[p] != n.module_path:
-                    gemm = by_path[_pattern(graph, n.module_path)]
-                    by_path[_pattern(graph, embeddings[p])] = _TIED_EMBEDDING.get(gemm, "mixed")
-    return [(path, by_path[path]) for path, _ in styles]

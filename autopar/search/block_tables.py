@@ -13,6 +13,8 @@ divide by tp, which parameters are split, and the collectives of every reshardin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import math
 from dataclasses import dataclass, replace
 
@@ -86,14 +88,15 @@ class StrategyGraph:
 
 def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
                    input_layout: Layout | None = None, output_layout: Layout | None = None,
-                   split_weights: bool = False, output_tensor: str | None = None
-                   ) -> StrategyGraph:
+                   split_weights: bool = False, output_tensor: str | None = None,
+                   fixed: Mapping[str, str] | None = None) -> StrategyGraph:
     """The ops the solve chooses for. ``input_layout`` pins the layout the layer receives its
     activation input in (a ``source``); without it the input is a fork the caller joins to the
     previous block's output. ``output_layout`` adds a ``sink`` requiring that layout of the
     layer's output: the output of ``output_tensor`` when given (the tensor the next layer
     reads; a transformers model computes masks and rotary tables after its embedding), else of
-    the layer's last op. ``split_weights`` leaves weight GEMMs only their split strategies."""
+    the layer's last op. ``split_weights`` leaves weight GEMMs only their split strategies;
+    ``fixed`` names the one strategy some ops must take (a table tied to a solved head)."""
     real = [n for n in nodes if n.out is not None]
     names = {n.name for n in real}
     readers: dict[str, int] = {}
@@ -123,6 +126,8 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
                 producers.append(index[i])
                 tensors.append(i)
         strategies, known = strategies_for(n, graph, sp, width, split_weights)
+        if fixed and n.name in fixed:
+            strategies = [st for st in strategies if st.name == fixed[n.name]] or strategies
         # rules see every graph-node input; keep the layouts of the ones inside this layer
         kept = [k for k, i in enumerate(x for x in n.inputs if graph.has_node(x)) if i in index]
         strategies = [replace(s, inputs=tuple(s.inputs[k] for k in kept)) for s in strategies]

@@ -32,6 +32,8 @@ from autopar.search.ilp import solve
 from autopar.search.strategies import Layout
 
 SOLVE_TIME_LIMIT_S = 5.0
+_TIED_EMBEDDING = {"column": "vocab", "replicated": "replicated"}
+"""The embedding strategy holding a table the same way as the tied head's GEMM strategy."""
 """Per layer; a hit limit is reported with its gap."""
 
 
@@ -59,18 +61,32 @@ class StrategySolver:
 
     def _solve(self, nodes: list[NodeInfo], layer, pricing: Pricing, sp: bool, *,
                repeat: int = 1, boundary: bool = False, input_layout: Layout | None = None,
-               output_layout: Layout | None = None, output_tensor: str | None = None
-               ) -> tuple[SolvedLayer, float, str | None]:
+               output_layout: Layout | None = None, output_tensor: str | None = None,
+               fixed: dict[str, str] | None = None) -> tuple[SolvedLayer, float, str | None]:
         """The solved layer, its gap, and the tensor it reads from the layer before."""
         sg = strategy_graph(self.graph, nodes, sp, input_layout=input_layout,
                             output_layout=output_layout, split_weights=self.split_weights,
-                            output_tensor=output_tensor)
+                            output_tensor=output_tensor, fixed=fixed)
         problem = block_problem(self.graph, sg, layer, pricing, repeat=repeat,
                                 boundary=boundary)
         sol = solve(problem, math.inf, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
         gap = sol.gap if math.isfinite(sol.gap) else 1.0
         return solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
                             pricing.split.tp), gap, sg.stream_tensor
+
+    def _tied_tables(self, pre_nodes: list[NodeInfo], post_nodes: list[NodeInfo],
+                     post_strategies: tuple[tuple[str, str], ...]) -> dict[str, str]:
+        """An embedding whose table is a solved head's weight (a tied head) is one parameter
+        with one layout: it takes the head's row split (``column`` -> ``vocab``) or stays
+        whole, priced as such in the embedding's own solve."""
+        chosen = dict(post_strategies)
+        gemm_of = {p: n.name for n in post_nodes if n.name in chosen for p in n.params}
+        fixed = {}
+        for n in pre_nodes:
+            heads = [gemm_of[p] for p in n.params if n.op == "embedding" and p in gemm_of]
+            if heads and chosen[heads[0]] in _TIED_EMBEDDING:
+                fixed[n.name] = _TIED_EMBEDDING[chosen[heads[0]]]
+        return fixed
 
     def solve(self, pricing: Pricing, sp: bool) -> StrategyResult:
         # The strategies are solved at one micro-batch of one sequence (no cp split) and reused
@@ -88,7 +104,8 @@ class StrategySolver:
         post, g2, _ = self._solve(post_nodes, self.base.post, pricing, sp,
                                   input_layout=block.output_layout)
         pre, g3, _ = self._solve(pre_nodes, self.base.pre, pricing, sp,
-                                 output_layout=block.input_layout, output_tensor=block_input)
+                                 output_layout=block.input_layout, output_tensor=block_input,
+                                 fixed=self._tied_tables(pre_nodes, post_nodes, post.strategies))
         work = replace(self.base, pre=pre.layer, block=block.layer, post=post.layer)
         result = StrategyResult(work, block.strategies, pre.strategies + post.strategies,
                                 max(g1, g2, g3))

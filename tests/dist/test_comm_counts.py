@@ -3,9 +3,8 @@
 One process with torch's ``fake`` process-group backend (collectives return without moving
 data) stands in for every rank of the tp group: ``CommDebugMode`` counts the collectives of a
 forward and backward of the parallelized model, which must equal the tp collectives of the
-plan's solved workload (pre-block layer + blocks x count + post layer), kind by kind.
-Tied embeddings are left out: the plan prices GPT's embedding as the solve chose it, while the
-executed table follows the head's vocabulary split (``autopar.module_strategies``).
+plan's solved workload (pre-block layer + blocks x count + post layer), kind by kind; GPT's
+tied embedding and head included.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ def _predicted(spec: ModelSpec, train: TrainSpec, config: ParallelConfig) -> Cou
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
-@pytest.mark.parametrize("model", ["tiny-llama", "hf-llama"])
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt", "hf-llama"])
 def test_tp_collectives_match_the_plan(fake_world, sp, model):
     from autopar.cli_verify import HF_LLAMA_TINY
 
