@@ -31,7 +31,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().cpu().clone()
 
 
-def run(job: dict, out: Path) -> dict:
+def run(job: dict) -> dict:
     plan = Plan.from_dict(job["plan"])
     spec = ModelSpec.from_dict(job["model"])
     steps, seed = int(job["steps"]), int(job["seed"])
@@ -74,7 +74,7 @@ def main(argv: list[str]) -> None:
     rank = dist.get_rank()
     code = 0
     try:
-        result = run(job, out)
+        result = run(job)
         torch.save(result, out / f"rank{rank}.pt")
     except AutoparError as err:  # a person can act on it: its paragraph, no traceback
         (out / f"rank{rank}.error").write_text(err.paragraph())

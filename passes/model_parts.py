@@ -39,6 +39,9 @@ class ModelParts:
     """Modules the last stage runs after the blocks (final norm, head)."""
     head: str
     """The module whose output is the logits."""
+    embedding: str
+    """The token embedding (its whole output is sliced to sequence shards under sequence
+    parallelism when the plan keeps the table whole)."""
     embed: Callable[[nn.Module, torch.Tensor], torch.Tensor]
     """(root, tokens) -> the first block's input."""
     block_args: Callable[[nn.Module, torch.Tensor, int], tuple]
@@ -49,9 +52,9 @@ class ModelParts:
     """(root, last block's output) -> logits."""
     shared: tuple[str, ...] = ()
     """Modules every stage keeps (rotary tables)."""
-    sequence_parallel_styles: Callable[[dict[str, str]], dict[str, ParallelStyle]] = field(
-        default=lambda styles: {})
-    """Extra styles under sequence parallelism, given the plan's module styles."""
+    sequence_parallel_styles: Callable[[], dict[str, ParallelStyle]] = field(
+        default=lambda: {})
+    """The family's own extra styles under sequence parallelism."""
 
 
 def _gpt_embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -59,23 +62,11 @@ def _gpt_embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return root.emb_drop(root.tok_emb(tokens) + root.pos_emb(positions))
 
 
-def _gpt_sp(styles: dict[str, str]) -> dict[str, ParallelStyle]:
+def _gpt_sp() -> dict[str, ParallelStyle]:
     # The token embedding hands the blocks sequence shards (b, s/tp, h); the position table's
     # output (s, h) is added to it, so it is split the same way, along its dim 0.
-    out: dict[str, ParallelStyle] = {
-        "pos_emb": PrepareModuleOutput(output_layouts=Replicate(),
-                                       desired_output_layouts=Shard(0))}
-    if styles.get("tok_emb", "replicated") == "replicated":
-        out["tok_emb"] = PrepareModuleOutput(output_layouts=Replicate(),
-                                             desired_output_layouts=Shard(1))
-    return out
-
-
-def _decoder_sp(styles: dict[str, str]) -> dict[str, ParallelStyle]:
-    if styles.get("tok_emb", "replicated") == "replicated":
-        return {"tok_emb": PrepareModuleOutput(output_layouts=Replicate(),
-                                               desired_output_layouts=Shard(1))}
-    return {}
+    return {"pos_emb": PrepareModuleOutput(output_layouts=Replicate(),
+                                           desired_output_layouts=Shard(0))}
 
 
 def _call(block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor:
@@ -92,13 +83,14 @@ def _rope(root: nn.Module, x: torch.Tensor, s: int) -> tuple:
 
 GPT_PARTS = ModelParts(
     family="gpt", blocks="layers", first=("tok_emb", "pos_emb", "emb_drop"),
-    last=("norm_f", "head"), head="head", embed=_gpt_embed, block_args=lambda r, x, s: (),
-    call_block=_call, finish=_head, sequence_parallel_styles=_gpt_sp)
+    last=("norm_f", "head"), head="head", embedding="tok_emb", embed=_gpt_embed,
+    block_args=lambda r, x, s: (), call_block=_call, finish=_head,
+    sequence_parallel_styles=_gpt_sp)
 
 DECODER_PARTS = ModelParts(
     family="llama", blocks="layers", first=("tok_emb",), last=("norm_f", "head"), head="head",
-    embed=lambda root, tokens: root.tok_emb(tokens), block_args=_rope, call_block=_call,
-    finish=_head, sequence_parallel_styles=_decoder_sp)
+    embedding="tok_emb", embed=lambda root, tokens: root.tok_emb(tokens), block_args=_rope,
+    call_block=_call, finish=_head)
 
 
 def _hf_block_args(root: nn.Module, x: torch.Tensor, s: int) -> tuple:
@@ -118,19 +110,12 @@ def _hf_call(block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-def _hf_sp(styles: dict[str, str]) -> dict[str, ParallelStyle]:
-    if styles.get("model.embed_tokens", "replicated") == "replicated":
-        return {"model.embed_tokens": PrepareModuleOutput(output_layouts=Replicate(),
-                                                          desired_output_layouts=Shard(1))}
-    return {}
-
-
 HF_LLAMA_PARTS = ModelParts(
     family="transformers-llama", blocks="model.layers", first=("model.embed_tokens",),
-    last=("model.norm", "lm_head"), head="lm_head",
+    last=("model.norm", "lm_head"), head="lm_head", embedding="model.embed_tokens",
     embed=lambda root, tokens: root.model.embed_tokens(tokens), block_args=_hf_block_args,
     call_block=_hf_call, finish=lambda root, x: root.lm_head(root.model.norm(x)),
-    shared=("model.rotary_emb",), sequence_parallel_styles=_hf_sp)
+    shared=("model.rotary_emb",))
 
 
 def _has(model: nn.Module, path: str) -> bool:

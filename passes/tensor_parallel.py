@@ -39,6 +39,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -161,9 +162,13 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
                 seq = Shard(1) if sequence_parallel(plan) else Replicate()
                 layout[name.rsplit(".", 1)[0]] = PrepareBlockInput(seq)
     if sequence_parallel(plan):
+        extra = parts.sequence_parallel_styles()
+        if styles.get(parts.embedding, "replicated") == "replicated":
+            # a whole table's output is sliced to the blocks' sequence shards (no collective)
+            extra[parts.embedding] = PrepareModuleOutput(output_layouts=Replicate(),
+                                                         desired_output_layouts=Shard(1))
         present = {n for n, _ in stage.named_modules()}
-        layout.update({k: v for k, v in parts.sequence_parallel_styles(styles).items()
-                       if k in present})
+        layout.update({k: v for k, v in extra.items() if k in present})
     parallelize_module(stage, tp_mesh, layout)
     for owner, user in tied:
         stage.get_submodule(user).weight = stage.get_submodule(owner).weight
