@@ -12,7 +12,7 @@ With ``--repeats N`` the fastest of N calls is reported. One warm-up call on ``t
 first, so lazy imports are not charged to the first case.
 
 Published plans (``compare_published``): each Megatron-LM run of
-``shared/reference/published_runs.json`` is planned twice, on the same inputs as
+``tests/data/published_runs.json`` is planned twice, on the same inputs as
 ``autopar.validation.check_megatron_row`` -- once constrained to the configuration the paper ran
 (its TP, PP and DP = GPUs / (TP * PP), so no context parallelism; interleaved 1F1B; full
 recomputation; no ZeRO, sequence parallelism or offload, which the 2021 runs did not use;
@@ -41,7 +41,7 @@ from autopar.validation import MEGATRON_FUSIONS, load_published, megatron_inputs
 from machine import machine_lines  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-PUBLISHED_RUNS = REPO.parent / "shared" / "reference" / "published_runs.json"
+PUBLISHED_RUNS = REPO / "tests" / "data" / "published_runs.json"
 GIB = 2**30
 COMMAND = "python bench/search_time.py --markdown"
 
@@ -193,7 +193,7 @@ def published_section(comparisons: list[PublishedComparison]) -> str:
     return "\n".join([
         "## Free plans against the published Megatron-LM configurations",
         "",
-        "Each row of `shared/reference/published_runs.json` (Narayanan et al., SC'21, Table 1) on "
+        "Each row of `tests/data/published_runs.json` (Narayanan et al., SC'21, Table 1) on "
         "the inputs of `autopar.validation` (GPT with eager attention, dropout 0.1, the Megatron "
         "fusions; fp16 with Adam; `dgx-a100-80g`). *Published-config plan*: `autopar.optimize` "
         "constrained to the paper's TP, PP and DP (so cp 1), interleaved 1F1B, full "

@@ -21,7 +21,7 @@ from rich.table import Table
 from autopar.validation import check_megatron_row, load_published, zero_model_states
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "reference" / "published_runs.json"
+SHARED = REPO / "tests" / "data" / "published_runs.json"
 MORE = REPO / "tests" / "data" / "megatron_table1_more.json"
 
 
