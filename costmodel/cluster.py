@@ -2,7 +2,10 @@
 
 Units are SI and named in the keys (``*_bytes``, ``*_bytes_per_s``, ``*_s``, ``*_flop_per_s``);
 a file holds plain numbers (``989e12``, ``85899345920``; quoted or not). Every GPU and link number
-of a preset cites its datasheet in ``autopar.costmodel.hardware``.
+of a preset cites its datasheet in ``autopar.costmodel.hardware``. Every number but the counts
+(``nodes``, ``gpus_per_node``) must lie in the range real hardware has (``hardware.PLAUSIBLE``),
+whether it comes from a file or from Python: a number in the wrong unit (``bytes_per_s: 400`` for
+400 Gbit/s) is refused with the conversion it needs.
 
 Presets, 8 GPUs per node each; host memory from NVIDIA's DGX user guides ("2TB" is 32 x 64 GB
 DIMMs, i.e. 2 TiB binary):
@@ -28,8 +31,8 @@ import yaml
 from .errors import AutoparError
 from .hardware import (A100_SXM4_40GB, A100_SXM4_80GB, H100_SXM5_80GB, H200_SXM_141GB, IB_HDR,
                        IB_NDR, NVLINK3, NVLINK4, PCIE4_X16, PCIE5_X16, ROCE_400G, GiB, GPUSpec,
-                       LinkSpec, TiB, check_positive, did_you_mean, format_bytes,
-                       format_bytes_per_s, gpu_preset, link_preset)
+                       LinkSpec, TiB, check_plausible, check_positive, did_you_mean,
+                       format_bytes, format_bytes_per_s, gpu_preset, link_preset)
 
 DEFAULT_HBM_RESERVED_BYTES = 4 * GiB
 """HBM per GPU that a training program cannot use: 4 GiB (binary), a fixed amount because none of
@@ -84,12 +87,15 @@ class ClusterSpec:
                                    fix=f"pass a {kind.__name__}, e.g. a preset of hardware.py")
         for key in ("gpus_per_node", "nodes", "host_memory_bytes"):
             check_positive(getattr(self, key), key, integer=True)
+        check_plausible(self.host_memory_bytes, "host_memory_bytes", "host_memory_bytes")
         reserved = self.hbm_reserved_bytes
         if isinstance(reserved, bool) or not isinstance(reserved, int) or \
                 not 0 <= reserved < self.gpu.hbm_bytes:
             raise AutoparError(f"hbm_reserved_bytes must be an integer from 0 to below "
                                f"gpu.hbm_bytes ({self.gpu.hbm_bytes}), got {reserved!r}",
                                where="hbm_reserved_bytes", fix=_HINT["hbm_reserved_bytes"])
+        if reserved:  # 0 reserves nothing: an idealized GPU, allowed
+            check_plausible(reserved, "hbm_reserved_bytes", "hbm_reserved_bytes")
 
     @property
     def num_gpus(self) -> int:
@@ -281,12 +287,15 @@ def _build(d: dict[str, Any], loc: str) -> ClusterSpec:
 
 @contextmanager
 def _located(loc: str, prefix: str, *, replace_where: bool = False) -> Iterator[None]:
-    """Re-raise an ``AutoparError`` at ``loc`` + ``prefix`` (+ its own field unless replaced)."""
+    """Re-raise an ``AutoparError`` at ``loc`` + ``prefix`` (+ its own field unless replaced);
+    a message that starts with its field names the prefixed field (``inter_node.bytes_per_s``)."""
     try:
         yield
     except AutoparError as e:
         field = prefix if replace_where else prefix + e.where
-        raise AutoparError(e.what, where=f"{loc}{field}", fix=e.fix) from None
+        named = not replace_where and bool(e.where) and e.what.startswith(f"{e.where} ")
+        raise AutoparError(prefix + e.what if named else e.what, where=f"{loc}{field}",
+                           fix=e.fix) from None
 
 
 _PRESETS: dict[str, ClusterSpec] = {name: ClusterSpec(name, gpu, 8, 1, intra, inter, host, memory)

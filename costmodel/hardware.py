@@ -3,9 +3,9 @@
 Units are SI inside (seconds, bytes, bytes per second, FLOP per second) and named in the field
 (``*_s``, ``*_bytes``, ``*_bytes_per_s``, ``*_flop_per_s``). Bandwidths use decimal prefixes
 (1 GB/s = 1e9 B/s, as every datasheet does); memory capacities use binary prefixes
-(1 _T = TypeVar("_T")
-
-GiB = 2**30 B) unless the vendor states a decimal figure, which is then said at the place.
+(1 GiB = 2**30 B) unless the vendor states a decimal figure, which is then said at the place.
+Every number a person types is checked against the range real hardware has (``PLAUSIBLE``), so
+that a value in the wrong unit (400 for 400 Gbit/s) is refused with the conversion it needs.
 
 Compute figures are dense (no 2:4 sparsity) tensor-core peaks; datasheets print the sparse figure
 with an asterisk and the dense one is half of it.
@@ -58,6 +58,112 @@ def check_positive(value: object, name: str, *, integer: bool = False) -> None:
                            fix=f"write {what}, in the unit its name ends with")
 
 
+# --- plausible ranges -------------------------------------------------------------------------
+
+_B_PER_S = ("B/s", "bytes/s", "bytes per second")
+_S = ("s", "s", "seconds")
+_FLOP_PER_S = ("FLOP/s", "FLOP/s", "FLOP per second")
+_B = ("B", "bytes", "bytes")
+_IN_GIB, _IN_TIB = ("GiB", 2**30), ("TiB", 2**40)
+_IN_GB, _IN_TB = ("GB", 1e9), ("TB", 1e12)
+
+
+@dataclass(frozen=True)
+class Plausible:
+    """The values real hardware has for one kind of field, and the units a person may have
+    typed instead of the SI unit the key names."""
+
+    low: float
+    """Smallest value accepted, in the key's SI unit: generous, nothing real lies below it."""
+    high: float
+    """Largest value accepted: generous, nothing real or announced lies above it."""
+    typical: tuple[float, float]
+    """The span of shipping hardware. A unit is offered when the value read in it lands here
+    (failing every unit, in ``low..high``), at most two, in the order of ``units``: 400 B/s
+    reads as 400 Gbit/s or 400 GB/s, not 400 MB/s."""
+    units: tuple[tuple[str, float], ...]
+    """Units a person may have meant, most likely first: (name, SI units in one of it)."""
+    of: str
+    """What the range is of, for the message: "any GPU interconnect"."""
+    unit: tuple[str, str, str]
+    """The key's unit: symbol, plural, in words, e.g. ("B/s", "bytes/s", "bytes per second")."""
+
+
+PLAUSIBLE: dict[str, Plausible] = {
+    # Per GPU per direction, for intra_node, inter_node and host_link alike. Accepted 1e8-1e14:
+    # 1e8 B/s = 0.8 Gbit/s is below one 1 GbE port (1.25e8), and a 10 GbE NIC shared by 8 GPUs
+    # still gives 1.56e8; 1e14 = 100 TB/s is 100x NVLink 5 (900 GB/s) and 50x NVLink 6. Guesses
+    # land in 1 GB/s-4 TB/s, from 10 GbE (1.25e9) to NVLink 6 (1.8e12); networks are sold in
+    # Gbit/s, NVLink and PCIe in GB/s, so both are offered when both fit.
+    "bytes_per_s": Plausible(1e8, 1e14, (1e9, 4e12),
+                             (("Gbit/s", 1e9 / 8), ("GB/s", 1e9), ("MB/s", 1e6)),
+                             "any GPU interconnect", _B_PER_S),
+    # Alpha of one hop. Accepted 10 ns-1 ms: light alone takes 10 ns through 2 m of fiber, with
+    # no NIC or switch yet; 1 ms is 10x a kernel TCP stack on Ethernet (~100 us). Guesses land in
+    # 100 ns-100 us: NVLink ~0.5-2 us, IB/RoCE 1-5 us, TCP 10-100 us.
+    "latency_s": Plausible(1e-8, 1e-3, (1e-7, 1e-4), (("us", 1e-6), ("ns", 1e-9), ("ms", 1e-3)),
+                           "any interconnect's latency", _S),
+    # Dense peak, every dtype. Accepted 10 GFLOP/s-1 EFLOP/s: the slowest figure of a CUDA GPU of
+    # the last decade is fp64 on a consumer card (GT 1030: 35 GFLOP/s; RTX 4090: 1.3 TFLOP/s);
+    # 1e18 is 200x B200's dense fp8 (4.5 PFLOP/s). Guesses land in 1 TFLOP/s-10 PFLOP/s.
+    "peak_flop_per_s": Plausible(1e10, 1e18, (1e12, 1e16),
+                                 (("TFLOP/s", 1e12), ("PFLOP/s", 1e15), ("GFLOP/s", 1e9)),
+                                 "any GPU's peak", _FLOP_PER_S),
+    # Accepted 1 GiB-16 TiB: no CUDA GPU of the last decade has under 2 GiB (GT 1030); 16 TiB is
+    # 16x the 1 TB of HBM announced for Rubin Ultra. Guesses land in 2 GiB-2 TiB (consumer cards
+    # 8-32 GiB, B300 288 GB). GiB before GB: "80GB" on an A100/H100 datasheet is 80 GiB.
+    "hbm_bytes": Plausible(2**30, 2**44, (2 * 2**30, 2 * 2**40),
+                           (_IN_GIB, _IN_GB, ("MiB", 2**20), _IN_TIB), "any GPU's memory", _B),
+    # Accepted 10 GB/s-1 PB/s: a 64-bit GDDR5 card has 48 GB/s (GT 1030); 1e15 is 100x B200's
+    # 8 TB/s. Guesses land in 100 GB/s-100 TB/s (consumer ~200 GB/s to HBM4 ~20 TB/s).
+    "hbm_bytes_per_s": Plausible(1e10, 1e15, (1e11, 1e14),
+                                 (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6)),
+                                 "any GPU's memory bandwidth", _B_PER_S),
+    # Per node. Accepted 1 GiB-64 TiB: no machine that drives a GPU has less than 1 GiB; 64 TiB is
+    # beyond the largest single-system servers (48 TB). Guesses land in 8 GiB-64 TiB (desktops
+    # 16-128 GiB, DGX/HGX 2 TiB).
+    "host_memory_bytes": Plausible(2**30, 2**46, (8 * 2**30, 2**46),
+                                   (_IN_GIB, _IN_TIB, _IN_GB, _IN_TB), "any GPU server's memory",
+                                   _B),
+    # Per GPU, checked only when not 0 (0 reserves nothing: an idealized GPU). Accepted from
+    # 1 MiB: a CUDA context alone takes hundreds of MiB, so less is a size in GiB or MiB; the upper
+    # limit that matters, below gpu.hbm_bytes, ClusterSpec checks. Guesses land in 64 MiB-64 GiB.
+    "hbm_reserved_bytes": Plausible(2**20, 2**44, (2**26, 2**36),
+                                    (_IN_GIB, ("MiB", 2**20), _IN_GB),
+                                    "what a CUDA context, NCCL and fragmentation take", _B),
+}
+"""The one table of plausible ranges, keyed by field name (links share ``bytes_per_s`` and
+``latency_s``; every dtype shares ``peak_flop_per_s``); ``check_plausible`` applies it."""
+
+
+def check_plausible(value: float, kind: str, name: str) -> None:
+    """Raise ``AutoparError`` naming ``name`` unless ``value`` lies in ``PLAUSIBLE[kind]``; the
+    message says the units the value would make sense in and converts it."""
+    r = PLAUSIBLE[kind]
+    if r.low <= value <= r.high:
+        return
+    symbol, plural, words = r.unit
+    whole = symbol == "B"
+    span = (f"{format_bytes(int(r.low))} to {format_bytes(int(r.high))}" if whole
+            else f"{_sci(r.low)} to {_sci(r.high)} {symbol}")
+    typed = str(value) if isinstance(value, int) else _sci(value, 6)
+    readings = [(u, value * f) for u, f in r.units if r.typical[0] <= value * f <= r.typical[1]]
+    readings = readings or [(u, value * f) for u, f in r.units if r.low <= value * f <= r.high]
+    guesses = [f"{typed} {u} = {round(x) if whole else _sci(x)} {plural}" for u, x in readings]
+    raise AutoparError(
+        f"{name} = {typed} {symbol} is far {'below' if value < r.low else 'above'} {r.of} ({span})",
+        where=name,
+        fix=(f"did you mean {', or '.join(guesses[:2])}? the unit is in the key name: {words}"
+             if guesses else f"write the value in {words}, the unit in the key name"))
+
+
+def _sci(x: float, digits: int = 4) -> str:
+    """``x`` to ``digits`` significant digits, exponents written short: 5e10, 5e-6, 3.35."""
+    text = f"{x:.{digits}g}"
+    mantissa, _, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if exponent else text
+
+
 def format_bytes(n: int) -> str:
     """Memory in binary units (GiB); a whole number of decimal GB that is no whole GiB says so."""
     for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", 2**20)):
@@ -107,6 +213,10 @@ class GPUSpec:
             check_positive(value, f"peak_flop_per_s.{dtype}")
         check_positive(self.hbm_bytes, "hbm_bytes", integer=True)
         check_positive(self.hbm_bytes_per_s, "hbm_bytes_per_s")
+        for dtype, value in self.peak_flop_per_s.items():
+            check_plausible(value, "peak_flop_per_s", f"peak_flop_per_s.{dtype}")
+        check_plausible(self.hbm_bytes, "hbm_bytes", "hbm_bytes")
+        check_plausible(self.hbm_bytes_per_s, "hbm_bytes_per_s", "hbm_bytes_per_s")
         ordered = {d: float(self.peak_flop_per_s[d]) for d in DTYPES if d in self.peak_flop_per_s}
         object.__setattr__(self, "peak_flop_per_s", ordered)
 
@@ -138,6 +248,8 @@ class LinkSpec:
     def __post_init__(self) -> None:
         check_positive(self.bytes_per_s, "bytes_per_s")
         check_positive(self.latency_s, "latency_s")
+        check_plausible(self.bytes_per_s, "bytes_per_s", "bytes_per_s")
+        check_plausible(self.latency_s, "latency_s", "latency_s")
 
 
 # --- GPUs -------------------------------------------------------------------------------------

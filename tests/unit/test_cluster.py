@@ -240,6 +240,106 @@ def test_non_positive_is_named(tmp_path: Path, section: str | None, key: str,
     assert dotted in e.where
 
 
+# --- numbers in the wrong unit are refused with the conversion they need -------------------------
+
+@pytest.mark.parametrize("section, key, value, meant", [
+    ("inter_node", "bytes_per_s", 400, "400 Gbit/s = 5e10 bytes/s"),
+    ("intra_node", "bytes_per_s", 450, "450 GB/s = 4.5e11 bytes/s"),
+    ("host_link", "bytes_per_s", 64000, "64000 MB/s = 6.4e10 bytes/s"),
+    ("inter_node", "latency_s", 5, "5 us = 5e-6 s"),
+    ("intra_node", "latency_s", "1900", "1900 ns = 1.9e-6 s"),
+    ("gpu", "peak_flop_per_s", {"bf16": 989}, "989 TFLOP/s = 9.89e14 FLOP/s"),
+    ("gpu", "hbm_bytes", 80, "80 GiB = 85899345920 bytes"),
+    ("gpu", "hbm_bytes", 81920, "81920 MiB = 85899345920 bytes"),
+    ("gpu", "hbm_bytes_per_s", 3.35, "3.35 TB/s = 3.35e12 bytes/s"),
+    ("gpu", "hbm_bytes_per_s", 2039, "2039 GB/s = 2.039e12 bytes/s"),
+    (None, "host_memory_bytes", 2, "2 TiB = 2199023255552 bytes"),
+    (None, "hbm_reserved_bytes", 4, "4 GiB = 4294967296 bytes")])
+def test_wrong_unit_in_file_suggests_the_conversion(tmp_path: Path, section: str | None, key: str,
+                                                    value: object, meant: str) -> None:
+    e = _error(tmp_path, {"base": "hgx-h100-80g", **({section: {key: value}} if section
+                                                     else {key: value})})
+    dotted = f"{section}.{key}" if section else key
+    if isinstance(value, dict):
+        dotted += ".bf16"
+    assert e.where.endswith(f": {dotted}")  # the file, then the dotted field
+    assert e.what.startswith(f"{dotted} = ") and "far " in e.what
+    assert e.fix.startswith("did you mean ") and meant in e.fix  # 450 may be Gbit/s or GB/s
+    assert "the unit is in the key name" in e.fix
+
+
+def test_inter_node_in_gbit_per_s_reads_as_the_user_saw_it(tmp_path: Path) -> None:
+    e = _error(tmp_path, {"base": "hgx-h100-80g", "inter_node": {"bytes_per_s": 400}})
+    assert e.what == ("inter_node.bytes_per_s = 400 B/s is far below any GPU interconnect "
+                      "(1e8 to 1e14 B/s)")
+    assert e.fix.startswith("did you mean 400 Gbit/s = 5e10 bytes/s")
+    assert e.fix.endswith("the unit is in the key name: bytes per second")
+
+
+def test_wrong_unit_in_python_is_refused_too() -> None:
+    with pytest.raises(AutoparError, match="400 Gbit/s = 5e10 bytes/s") as info:
+        LinkSpec("IB", 400, 4e-6)
+    assert info.value.where == "bytes_per_s"
+    with pytest.raises(AutoparError, match="5 us = 5e-6 s"):
+        LinkSpec("IB", 50e9, 5)
+    with pytest.raises(AutoparError, match="989 TFLOP/s") as info:
+        GPUSpec("x", {"bf16": 989}, 80 * GiB, 3.35e12)
+    assert info.value.where == "peak_flop_per_s.bf16"
+    with pytest.raises(AutoparError, match="80 GiB = 85899345920 bytes"):
+        GPUSpec("x", {"bf16": 989e12}, 80, 3.35e12)
+    with pytest.raises(AutoparError, match="3.35 TB/s = 3.35e12 bytes/s"):
+        GPUSpec("x", {"bf16": 989e12}, 80 * GiB, 3.35)
+    fields = vars(ClusterSpec.preset("hgx-h100-80g"))
+    with pytest.raises(AutoparError, match="512 GiB") as info:
+        ClusterSpec(**{**fields, "host_memory_bytes": 512})
+    assert info.value.where == "host_memory_bytes"
+
+
+def test_far_above_without_a_likely_unit_says_the_unit() -> None:
+    with pytest.raises(AutoparError, match="far above any GPU's memory") as info:
+        GPUSpec("x", {"bf16": 989e12}, 10**17, 3.35e12)
+    assert "in bytes" in info.value.fix and "did you mean" not in info.value.fix
+
+
+def test_ranges_bracket_every_preset() -> None:
+    """The ranges are ordered, and every preset lies inside what a guess may land in."""
+    for kind, r in hardware.PLAUSIBLE.items():
+        assert r.low <= r.typical[0] < r.typical[1] <= r.high, kind
+    inside = lambda kind, v: (  # noqa: E731
+        hardware.PLAUSIBLE[kind].typical[0] <= v <= hardware.PLAUSIBLE[kind].typical[1])
+    for gpu in hardware.GPUS.values():
+        assert GPUSpec(**vars(gpu)) == gpu
+        assert all(inside("peak_flop_per_s", v) for v in gpu.peak_flop_per_s.values())
+        assert inside("hbm_bytes", gpu.hbm_bytes) and inside("hbm_bytes_per_s", gpu.hbm_bytes_per_s)
+    for link in hardware.LINKS.values():
+        assert LinkSpec(**vars(link)) == link
+        assert inside("bytes_per_s", link.bytes_per_s) and inside("latency_s", link.latency_s)
+    for name in preset_names():
+        c = ClusterSpec.preset(name, nodes=2)
+        assert ClusterSpec.from_dict(c.to_dict()) == c
+        assert inside("host_memory_bytes", c.host_memory_bytes)
+        assert inside("hbm_reserved_bytes", c.hbm_reserved_bytes)
+    assert ClusterSpec.from_file(EXAMPLE).nodes == 16
+
+
+def test_unusual_but_real_cluster_is_accepted(tmp_path: Path) -> None:
+    """Two desktops of 4 consumer PCIe GPUs (24 GiB, 1 TB/s, weak fp64) on 10 GbE."""
+    gpu = {"name": "RTX-4090", "hbm_bytes": 24 * GiB, "hbm_bytes_per_s": 1.008e12,
+           "peak_flop_per_s": {"bf16": 165e12, "fp32": 82.6e12, "fp64": 1.29e12}}
+    pcie4 = {"name": "PCIe-Gen4-x16", "bytes_per_s": 32e9, "latency_s": 5e-6}
+    path = _write(tmp_path, {"name": "lab", "nodes": 2, "gpus_per_node": 4, "gpu": gpu,
+                             "intra_node": pcie4, "host_link": pcie4,
+                             "inter_node": {"bytes_per_s": 1.25e9 / 4, "latency_s": 50e-6},
+                             "host_memory_bytes": 64 * GiB, "hbm_reserved_bytes": 0})
+    c = ClusterSpec.from_file(path)
+    assert c.inter_node.bytes_per_s == 1.25e9 / 4 and c.gpu.hbm_bytes == 24 * GiB
+    assert c.usable_hbm_bytes == 24 * GiB  # 0 reserved: allowed
+    # one 10 GbE port shared by 8 GPUs, a 2 GiB-host edge box, an old card's fp64
+    assert LinkSpec("10GbE/8", 1.25e9 / 8, 100e-6).bytes_per_s == 1.5625e8
+    assert ClusterSpec(**{**vars(c), "host_memory_bytes": 2 * GiB}).host_memory_bytes == 2 * GiB
+    assert GPUSpec("T4", {"fp16": 65e12, "fp64": 0.25e12}, 16 * GiB, 320e9).peak("fp64") == 2.5e11
+
+
 def test_missing_file_is_an_autopar_error(tmp_path: Path) -> None:
     path = tmp_path / "nope.yaml"
     with pytest.raises(AutoparError) as info:
