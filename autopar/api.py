@@ -6,7 +6,9 @@ from collections.abc import Mapping
 
 import torch.nn as nn
 
+from autopar.admissibility import ModelFacts, check, facts_of, positions_problem
 from autopar.costmodel.cluster import ClusterSpec
+from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.costmodel.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
@@ -14,6 +16,7 @@ from autopar.costmodel.specs import ParallelConfig, TrainSpec
 from autopar.costmodel.step import check_world, estimate_step
 from autopar.costmodel.workload import Workload
 from autopar.graph import GraphIR
+from autopar.model_spec import ModelSpec
 from autopar.plan import Plan
 from autopar.search.planner import ProgressFn, plan_config, plan_search
 from autopar.tracing import trace
@@ -29,25 +32,67 @@ def workload_of(model: nn.Module | GraphIR, train: TrainSpec, fusions: tuple[str
                           fusions=fusions)
 
 
+def as_cluster(cluster: ClusterSpec | str) -> ClusterSpec:
+    """``cluster`` itself, or the one-node preset it names (``ClusterSpec.preset``)."""
+    if isinstance(cluster, ClusterSpec):
+        return cluster
+    if isinstance(cluster, str):
+        return ClusterSpec.preset(cluster)
+    raise AutoparError(f"cluster must be a ClusterSpec or a preset name, not a "
+                       f"{type(cluster).__name__}", where="cluster",
+                       fix="pass ClusterSpec.preset(name, nodes=N), ClusterSpec.from_file(path) "
+                           "or a preset name such as 'hgx-h100-80g' (one node)")
+
+
+def model_facts(model: nn.Module | GraphIR | Workload) -> ModelFacts:
+    """What the admissibility check knows of ``model``: from its config and module tree, or
+    only the blocks and layers of a traced graph."""
+    if isinstance(model, nn.Module):
+        return facts_of(model)
+    if isinstance(model, GraphIR):
+        return ModelFacts(num_blocks=model.num_blocks, layers=model.layers)
+    if isinstance(model, Workload):
+        return ModelFacts(num_blocks=model.num_blocks)
+    raise AutoparError(f"model must be an nn.Module, a GraphIR or a Workload, not a "
+                       f"{type(model).__name__}", where="model",
+                       fix="pass the model object, e.g. autopar.models.build('gpt-1.7b')")
+
+
+def _before_trace(model: nn.Module | GraphIR | Workload, train: TrainSpec) -> ModelFacts:
+    """The model's facts, refusing up front a sequence longer than its positions (the trace
+    would otherwise fail inside the model)."""
+    if not isinstance(train, TrainSpec):
+        raise AutoparError(f"train must be a TrainSpec, not a {type(train).__name__}",
+                           where="train", fix="pass TrainSpec(global_batch=..., seq_len=...)")
+    facts = model_facts(model)
+    problem = positions_problem(facts, train.seq_len)
+    if problem is not None:
+        raise problem.error()
+    return facts
+
+
 def estimate(
     model: nn.Module | GraphIR | Workload,
-    cluster: ClusterSpec,
+    cluster: ClusterSpec | str,
     train: TrainSpec,
     config: ParallelConfig,
     *,
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
 ) -> Estimate:
-    """Predicted step time and memory of ``model`` on ``cluster`` under ``config``."""
+    """Predicted step time and memory of ``model`` on ``cluster`` under ``config``; refuses
+    (``AutoparError``) a configuration that could not run for this model
+    (``autopar.admissibility``)."""
+    cluster = as_cluster(cluster)
     # Fail on a configuration that cannot run before spending a trace on it.
     check_world(config, cluster)
-    config.microbatches(train)
+    check(_before_trace(model, train), config, train)
     work = model if isinstance(model, Workload) else workload_of(model, train, config.fusions)
     return estimate_step(work, cluster, train, config, efficiency=efficiency)
 
 
 def optimize(
     model: nn.Module | GraphIR,
-    cluster: ClusterSpec,
+    cluster: ClusterSpec | str,
     train: TrainSpec,
     constraints: Mapping[str, object] | None = None,
     *,
@@ -57,37 +102,47 @@ def optimize(
     progress: ProgressFn | None = None,
     name: str | None = None,
     split_weights: bool = False,
+    model_spec: ModelSpec | None = None,
 ) -> Plan:
     """The fastest plan that fits, with up to ``keep - 1`` runner-ups.
 
     ``constraints`` fix any ``ParallelConfig`` field (``{"tp": 8, "checkpoint": "full"}``).
     Raises ``AutoparError`` (an ``InfeasibleError``) naming the smallest footprint found and what
     would make it fit when no candidate fits. ``split_weights`` makes every weight GEMM split
-    (column or row) when tp > 1, leaving the solve only the choice between them.
+    (column or row) when tp > 1, leaving the solve only the choice between them. The plan
+    records ``model_spec`` (by default the zoo or transformers model's own, ``ModelSpec.of``)
+    so that ``verify`` and ``export`` can rebuild the model.
     """
+    cluster = as_cluster(cluster)
+    facts = _before_trace(model, train)
     graph = model if isinstance(model, GraphIR) else trace(model, train)
     name = name or graph.model_name or type(model).__name__
-    return plan_search(graph, model, name, cluster, train, constraints or {}, keep=keep,
+    spec = model_spec or ModelSpec.of(model)
+    return plan_search(graph, facts, name, cluster, train, constraints or {}, keep=keep,
                        time_limit_s=time_limit_s, efficiency=efficiency, progress=progress,
-                       split_weights=split_weights)
+                       split_weights=split_weights, spec=spec)
 
 
 def plan_for(
     model: nn.Module | GraphIR,
-    cluster: ClusterSpec,
+    cluster: ClusterSpec | str,
     train: TrainSpec,
     config: ParallelConfig,
     *,
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
     name: str | None = None,
     split_weights: bool = True,
+    model_spec: ModelSpec | None = None,
 ) -> Plan:
     """The ``Plan`` of one given configuration, with no search: its per-op strategies solved
     (by default every weight GEMM split, since a tp degree was asked for) and its step priced.
-    What ``autopar verify`` and ``export`` run when a plan is given as flags."""
+    What ``autopar verify`` and ``export`` run when a plan is given as flags. Refuses a
+    configuration that could not run for this model (``autopar.admissibility``)."""
+    cluster = as_cluster(cluster)
     check_world(config, cluster)
-    config.microbatches(train)
+    facts = _before_trace(model, train)
+    check(facts, config, train)
     graph = model if isinstance(model, GraphIR) else trace(model, train)
     name = name or graph.model_name or type(model).__name__
-    return plan_config(graph, name, cluster, train, config, efficiency=efficiency,
-                       split_weights=split_weights)
+    return plan_config(graph, facts, name, cluster, train, config, efficiency=efficiency,
+                       split_weights=split_weights, spec=model_spec or ModelSpec.of(model))

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from autopar.costmodel.cluster import ClusterSpec, preset_names
 from autopar.costmodel.errors import AutoparError
-from autopar.cli_args import config_from_fields, model_overrides
+from autopar.cli_args import config_from_fields, model_spec
 from autopar.cli_export import add_export_parser, cmd_export
 from autopar.cli_verify import add_verify_parser
 from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
@@ -35,12 +35,15 @@ CONFIG_FLAGS = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "num_microb
 def _add_model_cluster_train(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model, cluster and training step")
     g.add_argument("--model", required=True,
-                   help="a zoo preset or family (autopar models), or FILE.py:FACTORY")
+                   help="a zoo preset or family (autopar models), FILE.py:FACTORY, or a "
+                        "transformers config (a folder with config.json, or the file)")
     g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model field, e.g. --model-arg num_layers=12 (repeatable)")
-    g.add_argument("--cluster", default=None, help="a cluster preset (autopar clusters)")
+    g.add_argument("--cluster", default=None,
+                   help="a cluster preset (autopar clusters) or a YAML/JSON cluster file")
     g.add_argument("--cluster-file", default=None, help="a YAML/JSON cluster file")
-    g.add_argument("--nodes", type=int, default=None, help="nodes of the cluster preset")
+    g.add_argument("--nodes", type=int, default=None,
+                   help="nodes (default: one node of a preset, a file's own count)")
     g.add_argument("--global-batch", type=int, required=True, help="sequences per step")
     g.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the model's)")
@@ -78,26 +81,33 @@ def _add_parallel(p: argparse.ArgumentParser, title: str) -> None:
 
 
 def _model(args: argparse.Namespace):
-    from autopar import models
-    from autopar.user_model import is_user_model, load_user_model
+    """(``ModelSpec``, the model built on the meta device) of ``--model``/``--model-arg``."""
+    spec = model_spec(args)
+    return spec, spec.build("meta")
 
-    if is_user_model(args.model):
-        return load_user_model(args.model)
 
-    overrides = model_overrides(args.model_arg)
-    if args.seq_len is not None:
-        overrides.setdefault("seq_len", args.seq_len)
-    return models.build(args.model, device="meta", **overrides)
+CLUSTER_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 def _cluster(args: argparse.Namespace) -> ClusterSpec:
-    if args.cluster_file:
-        cluster = ClusterSpec.from_file(args.cluster_file)
+    """``--cluster`` (a preset name, or a cluster file) or ``--cluster-file``, with
+    ``--nodes`` (default: the file's nodes, one node of a preset)."""
+    if args.cluster and args.cluster_file:
+        raise AutoparError(f"both --cluster {args.cluster} and --cluster-file "
+                           f"{args.cluster_file} given", where="--cluster / --cluster-file",
+                           fix="give one of them")
+    if args.nodes is not None and args.nodes < 1:
+        raise AutoparError(f"--nodes {args.nodes}: a cluster has at least one node",
+                           where="--nodes", fix="pass --nodes 1 or more")
+    path = args.cluster_file or (args.cluster if args.cluster and
+                                 args.cluster.lower().endswith(CLUSTER_FILE_SUFFIXES) else None)
+    if path:
+        cluster = ClusterSpec.from_file(path)
         return cluster.with_nodes(args.nodes) if args.nodes else cluster
     if not args.cluster:
         raise AutoparError("no cluster given", where="--cluster / --cluster-file",
                            fix=f"pass --cluster with one of {', '.join(preset_names())}, "
-                               "or --cluster-file")
+                               "or a cluster file (--cluster my.yaml)")
     return ClusterSpec.preset(args.cluster, nodes=args.nodes or 1)
 
 
@@ -151,7 +161,7 @@ def cmd_estimate(args: argparse.Namespace, console: Console) -> int:
     from autopar.api import estimate
     from autopar.report import estimate_tables
 
-    model = _model(args)
+    _, model = _model(args)
     cluster = _cluster(args)
     train = _train(args, model)
     config = _config(args, cluster)
@@ -166,13 +176,13 @@ def cmd_estimate(args: argparse.Namespace, console: Console) -> int:
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from autopar.api import optimize
 
-    model = _model(args)
+    spec, model = _model(args)
     cluster = _cluster(args)
     train = _train(args, model)
     constraints = _given_fields(args)
-    with _searching(f"{args.model} on {cluster.num_gpus} GPUs") as progress:
+    with _searching(f"{spec.label} on {cluster.num_gpus} GPUs") as progress:
         plan = optimize(model, cluster, train, constraints, keep=args.keep + 1,
-                        progress=progress, name=args.model)
+                        progress=progress, name=spec.label, model_spec=spec)
     text = plan.report() + (f"\n{plan.explain()}\n" if args.explain else "")
     console.file.write(text)
     if args.json:

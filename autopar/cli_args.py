@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autopar.costmodel.errors import AutoparError
+
+if TYPE_CHECKING:
+    from autopar.model_spec import ModelSpec
 
 
 def parse_value(text: str) -> object:
@@ -29,6 +32,19 @@ def model_overrides(items: list[str]) -> dict[str, object]:
     return overrides
 
 
+def model_spec(args) -> "ModelSpec":
+    """The ``ModelSpec`` of ``--model`` and ``--model-arg`` (and, for a zoo model, ``--seq-len``
+    as its ``seq_len`` unless ``--model-arg seq_len`` is given)."""
+    from autopar.model_spec import ModelSpec
+
+    overrides = model_overrides(args.model_arg)
+    spec = ModelSpec.parse(args.model, overrides)
+    seq = getattr(args, "seq_len", None)
+    if spec.name and seq is not None and "seq_len" not in overrides:
+        spec = ModelSpec(spec.name, {**spec.overrides, "seq_len": seq})
+    return spec
+
+
 def config_from_fields(fields: dict[str, object], gpus: int | None, where: str):
     """The ``ParallelConfig`` of the given flags: ``dp`` defaults to the ``gpus`` left over by
     tp*pp*cp (to 1 without ``gpus``), ``--virtual-stages`` implies the interleaved schedule."""
@@ -48,17 +64,11 @@ def config_from_fields(fields: dict[str, object], gpus: int | None, where: str):
 
 
 def read_plan(path: str, where: str = "PLAN"):
-    """The ``Plan`` in a JSON file, or an ``AutoparError`` saying why not."""
+    """The ``Plan`` in a JSON file (``Plan.from_file``), or an ``AutoparError`` saying why not,
+    located at the command-line argument ``where``."""
     from autopar.plan import Plan
 
-    fix = "pass a plan written by `autopar plan --json F` or Plan.to_json()"
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise AutoparError(f"cannot read the plan file {path}: {err.strerror}", where=where,
-                           fix=fix) from None
-    try:
-        return Plan.from_json(text)
-    except (ValueError, KeyError, TypeError) as err:  # bad JSON, missing or invalid fields
-        raise AutoparError(f"{path} is not a plan file ({type(err).__name__}: {err})",
-                           where=where, fix=fix) from None
+        return Plan.from_file(path)
+    except AutoparError as err:
+        raise AutoparError(err.what, where=f"{where} {path}", fix=err.fix) from None

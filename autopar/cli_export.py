@@ -10,7 +10,8 @@ import argparse
 
 from rich.console import Console
 
-from autopar.cli_args import model_overrides, read_plan
+from autopar.cli_args import model_spec, read_plan
+from autopar.costmodel.errors import AutoparError
 
 
 def add_export_parser(sub: argparse._SubParsersAction,
@@ -24,9 +25,9 @@ def add_export_parser(sub: argparse._SubParsersAction,
     p.add_argument("plan", help="a plan file (autopar plan --json F)")
     p.add_argument("folder", help="the folder to write (created; must be empty)")
     p.add_argument("--model", default=None,
-                   help="the zoo preset or family to build (default: the plan's model)")
+                   help="the model, for a plan file that records none (default: the plan's)")
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model field, e.g. --model-arg num_layers=12 (repeatable)")
+                   help="a field of --model, e.g. --model-arg num_layers=12 (repeatable)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the exported files in a folder that is not empty")
     return p
@@ -34,12 +35,13 @@ def add_export_parser(sub: argparse._SubParsersAction,
 
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
     from autopar.passes.export import export_plan
-    from autopar.training import ModelSpec
 
     plan = read_plan(args.plan)
-    spec = None
-    if args.model or args.model_arg:
-        spec = ModelSpec(args.model or plan.model, model_overrides(args.model_arg))
+    if args.model_arg and not args.model:
+        raise AutoparError("--model-arg without --model", where="--model-arg",
+                           fix="the plan records its model; name --model only for a plan file "
+                               "that records none")
+    spec = model_spec(args) if args.model else None
     folder = export_plan(plan, args.folder, spec, overwrite=args.overwrite)
     console.print(f"wrote {folder}/: plan.json, model.json, train.py, launch.sh, README.md\n"
                   f"plan: {plan.summary()} on {plan.nodes} x {plan.gpus_per_node} GPUs\n"

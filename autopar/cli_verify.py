@@ -13,17 +13,10 @@ import argparse
 
 from rich.console import Console
 
-from autopar.cli_args import config_from_fields, model_overrides, read_plan
+from autopar.cli_args import config_from_fields, model_spec, read_plan
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.specs import TrainSpec
-
-HF_LLAMA = "hf-llama"
-"""``--model hf-llama``: a transformers ``LlamaForCausalLM`` from a config (tiny by default;
-``--model-arg`` sets any ``LlamaConfig`` field)."""
-
-HF_LLAMA_TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                 "max_position_embeddings": 64}
+from autopar.model_spec import HF_LLAMA
 
 
 def add_verify_parser(sub: argparse._SubParsersAction, parents: list,
@@ -32,11 +25,12 @@ def add_verify_parser(sub: argparse._SubParsersAction, parents: list,
                        help="run a plan on CPU processes (gloo) and compare it with one process",
                        description=__doc__.splitlines()[0])
     g = p.add_argument_group("model and plan")
-    g.add_argument("--model", required=True,
-                   help=f"a zoo preset or family (autopar models), or {HF_LLAMA} for a "
-                        "transformers Llama made from a config")
+    g.add_argument("--model", default=None,
+                   help="a zoo preset or family (autopar models), FILE.py:FACTORY, a "
+                        f"transformers config (folder or config.json), or {HF_LLAMA}; "
+                        "default: the model the --plan file records")
     g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model (or LlamaConfig) field (repeatable)")
+                   help="override a model (or transformers config) field (repeatable)")
     g.add_argument("--plan", default=None, metavar="F",
                    help="a plan.json from `autopar plan --json`; else the flags below")
     g.add_argument("--nproc", type=positive, default=None, metavar="N",
@@ -56,14 +50,6 @@ def add_verify_parser(sub: argparse._SubParsersAction, parents: list,
     add_parallel(p, "plan as flags (ParallelConfig fields)")
 
 
-def _spec(args: argparse.Namespace, overrides: dict):
-    from autopar.training import ModelSpec
-
-    if args.model == HF_LLAMA:
-        return ModelSpec(transformers_llama={**HF_LLAMA_TINY, **overrides})
-    return ModelSpec(args.model, overrides)
-
-
 def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model):
     from autopar.api import plan_for
     from autopar.tracing import resolve_seq_len
@@ -78,24 +64,28 @@ def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model):
     seq = resolve_seq_len(model, None, args.seq_len)
     train = TrainSpec(global_batch=batch, seq_len=seq, precision=args.precision)
     return plan_for(model, process_cluster(config.world_size, args.priced_on), train, config,
-                    name=spec.label)
+                    name=spec.label, model_spec=spec)
 
 
 def cmd_verify(args: argparse.Namespace, console: Console, given_fields) -> int:
     from autopar.verify import verify
 
-    spec = _spec(args, model_overrides(args.model_arg))
     fields = given_fields(args)
     if args.plan:
         if fields:
             raise AutoparError("both --plan and plan flags given", where=", ".join(
                 f"--{k.replace('_', '-')}" for k in fields), fix="give one or the other")
         plan = read_plan(args.plan, where="--plan")
+        spec = model_spec(args) if args.model else None
         if args.nproc is not None and args.nproc != plan.config.world_size:
             raise AutoparError(f"the plan runs on {plan.config.world_size} processes, "
                                f"--nproc is {args.nproc}", where="--nproc",
                                fix="leave --nproc out, or re-plan for that many GPUs")
     else:
+        if not args.model:
+            raise AutoparError("no model and no plan", where="--model / --plan",
+                               fix="pass --model (and plan flags) or --plan plan.json")
+        spec = model_spec(args)
         with console.status("planning..."):
             plan = _plan_from_flags(args, fields, spec, spec.build("meta"))
     console.print(f"verifying {plan.summary()} on {plan.config.world_size} CPU processes, "

@@ -6,6 +6,7 @@ engine; ``passes/data_parallel.py`` applies exactly these choices.
 
 from __future__ import annotations
 
+from autopar.costmodel.estimate import checkpoint_text
 from autopar.costmodel.specs import Checkpoint, ParallelConfig, Precision, TrainSpec
 
 ENGINE_ZERO = {
@@ -22,7 +23,54 @@ ENGINE_ZERO = {
        "its backward and freed after each; gradients reduce-scattered every micro-batch; "
        "everything sharded (ZeRO-3)",
 }
-"""What runs for each ZeRO stage; ``passes/data_parallel.py`` has the details."""
+"""What runs for each ZeRO stage without pipelining, the caller accumulating the micro-batches
+(``passes/data_parallel.py:set_microbatch``); ``passes/data_parallel.py`` has the details."""
+
+ENGINE_ZERO_PIPELINED = {
+    0: "FSDP2 hybrid mode with shard groups of one (DDP): parameters, gradients and optimizer "
+       "states replicated; the pipeline schedule turns gradient sync off until the last "
+       "micro-batch, so gradients are all-reduced once per step, after it",
+    1: "FSDP2 fully_shard(reshard_after_forward=False): parameters gathered once per step and "
+       "kept until the last backward; the pipeline schedule turns gradient sync off until the "
+       "last micro-batch, so gradients accumulate whole and are reduce-scattered once per step, "
+       "after it; fp32 master weights and optimizer states sharded (ZeRO-1 traffic and memory "
+       "during the step; parameters also sharded between steps)",
+    2: "FSDP2 fully_shard(reshard_after_forward=False): parameters gathered once per step; the "
+       "pipeline schedule turns gradient sync off until the last micro-batch, so gradients "
+       "accumulate whole and are reduce-scattered once per step, after it, as under ZeRO-1; "
+       "master weights and optimizer states sharded",
+    3: "FSDP2 fully_shard per block: each block's parameters gathered before a forward or "
+       "backward that finds them freed, and freed after every forward; the pipeline schedule "
+       "turns gradient sync and resharding after backward off until the last micro-batch, so "
+       "a backward keeps them (until the block's next forward or the step's end), and "
+       "gradients accumulate whole and are reduce-scattered once per step, after the last "
+       "micro-batch; master weights and optimizer states sharded",
+}
+"""What runs for each ZeRO stage under ``torch.distributed.pipelining`` (pp > 1): before every
+micro-batch's backward its stages call ``set_requires_gradient_sync(False)`` and
+``set_reshard_after_backward(False)`` on every FSDP module of the stage, and they reduce once,
+after the last (``PipelineStage.perform_reduce_grad``); ``reshard_after_forward`` is left as
+``passes/data_parallel.py`` set it."""
+
+INTERLEAVED_ACTIVE_STAGES = 3
+"""``ScheduleInterleaved1F1B`` keeps this many of a rank's stages gathered at a time
+(``_add_unshard_reshard(max_active_stages=3)`` in torch's ``pipelining/schedules.py``)."""
+
+
+def zero_text(config: ParallelConfig) -> str:
+    """What the engine runs for the data-parallel axis at ``config``'s ZeRO stage: without
+    pipelining as the caller accumulates micro-batches, with it as the schedule drives FSDP."""
+    if config.pp == 1:
+        return ENGINE_ZERO[config.zero]
+    text = ENGINE_ZERO_PIPELINED[config.zero]
+    v = config.virtual_stages
+    if config.zero >= 1 and config.schedule.value == "interleaved" \
+            and v > INTERLEAVED_ACTIVE_STAGES:
+        text += (f"; ScheduleInterleaved1F1B holds the gathered parameters of at most "
+                 f"{INTERLEAVED_ACTIVE_STAGES} of the rank's {v} stages at a time, freeing one "
+                 "and gathering it again when it comes back")
+    return text
+
 
 _PRECISION = {
     Precision.BF16: "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): bf16 "
@@ -34,18 +82,30 @@ _PRECISION = {
 }
 
 _CHECKPOINT = {
-    Checkpoint.NONE: "none",
-    Checkpoint.SELECTIVE: "selective (non-reentrant checkpoint saving matmul and fused "
-                          "attention outputs, recomputing the rest)",
-    Checkpoint.FULL: "full (non-reentrant checkpoint of the block)",
+    Checkpoint.SELECTIVE: "non-reentrant checkpoint saving matmul and fused attention outputs, "
+                          "recomputing the rest",
+    Checkpoint.FULL: "non-reentrant checkpoint of the block",
 }
+"""What each recomputing policy runs (``passes/checkpointing.py``); ``none`` keeps everything."""
+
+
+def checkpoint_line(config: ParallelConfig, num_blocks: int) -> str:
+    """Which blocks get which policy, in ``checkpoint_text``'s words (as the config row and
+    ``Estimate.summary``), then what each recomputing policy runs."""
+    policies = config.checkpoint_of(num_blocks) if num_blocks else ()
+    kinds = list(dict.fromkeys(policies))  # first used first, as checkpoint_text
+    where = checkpoint_text(config.checkpoint)
+    if len(kinds) <= 1:
+        where += f" on every block ({num_blocks})" if num_blocks else ""
+    legend = "; ".join(f"{k} = {_CHECKPOINT[k]}" for k in kinds if k in _CHECKPOINT)
+    return where + (f"\n{legend}" if legend else "")
 
 
 def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
                     ) -> list[tuple[str, str]]:
     """(aspect, what runs) for the report's execution table."""
     rows = [("data parallel", f"dp {config.dp}, ZeRO-{config.zero}: "
-                              f"{ENGINE_ZERO[config.zero]}")]
+                              f"{zero_text(config)}")]
     if config.tp > 1:
         rows.append(("tensor parallel",
                      f"tp {config.tp}: DTensor ColwiseParallel/RowwiseParallel per the module "
@@ -55,13 +115,8 @@ def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
                 "interleaved": "ScheduleInterleaved1F1B"}[config.schedule.value]
         rows.append(("pipeline", f"pp {config.pp}: torch.distributed.pipelining {name}, "
                                  f"{config.microbatches(train)} micro-batches, "
-                                 f"{config.virtual_stages} stage(s) per rank; the schedule "
-                                 "reduces gradients once per step, after the last "
-                                 "micro-batch, whatever the ZeRO stage"))
-    policies = config.checkpoint_of(num_blocks) if num_blocks else ()
-    kinds = sorted(set(policies), key=list(Checkpoint).index)
-    rows.append(("checkpointing", "; ".join(
-        f"{sum(p is k for p in policies)} block(s) {_CHECKPOINT[k]}" for k in kinds) or "none"))
+                                 f"{config.virtual_stages} stage(s) per rank"))
+    rows.append(("checkpointing", checkpoint_line(config, num_blocks)))
     rows.append(("precision", _PRECISION[train.precision]))
     if config.fusions:
         rows.append(("fused kernels", ", ".join(config.fusions) + " (Triton, autopar.kernels; "

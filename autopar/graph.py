@@ -122,6 +122,10 @@ class GraphIR:
     """The traced graph module (on the meta device)."""
     model_name: str = ""
     """Class name of the traced model, for reports."""
+    layers: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    """Module path -> (``linear`` | ``embedding``, weight shape) of the model's ``nn.Linear``
+    and ``nn.Embedding`` layers: what a tensor-parallel style can split
+    (``autopar.admissibility.layers_of``)."""
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}

@@ -12,19 +12,21 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.table import Table
 
+from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.estimate import Estimate
 from autopar.costmodel.specs import ParallelConfig, TrainSpec
-
-if TYPE_CHECKING:
-    from autopar.training import ModelSpec
+from autopar.model_spec import ModelSpec
 
 GIB = 2**30
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Version 2 records ``model_spec``; version 1 files (without it) still load."""
+_REQUIRED = ("model", "cluster", "nodes", "gpus_per_node", "train", "config", "estimate",
+             "stage_blocks")
+_PLAN_FIX = "pass a plan written by `autopar plan --json F` or Plan.to_json()"
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,10 @@ class Plan:
     (see ``autopar.module_strategies``): ``layers.*.attn.q_proj`` -> ``column``..."""
     ops_without_rules: tuple[str, ...] = ()
     """Ops the strategy registry had no rule for: run replicated."""
+    model_spec: ModelSpec | None = None
+    """How to build the model again (``autopar.model_spec``): what ``verify --plan`` and
+    ``export`` rebuild; ``None`` when the planner was given a model it cannot describe (then
+    they need the model named)."""
     alternatives: tuple[Plan, ...] = ()
     """Runner-up plans, best first."""
     solver: SolverInfo | None = field(default=None, compare=False)
@@ -97,6 +103,8 @@ class Plan:
             "ops_without_rules": list(self.ops_without_rules),
             "alternatives": [a.to_dict() for a in self.alternatives],
         }
+        if self.model_spec is not None:
+            out["model_spec"] = self.model_spec.to_dict()
         if self.solver is not None:
             out["solver"] = {"status": self.solver.status, "gap": self.solver.gap,
                              "candidates": self.solver.candidates, "pruned": self.solver.pruned}
@@ -108,7 +116,30 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
+        """Inverse of ``to_dict``; ``AutoparError`` naming what is missing or wrong."""
+        if not isinstance(d, dict):
+            raise AutoparError(f"a plan is a JSON object, not {type(d).__name__}",
+                               where="the plan", fix=_PLAN_FIX)
+        missing = [k for k in _REQUIRED if k not in d]
+        if missing:
+            raise AutoparError(f"the plan has no {', '.join(missing)}", where="the plan",
+                               fix=_PLAN_FIX)
+        if d.get("format", 1) > FORMAT_VERSION:
+            raise AutoparError(f"the plan is format {d['format']}, this autopar reads up to "
+                               f"{FORMAT_VERSION}", where="the plan's format",
+                               fix="upgrade autopar, or re-plan with this version")
+        try:
+            return cls._from_dict(d)
+        except AutoparError:
+            raise
+        except (ValueError, KeyError, TypeError) as err:
+            raise AutoparError(f"the plan does not load ({type(err).__name__}: {err})",
+                               where="the plan", fix=_PLAN_FIX) from None
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> Plan:
         solver = d.get("solver")
+        spec = d.get("model_spec")
         return cls(
             model=d["model"], cluster=d["cluster"], nodes=d["nodes"],
             gpus_per_node=d["gpus_per_node"], train=TrainSpec(**d["train"]),
@@ -120,11 +151,49 @@ class Plan:
             ops_without_rules=tuple(d.get("ops_without_rules", ())),
             alternatives=tuple(cls.from_dict(a) for a in d.get("alternatives", ())),
             solver=SolverInfo(**solver) if solver else None,
+            model_spec=ModelSpec.from_dict(spec, "the plan's model_spec") if spec else None,
         )
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        return cls.from_dict(json.loads(text))
+        """The plan in JSON ``text`` (``to_json``'s); ``from_file`` reads a file."""
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise AutoparError(f"Plan.from_json takes JSON text, not a {type(text).__name__}",
+                               where="Plan.from_json", fix="pass Plan.to_json()'s text, or "
+                               "read a file with Plan.from_file(path)")
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            looks_like_path = isinstance(text, str) and "\n" not in text and (
+                text.endswith(".json") or Path(text).exists())
+            raise AutoparError(
+                f"Plan.from_json was given {text[:60]!r}, which is "
+                + ("a file path, not JSON text" if looks_like_path else f"not JSON ({err})"),
+                where="Plan.from_json",
+                fix="read a plan file with Plan.from_file(path)" if looks_like_path
+                else _PLAN_FIX) from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Plan:
+        """The plan in the JSON file ``path``; a relative factory path of its model spec is
+        relative to the file's folder (``ModelSpec.resolved``)."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as err:
+            raise AutoparError(f"cannot read the plan file {p}: {err.strerror}", where=str(p),
+                               fix=_PLAN_FIX) from None
+        try:
+            plan = cls.from_json(text)
+        except AutoparError as err:
+            raise AutoparError(f"{p} is not a plan file: {err.what}", where=str(p),
+                               fix=err.fix) from None
+        if plan.model_spec is not None:
+            from dataclasses import replace
+
+            plan = replace(plan, model_spec=plan.model_spec.resolved(p.resolve().parent))
+        return plan
 
     # ----- for people -----
     def summary(self) -> str:
@@ -132,23 +201,25 @@ class Plan:
         return self.estimate.summary()
 
     def report(self, width: int = 110) -> str:
-        """The plan as tables: configuration, memory per stage, time, what runs replicated."""
-        from autopar.report import estimate_tables
+        """The plan as tables under its title (on one line at ``width`` when it fits, the
+        configuration summary never broken): configuration, memory per stage, time, what runs,
+        the ops without a strategy rule (listed once, from ``ops_without_rules``), runner-ups."""
+        from autopar.report import NO_RULE_NOTE, estimate_tables, titled_table
 
         buf = io.StringIO()
         console = Console(file=buf, width=width, force_terminal=False, color_system=None)
-        title = (f"{self.model} on {self.cluster} ({self.nodes} x {self.gpus_per_node} GPUs): "
-                 f"{self.summary()}")
-        console.print(estimate_tables(self.estimate, None, title=title))
+        title = f"{self.model} on {self.cluster} ({self.nodes} x {self.gpus_per_node} GPUs)"
+        console.print(estimate_tables(self.estimate, None, title=title,
+                                      without_notes=(NO_RULE_NOTE,)), crop=False)
         extra = [self._execution_table()]
         if self.ops_without_rules:
-            t = Table(title="Ops without a strategy rule (run replicated)")
+            t = titled_table("Ops without a strategy rule (run replicated)")
             t.add_column("op")
             for op in self.ops_without_rules:
                 t.add_row(op)
             extra.append(t)
         if self.alternatives:
-            t = Table(title="Runner-up plans")
+            t = titled_table("Runner-up plans")
             for col in ("#", "plan", "step time", "vs best", "peak GiB", "fits"):
                 t.add_column(col, justify="right" if col != "plan" else "left")
             for i, alt in enumerate(self.alternatives, 1):
@@ -167,8 +238,10 @@ class Plan:
 
     def _execution_table(self) -> Table:
         from autopar.execution import execution_lines
+        from autopar.report import titled_table
 
-        t = Table(title="What runs (autopar.parallelize on torch.distributed)", show_header=False)
+        t = titled_table("What runs (autopar.parallelize on torch.distributed)",
+                         show_header=False)
         t.add_column(style="bold")
         t.add_column()
         for aspect, text in execution_lines(self.config, self.train, sum(self.stage_blocks)):
@@ -189,14 +262,43 @@ class Plan:
             lines.append(f"#{i} {alt.summary()}: " + _why_better(self.estimate, alt.estimate))
         return "\n".join(lines)
 
+    def spec_for(self, given: ModelSpec | None = None) -> ModelSpec:
+        """The model to run this plan with: the one it records, or ``given`` for a plan
+        recording none (an older plan file, or a model the planner could not describe); a zoo
+        preset named by ``model`` as the last resort. ``AutoparError`` when ``given`` is
+        another model than the recorded one (``ModelSpec.same_model``)."""
+        recorded = self.model_spec
+        if recorded is not None and given is not None and not given.same_model(recorded):
+            raise AutoparError(
+                f"the plan was made for {recorded.label} ({_describe(recorded)}); the model "
+                f"given is {given.label} ({_describe(given)})", where="--model / model",
+                fix="leave the model out (the plan records it), or re-plan the model you mean")
+        spec = given or recorded
+        if spec is not None:
+            return spec
+        from autopar import models
+
+        if self.model not in models.names():
+            raise AutoparError(
+                f"the plan records no model spec and its model {self.model!r} is not a zoo "
+                "preset, so autopar does not know how to build it", where="plan.model",
+                fix="re-plan with this version (plan files record their model now), or name "
+                    "the model: --model NAME [--model-arg KEY=VALUE ...] (Python: "
+                    "model=ModelSpec(...))")
+        return ModelSpec(self.model)
+
     def export(self, folder: str | os.PathLike[str], model: ModelSpec | None = None, *,
                overwrite: bool = False) -> Path:
         """Write a runnable training folder for this plan (``plan.json``, ``model.json``,
         ``train.py``, ``launch.sh``, ``README.md``; ``autopar.passes.export``). ``model``
-        defaults to the zoo preset ``self.model``."""
+        defaults to the recorded one (``spec_for``)."""
         from autopar.passes.export import export_plan  # the passes import this module
 
         return export_plan(self, folder, model, overwrite=overwrite)
+
+
+def _describe(spec: ModelSpec) -> str:
+    return json.dumps(spec.to_dict(), sort_keys=True)[:200]
 
 
 def _why_better(best: Estimate, alt: Estimate) -> str:

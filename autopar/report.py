@@ -2,25 +2,57 @@
 
 from __future__ import annotations
 
-from rich.console import Group
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
+from rich.text import Text
 
 from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.estimate import Estimate
+from autopar.costmodel.estimate import Estimate, checkpoint_text
 
 GIB = 2**30
+NO_RULE_NOTE = "ops without a sharding rule"
+"""How the estimate's note on ops without a strategy rule begins (``costmodel/step.py`` writes
+it from the workload's ``no_rule_ops``); a plan's report lists those ops once, in its own
+table, and leaves this note out."""
+
+
+class Title:
+    """A report's title, ``sentence: summary``, on one line when it fits the width; otherwise
+    the sentence, wrapped between words, over the configuration summary on a line of its own,
+    never folded (a summary wider than the console runs past it when printed with
+    ``crop=False``, as ``Plan.report`` does)."""
+
+    def __init__(self, sentence: str, summary: str = "") -> None:
+        self.sentence = sentence
+        self.summary = summary
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        line = f"{self.sentence}: {self.summary}" if self.summary else self.sentence
+        if cell_len(line) <= options.max_width or not self.summary:
+            yield Text(line, style="bold")
+            return
+        yield Text(f"{self.sentence}:", style="bold")
+        yield Text(self.summary, style="bold", no_wrap=True, overflow="ignore")
+
+
+def titled_table(title: str, **kwargs: object) -> Table:
+    """A rich ``Table`` at least as wide as its title, so the title never wraps."""
+    return Table(title=title, min_width=cell_len(title), **kwargs)  # type: ignore[arg-type]
 
 
 def _seconds(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.3f} s"
 
 
-def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "") -> Group:
+def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "", *,
+                    without_notes: tuple[str, ...] = ()) -> Group:
+    """The estimate as tables under the title ``title: configuration summary`` (``Title``);
+    notes starting with one of ``without_notes`` are left out (the caller shows them)."""
     c = est.config
-    head = Table(title=title or "Estimate", show_header=False, box=None)
+    head = Table(show_header=False, box=None)
     head.add_column(style="bold")
     head.add_column()
-    ckpt = c.checkpoint if isinstance(c.checkpoint, str) else ",".join(c.checkpoint)
     if cluster is not None:
         head.add_row("cluster", f"{cluster.name}: {cluster.nodes} x {cluster.gpus_per_node} "
                                 f"{cluster.gpu.name}")
@@ -28,7 +60,8 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "")
                              f"zero {c.zero}  sp {'on' if c.sequence_parallel else 'off'}")
     head.add_row("pipeline", f"{c.schedule}  v={c.virtual_stages}  micro-batch {c.micro_batch} x "
                              f"{est.num_microbatches}")
-    head.add_row("checkpoint", f"{ckpt}   offload {'on' if c.offload else 'off'}")
+    head.add_row("checkpoint", f"{checkpoint_text(c.checkpoint)}   "
+                               f"offload {'on' if c.offload else 'off'}")
     head.add_row("step time", _seconds(est.step_time_s))
     head.add_row("throughput", f"{est.tokens_per_s:,.0f} tokens/s")
     head.add_row("MFU / HFU", f"{est.mfu:.1%} / {est.hfu:.1%}")
@@ -36,7 +69,7 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "")
                                 f"{est.usable_memory_bytes / GIB:,.2f} GiB usable "
                                 f"({'fits' if est.fits else 'DOES NOT FIT'})")
 
-    mem = Table(title="Memory per GPU (most loaded stage)")
+    mem = titled_table("Memory per GPU (most loaded stage)")
     mem.add_column("kind")
     mem.add_column("GiB", justify="right")
     mem.add_column("share", justify="right")
@@ -44,7 +77,7 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "")
         mem.add_row(k, f"{v / GIB:,.2f}", f"{v / est.peak_memory_bytes:.1%}")
     mem.add_row("total", f"{est.peak_memory_bytes / GIB:,.2f}", "100%", style="bold")
 
-    tim = Table(title="Time per step")
+    tim = titled_table("Time per step")
     tim.add_column("kind")
     tim.add_column("time", justify="right")
     tim.add_column("share", justify="right")
@@ -53,9 +86,9 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "")
             tim.add_row(k, _seconds(v), f"{v / est.step_time_s:.1%}")
     tim.add_row("step", _seconds(est.step_time_s), "100%", style="bold")
 
-    parts: list[Table] = [head, mem, tim]
+    parts: list[Table | Title] = [Title(title or "Estimate", est.summary()), head, mem, tim]
     if len(est.stage_memory) > 1:
-        st = Table(title="Peak memory per pipeline stage (GiB)")
+        st = titled_table("Peak memory per pipeline stage (GiB)")
         st.add_column("stage", justify="right")
         st.add_column("blocks", justify="right")
         for k in est.stage_memory[0].breakdown:
@@ -66,12 +99,12 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "")
                        *(f"{v / GIB:,.2f}" for v in sm.breakdown.values()),
                        f"{sm.peak_bytes / GIB:,.2f}")
         parts.append(st)
-    group = Group(*parts)
-    if est.notes:
-        notes = Table(title="Notes", show_header=False)
+    shown = [n for n in est.notes if not n.startswith(without_notes)]
+    if shown:
+        notes = titled_table("Notes", show_header=False)
         notes.add_column()
-        for n in est.notes:
+        for n in shown:
             notes.add_row(n)
-        group = Group(*parts, notes)
-    return group
+        parts.append(notes)
+    return Group(*parts)
 

@@ -39,6 +39,7 @@ from torch import nn
 from torch.fx.node import _get_qualified_name
 from torch.utils import _pytree as pytree
 
+from autopar.admissibility import layers_of
 from autopar.costmodel.specs import TrainSpec
 from autopar.graph import GraphIR, NodeInfo, TensorMeta
 from autopar.tracing_blocks import assign_blocks, find_block_group
@@ -137,6 +138,7 @@ def trace(
     return GraphIR(
         nodes=nodes, params=params, blocks=group, batch=batch, seq_len=seq,
         method=traced.method, gm=traced.gm, model_name=type(model).__name__,
+        layers=layers_of(model),
     )
 
 

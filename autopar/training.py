@@ -2,67 +2,24 @@
 
 Shared by ``autopar verify`` (the reference process and every rank must build the same model
 from the same seed and read the same tokens) and by the ``train.py`` that ``autopar export``
-writes. A ``ModelSpec`` names a zoo model (with field overrides) or a Hugging Face
-``LlamaForCausalLM`` config, and is plain JSON so it can be handed to other processes.
+writes. The model comes from a ``ModelSpec`` (``autopar.model_spec``), plain JSON that can be
+handed to other processes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 from torch import nn
 
-from autopar.costmodel.errors import AutoparError
+from autopar.model_spec import ModelSpec
+
+__all__ = ["OPTIMIZER", "ModelSpec", "end_rank", "logits_of", "optimizer", "synthetic_batch",
+           "vocab_size"]
 
 OPTIMIZER = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-6, "weight_decay": 0.1}
 """AdamW settings. ``eps`` is 1e-6, not 1e-8: a gradient near zero divided by
 sqrt(v) + eps amplifies the last-bit differences of a reordered reduction, and parity checks
 compare parameters after the step (../shared/design/FINDINGS.md)."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model to build on every rank: a zoo name with overrides, or a transformers Llama."""
-
-    name: str = ""
-    """Zoo preset or family (``autopar models``); empty for a transformers config."""
-    overrides: dict[str, Any] = field(default_factory=dict)
-    """Config fields of the zoo model (``num_layers``...)."""
-    transformers_llama: dict[str, Any] | None = None
-    """``transformers.LlamaConfig`` fields: build a ``LlamaForCausalLM`` from them."""
-
-    def __post_init__(self) -> None:
-        if bool(self.name) == (self.transformers_llama is not None):
-            raise AutoparError("a ModelSpec names a zoo model or a transformers config, not "
-                               "both or neither", where="ModelSpec",
-                               fix="pass name=... or transformers_llama={...}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "overrides": dict(self.overrides),
-                "transformers_llama": self.transformers_llama}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
-        return cls(d.get("name", ""), dict(d.get("overrides") or {}), d.get("transformers_llama"))
-
-    @property
-    def label(self) -> str:
-        return self.name or "transformers LlamaForCausalLM"
-
-    def build(self, device: str | torch.device = "cpu", seed: int = 0) -> nn.Module:
-        """The model with its weights drawn from ``seed`` (on meta: shapes only)."""
-        torch.manual_seed(seed)
-        if self.transformers_llama is not None:
-            from transformers import LlamaConfig, LlamaForCausalLM
-
-            config = LlamaConfig(**self.transformers_llama)
-            with torch.device(device):
-                return LlamaForCausalLM(config)
-        from autopar import models
-
-        return models.build(self.name, device=device, **self.overrides)
 
 
 def vocab_size(model: nn.Module) -> int:

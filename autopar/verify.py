@@ -51,6 +51,8 @@ from rich.table import Table
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.specs import Precision
+from autopar.admissibility import facts_of
+from autopar.passes.export import build_model
 from autopar.passes.mesh import check_executable
 from autopar.plan import Plan
 from autopar.training import (
@@ -258,14 +260,18 @@ def _raise_failure(folder: Path, nproc: int, errors: list[Path], timeout_s: floa
                            "re-plan it")
 
 
-def verify(spec: ModelSpec, plan: Plan, *, steps: int = 3, seed: int = 0,
+def verify(spec: ModelSpec | None, plan: Plan, *, steps: int = 3, seed: int = 0,
            timeout_s: float = 300.0, folder: str | os.PathLike[str] | None = None
            ) -> VerifyResult:
     """Run ``plan`` on ``plan.config.world_size`` CPU processes and one reference process;
-    compare (see the module docstring)."""
+    compare (see the module docstring). ``spec`` defaults to the model the plan records
+    (``Plan.spec_for``). Everything that can be checked is checked before a process starts:
+    the model builds and the plan is admissible for it and executable
+    (``passes.mesh.check_executable``)."""
     if steps < 1:
         raise AutoparError(f"steps={steps}", where="--steps", fix="run at least one step")
-    check_executable(plan)
+    spec = plan.spec_for(spec)
+    check_executable(plan, facts_of(build_model(spec)))
     nproc = plan.config.world_size
     start = time.monotonic()
     keep = folder is not None

@@ -460,6 +460,9 @@ def _elements(graph: GraphIR, name: str | None) -> float:
 def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: float,
                 exclude_params: frozenset[str] = frozenset(),
                 fusions: tuple[str, ...] = ()) -> LayerCost:
+    # the strategy registry says which ops have no rule (it imports this module)
+    from autopar.search.strategies import ops_without_rules
+
     tp = classify_tp(graph, nodes)
     names = {n.name for n in nodes}
     external = [i for n in nodes for i in n.inputs if i not in names]
@@ -482,7 +485,7 @@ def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: flo
         params_expert=_numel(graph, expert),
         tp_collectives=_tp_collectives(graph, nodes, tp),
         ep_alltoall_elements=a2a,
-        no_rule_ops=tuple(sorted({n.op for n in nodes if n.op not in KNOWN_OPS})),
+        no_rule_ops=ops_without_rules(graph, nodes),
     )
 
 

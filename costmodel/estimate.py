@@ -2,9 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from .specs import ParallelConfig
+from .specs import Checkpoint, ParallelConfig
+
+
+def block_ranges(blocks: Sequence[int]) -> str:
+    """Block indices as runs: ``0-3, 8, 10-11`` (ascending, each run once)."""
+    runs: list[list[int]] = []
+    for b in sorted(blocks):
+        if runs and b == runs[-1][1] + 1:
+            runs[-1][1] = b
+        else:
+            runs.append([b, b])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def checkpoint_text(checkpoint: Checkpoint | str | Sequence[Checkpoint | str]) -> str:
+    """A checkpoint policy in words, complete and compact: one policy by its name (``full``);
+    a per-block list by policy, first used first, with its blocks and their count
+    (``full: blocks 0-3 (4); selective: blocks 4-79 (76)``). The one wording of the report's
+    config row, ``Estimate.summary`` and the plan's "What runs" table."""
+    if isinstance(checkpoint, str):
+        return str(checkpoint)
+    policies = [str(p) for p in checkpoint]
+    if len(set(policies)) == 1:
+        return policies[0]
+    where: dict[str, list[int]] = {}
+    for i, p in enumerate(policies):
+        where.setdefault(p, []).append(i)
+    return "; ".join(f"{p}: {'block' if len(b) == 1 else 'blocks'} {block_ranges(b)} ({len(b)})"
+                     for p, b in where.items())
 
 
 @dataclass(frozen=True)
@@ -60,15 +89,13 @@ class Estimate:
 
     def summary(self) -> str:
         """The configuration on one line: ``dp8 tp8 pp4 zero1 mb1x64 interleaved(v2) sp
-        ckpt:full`` (per-block checkpointing as counts, ``ckpt:4full+20none``)."""
+        ckpt:full`` (per-block checkpointing in ``checkpoint_text``'s words, in parentheses:
+        ``ckpt:(full: blocks 0-3 (4); none: blocks 4-23 (20))``; not brackets, which rich
+        would read as markup in a table cell)."""
         c = self.config
-        if isinstance(c.checkpoint, tuple):
-            counts: dict[str, int] = {}
-            for p in c.checkpoint:
-                counts[str(p)] = counts.get(str(p), 0) + 1
-            ckpt = "+".join(f"{n}{k}" for k, n in counts.items())
-        else:
-            ckpt = str(c.checkpoint)
+        ckpt = checkpoint_text(c.checkpoint)
+        if " " in ckpt:
+            ckpt = f"({ckpt})"
         parts = [f"dp{c.dp}", f"tp{c.tp}", f"pp{c.pp}"]
         parts += [f"cp{c.cp}"] if c.cp > 1 else []
         parts += [f"ep{c.ep}"] if c.ep > 1 else []

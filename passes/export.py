@@ -3,16 +3,16 @@
 The folder holds:
 
 * ``plan.json`` -- the plan, as ``Plan.to_json`` writes it;
-* ``model.json`` -- the ``ModelSpec`` every rank builds (zoo name and overrides, or a
-  transformers Llama config);
+* ``model.json`` -- the ``ModelSpec`` every rank builds (``autopar.model_spec``: zoo name and
+  overrides, a factory -- its file copied into the folder -- or a transformers config);
 * ``train.py`` -- ``passes/train_template.py`` copied verbatim: builds the model, applies the
   plan, trains on synthetic tokens or a token file, logs loss and tokens/s, saves and resumes
   ``torch.distributed.checkpoint`` checkpoints (its docstring says how);
 * ``launch.sh`` -- the ``torchrun`` command for the plan's nodes and GPUs per node;
 * ``README.md`` -- what the plan is and how to run, resume and go multi-node.
 
-Export checks what it can before anyone launches: the passes can execute the plan, the model
-is known and has as many blocks as the plan places.
+Export checks what it can before anyone launches: the model builds, and the plan passes the
+admissibility check for it and the passes' own limits (``passes.mesh.check_executable``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ import json
 import os
 import shutil
 import stat
+from dataclasses import replace
 from pathlib import Path
 
+from autopar.admissibility import facts_of
 from autopar.costmodel.errors import AutoparError
-from autopar.plan import Plan
+from autopar.model_spec import ModelSpec
 from autopar.passes.mesh import check_executable
-from autopar.training import ModelSpec
+from autopar.plan import Plan
 
 TEMPLATE = Path(__file__).with_name("train_template.py")
 FILES = ("plan.json", "model.json", "train.py", "launch.sh", "README.md")
@@ -38,12 +40,12 @@ def export_plan(plan: Plan, folder: str | os.PathLike[str], model_spec: ModelSpe
                 *, overwrite: bool = False) -> Path:
     """Write the runnable folder for ``plan`` (see the module docstring) and return its path.
 
-    ``model_spec`` defaults to the zoo preset ``plan.model``; a plan of another model needs
-    it. Refuses a folder that already holds files unless ``overwrite`` (which replaces the
-    files above and leaves the others, checkpoints included, alone)."""
-    check_executable(plan)
-    spec = model_spec or _default_spec(plan)
-    _check_model(spec, plan)
+    The model is the one the plan records (``plan.model_spec``); ``model_spec`` names it for a
+    plan that records none, and must agree with it otherwise. Refuses a folder that already
+    holds files unless ``overwrite`` (which replaces the files above and leaves the others,
+    checkpoints included, alone)."""
+    spec = plan.spec_for(model_spec)
+    check_executable(plan, facts_of(build_model(spec)))
     out = Path(folder)
     if out.exists() and not out.is_dir():
         raise AutoparError(f"{out} is a file", where="the export folder",
@@ -52,46 +54,46 @@ def export_plan(plan: Plan, folder: str | os.PathLike[str], model_spec: ModelSpe
         raise AutoparError(f"{out} is not empty", where="the export folder",
                            fix="export into a new or empty folder, or pass --overwrite "
                                "(overwrite=True) to replace the exported files in it")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.json").write_text(plan.to_json(), encoding="utf-8")
-    (out / "model.json").write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True) + "\n",
-                                    encoding="utf-8")
-    shutil.copyfile(TEMPLATE, out / "train.py")
-    launch = out / "launch.sh"
-    launch.write_text(launch_script(plan), encoding="utf-8")
-    launch.chmod(launch.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    (out / "README.md").write_text(readme(plan, spec), encoding="utf-8")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        spec = _copy_model_file(spec, out)
+        (out / "plan.json").write_text(replace(plan, model_spec=spec).to_json(),
+                                       encoding="utf-8")
+        (out / "model.json").write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True)
+                                        + "\n", encoding="utf-8")
+        shutil.copyfile(TEMPLATE, out / "train.py")
+        launch = out / "launch.sh"
+        launch.write_text(launch_script(plan), encoding="utf-8")
+        launch.chmod(launch.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        (out / "README.md").write_text(readme(plan, spec), encoding="utf-8")
+    except OSError as err:
+        raise AutoparError(f"cannot write the export folder {out}: {err.strerror} "
+                           f"({err.filename})", where="the export folder",
+                           fix="pass a folder you can create and write to") from None
     return out
 
 
-def _default_spec(plan: Plan) -> ModelSpec:
-    from autopar import models
-
-    if plan.model not in models.names():
-        raise AutoparError(
-            f"the plan's model {plan.model!r} is not a zoo preset, so export does not know how "
-            "to build it", where="plan.model",
-            fix="pass the model: plan.export(folder, model=ModelSpec(...)), or on the command "
-                "line --model NAME [--model-arg KEY=VALUE ...]")
-    return ModelSpec(plan.model)
-
-
-def _check_model(spec: ModelSpec, plan: Plan) -> None:
-    """The model builds (on meta) and has the blocks the plan places."""
-    from autopar.passes.model_parts import parts_of
-
+def build_model(spec: ModelSpec):
+    """``spec``'s model on the meta device, as the admissibility check reads it."""
     try:
-        model = spec.build("meta")
+        return spec.build("meta")
     except AutoparError:
         raise
     except (TypeError, ValueError, ImportError) as err:
         raise AutoparError(f"cannot build {spec.label}: {err}", where="the model",
                            fix="check the model name and its --model-arg fields") from None
-    blocks = len(model.get_submodule(parts_of(model).blocks))
-    if blocks != sum(plan.stage_blocks):
-        raise AutoparError(
-            f"{spec.label} has {blocks} blocks, the plan places {sum(plan.stage_blocks)}",
-            where="the model", fix="export with the model the plan was made for")
+
+
+def _copy_model_file(spec: ModelSpec, out: Path) -> ModelSpec:
+    """A factory's file copied into ``out``; the spec then names the copy, relative to
+    ``out`` (``ModelSpec.resolved`` reads it back)."""
+    source = spec.file
+    if source is None:
+        return spec
+    target = out / source.name
+    if source.resolve() != target.resolve():
+        shutil.copyfile(source, target)
+    return ModelSpec(factory=f"{source.name}:{spec.factory.rpartition(':')[2]}")
 
 
 def launch_script(plan: Plan) -> str:

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from autopar.admissibility import ModelFacts, check_plan, microbatch_problem
 from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.specs import Schedule
 from autopar.plan import Plan
 
 
@@ -31,20 +31,21 @@ class Axis(StrEnum):
 AXES: tuple[Axis, ...] = (Axis.PP, Axis.DP_REPLICATE, Axis.DP_SHARD, Axis.TP)
 
 
-def check_executable(plan: Plan) -> None:
-    """Refuse, with what to do, the parts of a plan this version cannot run."""
+def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
+    """Refuse, with what to do, a plan this version cannot run: the admissibility check for the
+    model of ``facts`` (``autopar.admissibility.check_plan``; without ``facts``, the checks that
+    need no model), then the passes' own limits -- fused kernels that exist (and
+    ``linear_cross_entropy`` at tp 1), no context or expert parallelism yet."""
     from autopar.passes.fuse import check_fusions  # the kernels' import, only when checking
 
     c = plan.config
+    if facts is not None:
+        check_plan(facts, plan)
+    else:
+        problem = microbatch_problem(c, plan.train)
+        if problem is not None:
+            raise problem.error()
     check_fusions(c.fusions, c.tp)
-    m = c.microbatches(plan.train)
-    if c.pp > 1 and c.schedule is Schedule.ONE_F_ONE_B and m < c.pp:
-        raise AutoparError(
-            f"the 1F1B schedule of torch.distributed.pipelining needs at least one micro-batch "
-            f"per stage; the plan has {m} for {c.pp} stages",
-            where="plan.config.schedule",
-            fix="use --schedule gpipe (the same memory and time with so few micro-batches), or "
-                "more micro-batches")
     for axis, value in (("cp", c.cp), ("ep", c.ep)):
         if value > 1:
             raise AutoparError(

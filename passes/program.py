@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from autopar.admissibility import facts_of
 from autopar.costmodel.specs import Precision
 from autopar.plan import Plan
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
@@ -165,7 +166,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     """Rewrite ``model`` (built whole on this rank, weights initialised) into this rank's
     program under ``plan`` on ``mesh`` (``autopar.device_mesh(plan)``). The passes' order is
     the module docstring's."""
-    check_executable(plan)
+    check_executable(plan, facts_of(model))
     device = torch.device(device or mesh.device_type)
     parts = parts_of(model)
     model = model.to(device)

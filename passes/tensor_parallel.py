@@ -45,13 +45,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from autopar.costmodel.errors import AutoparError
 from autopar.module_strategies import LOSS
 from autopar.plan import Plan
 from autopar.passes.model_parts import ModelParts
-
-EXECUTABLE_STYLES = frozenset({"column", "row", "vocab", "sequence", "replicated"})
-
 
 class PrepareBlockInput(PrepareModuleInput):
     """The activation input of an attention or MLP module -- its first positional argument, or
@@ -87,31 +83,15 @@ def _pattern(name: str, parts: ModelParts) -> str:
     return re.sub(rf"^{re.escape(parts.blocks)}\.\d+(?=\.|$)", f"{parts.blocks}.*", name)
 
 
-def _style(name: str, module: nn.Module, style: str, plan: Plan, parts: ModelParts,
-           tp: int) -> ParallelStyle | None:
-    sp = sequence_parallel(plan)
-    if style not in EXECUTABLE_STYLES:
-        raise AutoparError(
-            f"the plan runs module {name} as {style!r}, a layout the engine's tensor-parallel "
-            "styles cannot express", where=f"plan.module_strategies[{name!r}]",
-            fix="re-plan (autopar plan), or plan with split weights (autopar.plan_for)")
+def _style(name: str, style: str, plan: Plan, parts: ModelParts) -> ParallelStyle | None:
+    """The engine's style for one module; ``parallelize`` has checked the plan's styles
+    against the model first (``autopar.admissibility.layer_problems``: module kinds, divisible
+    dimensions, column splits closed by row splits)."""
     if style == "replicated":
         return None
     if style == "sequence":
         return SequenceParallel()
-    kinds = {"column": nn.Linear, "row": nn.Linear, "vocab": nn.Embedding}
-    if not isinstance(module, kinds[style]):
-        raise AutoparError(
-            f"module {name} is a {type(module).__name__}; the {style!r} style applies to an "
-            f"{kinds[style].__name__}", where=f"plan.module_strategies[{name!r}]",
-            fix="run this model with tp=1, or give it nn.Linear/nn.Embedding layers")
-    weight = module.weight
-    dim = 1 if style == "row" else 0
-    if weight.shape[dim] % tp:
-        raise AutoparError(f"{name}'s weight dim {dim} ({weight.shape[dim]}) does not divide "
-                           f"over tp={tp}", where=f"module {name}",
-                           fix="choose a tp degree that divides the heads and widths")
-    seq = Shard(1) if sp else Replicate()
+    seq = Shard(1) if sequence_parallel(plan) else Replicate()
     if style == "vocab":
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
     if style == "row":
@@ -124,38 +104,18 @@ def _style(name: str, module: nn.Module, style: str, plan: Plan, parts: ModelPar
     return ColwiseParallel(input_layouts=Replicate())
 
 
-def _check_pairs(styles: dict[str, str]) -> None:
-    """A column split must be closed by a row split in the same parent module (attention,
-    MLP), or the next block would receive feature shards it cannot read."""
-    for name, style in styles.items():
-        if style != "column" or "." not in name:
-            continue
-        parent = name.rsplit(".", 1)[0]
-        if not any(s == "row" and n.rsplit(".", 1)[0] == parent for n, s in styles.items()
-                   if "." in n):
-            raise AutoparError(
-                f"{name} is split by columns but no module of {parent} is split by rows",
-                where="plan.module_strategies", fix="re-plan (autopar plan / plan_for)")
-
-
 def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
                           parts: ModelParts) -> None:
     """Shard ``stage`` over ``tp_mesh`` as the plan says (in place)."""
     if tp_mesh.size() == 1:
         return
     styles = {k: v for k, v in plan.module_strategies if k != LOSS}
-    if not styles:
-        raise AutoparError("the plan has tp > 1 but no module strategies",
-                           where="plan.module_strategies",
-                           fix="make the plan with this version (autopar plan / plan_for)")
-    _check_pairs(styles)
-    tp = tp_mesh.size()
     tied = _tied_pairs(stage)
     layout: dict[str, ParallelStyle] = {}
-    for name, module in stage.named_modules():
+    for name, _ in stage.named_modules():
         style = styles.get(_pattern(name, parts))
         if style is not None:
-            chosen = _style(name, module, style, plan, parts, tp)
+            chosen = _style(name, style, plan, parts)
             if chosen is not None:
                 layout[name] = chosen
             if style == "column" and name != parts.head:

@@ -174,8 +174,8 @@ def global_mean(loss: torch.Tensor, program: ParallelProgram) -> torch.Tensor:
 
 
 def train(args: argparse.Namespace) -> None:
-    plan = Plan.from_json((HERE / "plan.json").read_text())
-    spec = ModelSpec.from_dict(json.loads((HERE / "model.json").read_text()))
+    plan = Plan.from_file(HERE / "plan.json")
+    spec = ModelSpec.from_dict(json.loads((HERE / "model.json").read_text())).resolved(HERE)
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -28,6 +28,7 @@ from autopar.graph import GraphIR, NodeInfo
 from autopar.search.ilp_types import BlockProblem, Edge, StrategyTable
 from autopar.search.reshard import conversion
 from autopar.search.strategies import Layout, Strategy, strategies_for
+from autopar.workload import classify_tp
 
 IMPOSSIBLE = math.inf
 """Resharding time of a conversion that cannot be done: the solver forbids the pair."""
@@ -89,15 +90,17 @@ class StrategyGraph:
 def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
                    input_layout: Layout | None = None, output_layout: Layout | None = None,
                    split_weights: bool = False, output_tensor: str | None = None,
-                   fixed: Mapping[str, str] | None = None) -> StrategyGraph:
+                   fixed: Mapping[str, str] | None = None, tp: int = 1) -> StrategyGraph:
     """The ops the solve chooses for. ``input_layout`` pins the layout the layer receives its
     activation input in (a ``source``); without it the input is a fork the caller joins to the
     previous block's output. ``output_layout`` adds a ``sink`` requiring that layout of the
     layer's output: the output of ``output_tensor`` when given (the tensor the next layer
     reads; a transformers model computes masks and rotary tables after its embedding), else of
     the layer's last op. ``split_weights`` leaves weight GEMMs only their split strategies;
-    ``fixed`` names the one strategy some ops must take (a table tied to a solved head)."""
+    ``fixed`` names the one strategy some ops must take (a table tied to a solved head); only
+    splits ``tp`` divides are offered."""
     real = [n for n in nodes if n.out is not None]
+    keep_whole = frozenset(classify_tp(graph, real).router) if split_weights else frozenset()
     names = {n.name for n in real}
     readers: dict[str, int] = {}
     for n in real:
@@ -125,7 +128,7 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
             if i in index:
                 producers.append(index[i])
                 tensors.append(i)
-        strategies, known = strategies_for(n, graph, sp, width, split_weights)
+        strategies, known = strategies_for(n, graph, sp, width, split_weights, tp, keep_whole)
         if fixed and n.name in fixed:
             strategies = [st for st in strategies if st.name == fixed[n.name]] or strategies
         # rules see every graph-node input; keep the layouts of the ones inside this layer

@@ -22,7 +22,13 @@ from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.estimate import Estimate
 from autopar.costmodel.memory import ZERO_SHARDS_FROM
 from autopar.costmodel.specs import Checkpoint, ParallelConfig, TrainSpec
-from autopar.search.space import ModelShape
+from autopar.admissibility import (
+    ModelFacts,
+    context_parallel_problem,
+    experts_problem,
+    heads_problem,
+    stages_problem,
+)
 
 GIB = 2**30
 STATES = tuple(ZERO_SHARDS_FROM)
@@ -39,15 +45,24 @@ class InfeasibleError(AutoparError):
 
 def infeasible_error(smallest: Estimate | None, cluster: ClusterSpec,
                      constraints: Mapping[str, object], *, train: TrainSpec | None = None,
-                     shape: ModelShape | None = None) -> InfeasibleError:
+                     facts: ModelFacts | None = None,
+                     refused: Mapping[str, int] | None = None) -> InfeasibleError:
     """Say how far the smallest candidate is from fitting and what would close the gap.
 
-    ``train`` and ``shape``, when given, let the message name the constraint that left no valid
-    configuration (a dp the batch does not divide, a tp the heads do not divide).
+    ``train`` and ``facts``, when given, let the message name the constraint that left no valid
+    configuration (a dp the batch does not divide, a tp the heads do not divide); ``refused``
+    (the search's ``SpaceStats.refused``) adds the admissibility check's reasons, most frequent
+    first.
     """
     where = f"{cluster.name}, {_gpus(cluster)}; constraints: {_constraints(constraints)}"
     if smallest is None:
-        problems = constraint_problems(cluster, constraints, train, shape)
+        problems = constraint_problems(cluster, constraints, train, facts)
+        seen = set(problems)
+        for reason, _ in sorted((refused or {}).items(), key=lambda kv: -kv[1]):
+            if not any(reason in p or p in reason for p in seen):
+                problems.append(reason)
+                seen.add(reason)
+        problems = problems[:4]
         what = "no parallel configuration is valid for this model, cluster and batch"
         if problems:
             return InfeasibleError(f"{what}: {'; '.join(problems)}", where=where,
@@ -147,8 +162,10 @@ def total_state_bytes(breakdown: Mapping[str, float], c: ParallelConfig) -> dict
 
 
 def constraint_problems(cluster: ClusterSpec, constraints: Mapping[str, object],
-                        train: TrainSpec | None, shape: ModelShape | None) -> list[str]:
-    """Why the constraints leave no valid configuration, one reason each (may be empty)."""
+                        train: TrainSpec | None, facts: ModelFacts | None) -> list[str]:
+    """Why the constraints leave no valid configuration, one reason each (may be empty): the
+    GPU arithmetic here, the model's through the admissibility rules for the constrained
+    degrees."""
     n = cluster.num_gpus
     deg = {k: v for k in ("dp", "tp", "pp", "cp")
            if isinstance(v := constraints.get(k), int) and v > 0}
@@ -159,17 +176,13 @@ def constraint_problems(cluster: ClusterSpec, constraints: Mapping[str, object],
         out.append(f"dp*tp*pp*cp = {product} but the cluster has {n} GPUs")
     elif not out and n % product:
         out.append(f"{'*'.join(deg)} = {product} does not divide the {n} GPUs")
-    if shape is not None:
-        tp, pp = deg.get("tp"), deg.get("pp")
-        for heads, name in ((shape.num_heads, "attention heads"),
-                            (shape.num_kv_heads, "key/value heads")):
-            if tp and heads and heads % tp:
-                out.append(f"tp={tp} does not divide the {heads} {name}")
-        if pp and pp > shape.num_blocks:
-            out.append(f"pp={pp} exceeds the {shape.num_blocks} blocks")
+    if facts is not None:
+        tp, pp, cp = deg.get("tp", 1), deg.get("pp", 1), deg.get("cp", 1)
         ep = constraints.get("ep")
-        if isinstance(ep, int) and ep > 1 and (shape.num_experts or 1) % ep:
-            out.append(f"ep={ep} does not divide the {shape.num_experts or 1} experts")
+        found = [heads_problem(facts, tp), stages_problem(facts, pp, pp),
+                 experts_problem(facts, ep) if isinstance(ep, int) else None,
+                 context_parallel_problem(facts, train.seq_len, cp) if train else None]
+        out += [p.what for p in found if p is not None]
     if train is not None:
         dp, mb = deg.get("dp"), constraints.get("micro_batch")
         if dp and train.global_batch % dp:
@@ -177,9 +190,6 @@ def constraint_problems(cluster: ClusterSpec, constraints: Mapping[str, object],
         elif isinstance(mb, int) and dp and train.global_batch % (dp * mb):
             out.append(f"global batch {train.global_batch} is not a multiple of "
                        f"dp*micro_batch = {dp * mb}")
-        cp = deg.get("cp")
-        if cp and train.seq_len % (2 * cp):
-            out.append(f"seq_len {train.seq_len} is not a multiple of 2*cp = {2 * cp}")
     return out
 
 

@@ -46,7 +46,8 @@ from autopar.costmodel.specs import Checkpoint, ParallelConfig, Schedule, TrainS
 from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step, tp_comm_s
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
-from autopar.search.space import ModelShape, SpaceStats, outer_candidates
+from autopar.admissibility import ModelFacts
+from autopar.search.space import SpaceStats, outer_candidates
 
 POLICIES = (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.FULL)
 
@@ -188,7 +189,7 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
     return best, full
 
 
-def search(work: Workload | WorkloadFor, shape: ModelShape, cluster: ClusterSpec,
+def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec,
            train: TrainSpec, constraints: Mapping[str, object] | None = None, *, keep: int = 4,
            efficiency: Efficiency = DEFAULT_EFFICIENCY,
            progress: Callable[[int, int], None] | None = None,
@@ -202,13 +203,13 @@ def search(work: Workload | WorkloadFor, shape: ModelShape, cluster: ClusterSpec
     stats = SpaceStats()
     memo: dict[tuple, float] = {}
     bounded = []
-    for config in outer_candidates(cluster.num_gpus, shape, train, constraints, stats):
+    for config in outer_candidates(cluster.num_gpus, facts, train, constraints, stats):
         try:
             w = workload_for(config)
             bound, part = _bound_s(w, config, train, cluster, efficiency, memo)
             bounded.append((bound, config, part))
-        except AutoparError:
-            stats.prune("invalid")
+        except AutoparError as err:  # a candidate the cost model or the engine cannot run
+            stats.refused[err.what] = stats.refused.get(err.what, 0) + 1
     # deterministic order: bound, then the config's own field order
     bounded.sort(key=lambda bc: (bc[0], simplicity(bc[1]),
                                  tuple(str(v) for v in bc[1].to_dict().values())))

@@ -7,16 +7,17 @@ candidates, branch and bound) and the per-candidate solves it calls.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-import torch.nn as nn
-
+from autopar.admissibility import ModelFacts, check_plan, layer_problems
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import Efficiency
+from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
 from autopar.costmodel.specs import TrainSpec
 from autopar.graph import GraphIR
+from autopar.model_spec import ModelSpec
 from autopar.module_strategies import module_strategies
 from autopar.plan import Plan, SolverInfo
 from autopar.search.infeasible import infeasible_error
@@ -28,7 +29,7 @@ from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.search.block_tables import Pricing
-from autopar.search.space import check_constraints, shape_of
+from autopar.search.space import check_constraints
 from autopar.search.strategies import ops_without_rules
 from autopar.search.tp_solve import StrategyResult, StrategySolver
 from autopar.workload import build_workload
@@ -45,6 +46,9 @@ class Strategies:
     cluster: ClusterSpec
     train: TrainSpec
     efficiency: Efficiency
+    facts: ModelFacts | None = None
+    """When given, a candidate whose solved strategies the engine cannot run is refused."""
+    _checked: dict[int, str] = field(default_factory=dict)
 
     def result(self, config: ParallelConfig) -> StrategyResult | None:
         """The solved strategies (None with tp = 1: every op runs whole on its GPU)."""
@@ -64,13 +68,27 @@ class Strategies:
         return self.solver.solve(pricing, config.sequence_parallel)
 
     def __call__(self, config: ParallelConfig) -> Workload:
+        """The candidate's workload; ``AutoparError`` when its strategies cannot run."""
         result = self.result(config)
-        return self.solver.base if result is None else result.workload
+        if result is None:
+            return self.solver.base
+        if self.facts is not None:
+            if id(result) not in self._checked:  # results are memoised: check each once
+                styles = module_strategies(self.solver.graph, dict(
+                    result.block_strategies + result.outer_strategies))
+                found = layer_problems(self.facts, styles, config.tp)
+                self._checked[id(result)] = found[0].what if found else ""
+            if self._checked[id(result)]:
+                raise AutoparError(self._checked[id(result)], where="the strategy solve",
+                                   fix="report this plan: the solve chose a layout the engine "
+                                       "cannot run")
+        return result.workload
 
 
 def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
           strategies: Strategies, num_blocks: int,
-          alternatives: tuple[Plan, ...] = (), solver: SolverInfo | None = None) -> Plan:
+          alternatives: tuple[Plan, ...] = (), solver: SolverInfo | None = None,
+          spec: ModelSpec | None = None) -> Plan:
     c = est.config
     result = strategies.result(c)
     graph = strategies.solver.graph
@@ -83,48 +101,60 @@ def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
                 stage_blocks=tuple(sm.blocks for sm in est.stage_memory), block_strategies=ops,
                 module_strategies=modules,
                 ops_without_rules=ops_without_rules(graph), alternatives=alternatives,
-                solver=solver)
+                solver=solver, model_spec=spec)
 
 
 def _strategies(graph: GraphIR, name: str, cluster: ClusterSpec, train: TrainSpec,
-                efficiency: Efficiency, fusions: tuple[str, ...], split_weights: bool
-                ) -> tuple[Strategies, Workload]:
+                efficiency: Efficiency, fusions: tuple[str, ...], split_weights: bool,
+                facts: ModelFacts) -> tuple[Strategies, Workload]:
     act = activation_bytes_per_element(train.precision)
     work = build_workload(graph, act, name=name, fusions=fusions)
     solver = StrategySolver(graph, work, act, split_weights=split_weights)
-    return Strategies(solver, cluster, train, efficiency), work
+    return Strategies(solver, cluster, train, efficiency, facts), work
 
 
-def plan_config(graph: GraphIR, name: str, cluster: ClusterSpec, train: TrainSpec,
-                config: ParallelConfig, *, efficiency: Efficiency, split_weights: bool) -> Plan:
+def plan_config(graph: GraphIR, facts: ModelFacts, name: str, cluster: ClusterSpec,
+                train: TrainSpec, config: ParallelConfig, *, efficiency: Efficiency,
+                split_weights: bool, spec: ModelSpec | None = None) -> Plan:
     """The plan of one given configuration (no search): its per-op strategies solved, its
-    step priced; it may not fit (``plan.estimate.fits``)."""
+    step priced; it may not fit (``plan.estimate.fits``). Raises ``AutoparError`` when the
+    plan could not run (``admissibility.check_plan``)."""
     strategies, _ = _strategies(graph, name, cluster, train, efficiency, config.fusions,
-                                split_weights)
+                                split_weights, facts)
     est = estimate_step(strategies(config), cluster, train, config, efficiency=efficiency)
-    return _plan(est, name, cluster, train, strategies, graph.num_blocks)
+    plan = _plan(est, name, cluster, train, strategies, graph.num_blocks, spec=spec)
+    check_plan(facts, plan)
+    return plan
 
 
-def plan_search(graph: GraphIR, model: nn.Module | GraphIR, name: str, cluster: ClusterSpec,
+def plan_search(graph: GraphIR, facts: ModelFacts, name: str, cluster: ClusterSpec,
                 train: TrainSpec, constraints: Mapping[str, object], *, keep: int,
                 time_limit_s: float | None, efficiency: Efficiency,
-                progress: ProgressFn | None, split_weights: bool = False) -> Plan:
-    """Search and build the ``Plan``; raise ``InfeasibleError`` when nothing fits."""
+                progress: ProgressFn | None, split_weights: bool = False,
+                spec: ModelSpec | None = None) -> Plan:
+    """Search and build the ``Plan``; raise ``InfeasibleError`` when nothing fits. The search
+    offers only candidates ``facts`` admits, and the plan is checked again
+    (``admissibility.check_plan``) before it is returned."""
     constraints = dict(constraints)
     check_constraints(constraints)
     fusions = tuple(constraints.get("fusions", ()) or ())  # type: ignore[arg-type]
     strategies, work = _strategies(graph, name, cluster, train, efficiency, fusions,
-                                   split_weights)
+                                   split_weights, facts)
     ring = any(op.kv_elements > 0 for op in work.block.ops)
-    shape = shape_of(model, graph.num_blocks, ring_attention=ring)
-    result = search(strategies, shape, cluster, train, constraints, keep=keep,
+    facts = replace(facts, ring_attention=ring)
+    strategies.facts = facts
+    result = search(strategies, facts, cluster, train, constraints, keep=keep,
                     efficiency=efficiency, progress=progress, time_limit_s=time_limit_s)
     if not result.best:
-        raise infeasible_error(result.smallest, cluster, constraints, train=train, shape=shape)
+        raise infeasible_error(result.smallest, cluster, constraints, train=train, facts=facts,
+                               refused=result.stats.refused)
     alts = tuple(_plan(e, name, cluster, train, strategies, graph.num_blocks)
                  for e in result.best[1:])
     gap = max([result.gap, *(r.gap for r in strategies.solver.cache.values())])
     info = SolverInfo(status="optimal" if gap == 0 else "feasible", gap=gap,
                       candidates=result.priced, pruned=result.stats.total_pruned,
                       wall_s=result.wall_s)
-    return _plan(result.best[0], name, cluster, train, strategies, graph.num_blocks, alts, info)
+    plan = _plan(result.best[0], name, cluster, train, strategies, graph.num_blocks, alts,
+                 info, spec)
+    check_plan(facts, plan)
+    return plan

@@ -19,11 +19,15 @@ Pruning rules, each with why it cannot lose the optimum under the cost model:
 * ``offload``: offloading the optimizer only adds transfers and a CPU step; it is tried only for
   a candidate that does not fit without it (the search does that, not this module).
 
-Everything else here is validity, not pruning: degrees must divide the GPU count, tp the
-attention heads (and key/value heads), pp at most the blocks, the sequence split 2*cp ways
-(load-balanced causal ring attention, which needs a fused attention op), ep the experts and dp*cp, and the micro-batch the
-per-replica batch, and tp = 1 with the fused loss (``linear_cross_entropy`` computes every
-logit on one GPU; ``ParallelConfig`` refuses it with tp > 1).
+Everything else here is validity, not pruning: degrees must divide the GPU count and the
+micro-batch the per-replica batch, tp = 1 with the fused loss (``linear_cross_entropy``
+computes every logit on one GPU; ``ParallelConfig`` refuses it with tp > 1), and every
+candidate must pass the one admissibility check (``autopar.admissibility.problems``: heads,
+stages, sequence under sequence and context parallelism, experts, micro-batches against the
+schedule). Its rules are called here, not restated; the reasons of the candidates it refuses are
+counted in ``SpaceStats.refused``, so that an empty space can say why. Where sequence
+parallelism cannot split the sequence (tp does not divide it), the space offers the candidate
+without it instead: planning around it, never a plan that cannot run.
 """
 
 from __future__ import annotations
@@ -31,6 +35,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from autopar.admissibility import (
+    ModelFacts,
+    Problem,
+    context_parallel_problem,
+    heads_problem,
+    problems,
+    sequence_parallel_problem,
+    stages_problem,
+)
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, check_field
 
@@ -41,26 +54,22 @@ MAX_VIRTUAL_STAGES = 8
 FIELDS = frozenset(ParallelConfig.__dataclass_fields__)
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """What the space needs to know of the model."""
-
-    num_blocks: int
-    num_heads: int | None = None
-    num_kv_heads: int | None = None
-    num_experts: int | None = None
-    ring_attention: bool = True
-    """The block's attention is a fused op (sdpa) that context parallelism can run as a ring;
-    eager attention (matmul, softmax, matmul over the whole score matrix) cannot be split."""
-
-
 @dataclass
 class SpaceStats:
     enumerated: int = 0
     pruned: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
+    """Candidates the admissibility check refused, by reason."""
 
     def prune(self, rule: str) -> None:
         self.pruned[rule] = self.pruned.get(rule, 0) + 1
+
+    def refuse(self, problem: Problem | None) -> bool:
+        """Count ``problem`` (if any) as a refusal; True when there was one."""
+        if problem is None:
+            return False
+        self.refused[problem.what] = self.refused.get(problem.what, 0) + 1
+        return True
 
     @property
     def total_pruned(self) -> int:
@@ -87,63 +96,68 @@ def _allowed(values: list[int], key: str, constraints: Mapping[str, object]) -> 
     return values
 
 
-def _tp_ok(tp: int, shape: ModelShape) -> bool:
-    if shape.num_heads and shape.num_heads % tp:
-        return False
-    return not (shape.num_kv_heads and shape.num_kv_heads % tp)
-
-
-def meshes(num_gpus: int, shape: ModelShape, train: TrainSpec,
-           constraints: Mapping[str, object]) -> Iterator[tuple[int, int, int, int]]:
+def meshes(num_gpus: int, facts: ModelFacts, train: TrainSpec,
+           constraints: Mapping[str, object], stats: SpaceStats | None = None
+           ) -> Iterator[tuple[int, int, int, int]]:
     """Valid (dp, tp, pp, cp) with dp*tp*pp*cp = num_gpus."""
+    stats = stats if stats is not None else SpaceStats()
     for tp in _allowed(divisors(num_gpus), "tp", constraints):
-        if not _tp_ok(tp, shape):
+        if stats.refuse(heads_problem(facts, tp)):
             continue
         if constraints.get("sequence_parallel") and tp == 1:
             continue  # sequence parallelism splits over the tp ranks
         if tp > 1 and "linear_cross_entropy" in (constraints.get("fusions") or ()):
             continue  # the fused loss needs the whole vocabulary on one GPU
         rest = num_gpus // tp
-        for pp in _allowed([p for p in divisors(rest) if p <= shape.num_blocks], "pp",
-                           constraints):
+        for pp in _allowed(divisors(rest), "pp", constraints):
+            if stats.refuse(stages_problem(facts, pp, pp)):
+                continue
             for cp in _allowed(divisors(rest // pp), "cp", constraints):
-                if cp > 1 and (train.seq_len % (2 * cp) or not shape.ring_attention):
+                if stats.refuse(context_parallel_problem(facts, train.seq_len, cp)):
                     continue
                 dp = rest // (pp * cp)
                 if "dp" in constraints and constraints["dp"] != dp:
                     continue
                 if train.global_batch % dp:
+                    stats.refuse(Problem(f"the global batch of {train.global_batch} is not a "
+                                         f"multiple of dp={dp}", "dp",
+                                         "choose dp among the divisors of the global batch"))
                     continue
                 yield dp, tp, pp, cp
 
 
-def outer_candidates(num_gpus: int, shape: ModelShape, train: TrainSpec,
+def outer_candidates(num_gpus: int, facts: ModelFacts, train: TrainSpec,
                      constraints: Mapping[str, object] | None = None,
                      stats: SpaceStats | None = None) -> Iterator[ParallelConfig]:
     """Every outer candidate, with the checkpoint policy set from the constraints or ``none``
-    (the inner solve decides it)."""
+    (the inner solve decides it). Every candidate passes ``admissibility.problems``."""
     constraints = dict(constraints or {})
     check_constraints(constraints)
     stats = stats if stats is not None else SpaceStats()
     fixed = {k: constraints[k] for k in ("checkpoint", "fusions", "num_microbatches")
              if k in constraints}
-    for dp, tp, pp, cp in meshes(num_gpus, shape, train, constraints):
+    for dp, tp, pp, cp in meshes(num_gpus, facts, train, constraints, stats):
         eps = [e for e in divisors(dp * cp)
-               if (shape.num_experts or 1) % e == 0] if shape.num_experts else [1]
+               if (facts.num_experts or 1) % e == 0] if facts.num_experts else [1]
         for ep in _allowed(eps, "ep", constraints):
             per_replica = train.global_batch // dp
             sizes = ([int(constraints["micro_batch"])]  # type: ignore[call-overload]
                      if "micro_batch" in constraints else list(MICRO_BATCHES))
             for mb in [m for m in sizes if per_replica % m == 0]:
                 m = per_replica // mb
-                for schedule, v in _schedules(pp, m, shape.num_blocks, constraints, stats):
+                for schedule, v in _schedules(pp, m, facts.num_blocks, constraints, stats):
                     for zero in _zero_stages(dp * cp, pp, constraints, stats):
-                        for sp in _sequence_parallel(tp, constraints, stats):
-                            stats.enumerated += 1
-                            yield ParallelConfig(
+                        for sp in _sequence_parallel(tp, train.seq_len, constraints, stats):
+                            config = ParallelConfig(
                                 dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, micro_batch=mb,
                                 schedule=schedule, virtual_stages=v, sequence_parallel=sp,
                                 offload=bool(constraints.get("offload", False)), **fixed)
+                            found = problems(facts, config, train)
+                            if found:
+                                stats.refuse(found[0])
+                                continue
+                            stats.enumerated += 1
+                            yield config
 
 
 def _schedules(pp: int, m: int, num_blocks: int, constraints: Mapping[str, object],
@@ -191,38 +205,11 @@ def _zero_stages(replicas: int, pp: int, constraints: Mapping[str, object],
     return [1, 2, 3]
 
 
-def _sequence_parallel(tp: int, constraints: Mapping[str, object],
+def _sequence_parallel(tp: int, seq_len: int, constraints: Mapping[str, object],
                        stats: SpaceStats) -> list[bool]:
     if "sequence_parallel" in constraints:
         return [bool(constraints["sequence_parallel"]) and tp > 1]
-    if tp == 1:
-        return [False]
+    if tp == 1 or sequence_parallel_problem(seq_len, tp) is not None:
+        return [False]  # the sequence does not split evenly: planned without it
     stats.prune("no-sp")
     return [True]
-
-
-_CONFIG_FIELDS = {
-    "num_heads": ("num_heads", "num_attention_heads", "n_head"),
-    "num_kv_heads": ("num_kv_heads", "num_key_value_heads"),
-    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts"),
-}
-
-
-def shape_of(model: object, num_blocks: int, ring_attention: bool = True) -> ModelShape:
-    """The model's shape from its ``config`` (the zoo's dataclass or a transformers config).
-
-    Missing fields stay ``None``: the space then does not restrict tp by heads or ep by experts,
-    and an impossible split is caught when the plan is applied.
-    """
-    config = getattr(model, "config", None)
-    found: dict[str, int | None] = {}
-    for key, names in _CONFIG_FIELDS.items():
-        found[key] = None
-        for name in names:
-            value = getattr(config, name, None)
-            if isinstance(value, int) and value > 0:
-                found[key] = value
-                break
-    if found["num_experts"] is not None and found["num_experts"] < 2:
-        found["num_experts"] = None
-    return ModelShape(num_blocks=num_blocks, ring_attention=ring_attention, **found)

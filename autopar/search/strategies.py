@@ -23,10 +23,11 @@ and is listed in the plan's report.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from autopar.admissibility import splittable
 from autopar.graph import GraphIR, NodeInfo
 from autopar.workload import GEMM_OPS, is_weight_gemm
 
@@ -69,6 +70,18 @@ class RuleContext:
     split_weights: bool = False
     """Every weight GEMM must be split over the tp ranks (column or row): the choice of a plan
     whose tp degree was fixed by the user, e.g. to verify the sharded program."""
+    tp: int = 1
+    """The tensor-parallel degree: a split is offered only where it divides the weight
+    (``autopar.admissibility.splittable``)."""
+    keep_whole: frozenset[str] = frozenset()
+    """Weight GEMMs ``split_weights`` does not force: routers, whose output feeds a top-k over
+    every expert (the Megatron assignment keeps them whole, ``workload.classify_tp``)."""
+
+    def can_split(self, node: NodeInfo, style: str) -> bool:
+        """Whether the engine can split ``node``'s layer by ``style`` (an ``nn.Linear`` by
+        column or row, an ``nn.Embedding`` by vocabulary) evenly over the tp ranks."""
+        layer = self.graph.layers.get(node.module_path)
+        return layer is not None and splittable(layer[0], layer[1], style, self.tp)
 
 
 Rule = Callable[[NodeInfo, RuleContext], list[Strategy]]
@@ -150,10 +163,14 @@ def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     weight gradients all-reduced over the tp ranks and is not one of the engine's parallel styles
     (``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel``) that the plan is applied
     with."""
-    split = [Strategy("column", (Layout.R_PARTIAL_GRAD,), Layout.S, divides=True,
-                      shards_params=True),
-             Strategy("row", (Layout.S,), Layout.P, divides=True, shards_params=True)]
-    return split if ctx.split_weights else [replicated(node, ctx), *split]
+    split = [s for s in (Strategy("column", (Layout.R_PARTIAL_GRAD,), Layout.S, divides=True,
+                                  shards_params=True),
+                         Strategy("row", (Layout.S,), Layout.P, divides=True,
+                                  shards_params=True))
+             if ctx.can_split(node, s.name)]
+    if split and ctx.split_weights and node.name not in ctx.keep_whole:
+        return split
+    return [replicated(node, ctx), *split]
 
 
 @rule("batched_matmul")
@@ -231,31 +248,37 @@ def embedding_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     """A lookup table: replicated, or split by vocabulary (each rank looks up its rows, the
     others' tokens give zeros, so the output is partial sums)."""
     ins = tuple(Layout.R for _ in ctx.activation_inputs)
-    return [replicated(node, ctx),
-            Strategy("vocab", ins, Layout.P, divides=False, shards_params=True)]
+    vocab = Strategy("vocab", ins, Layout.P, divides=False, shards_params=True)
+    return [replicated(node, ctx), *([vocab] if ctx.can_split(node, "vocab") else [])]
 
 
 @rule("loss", "cross_entropy")
 def loss_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     """Cross-entropy: replicated, or over vocabulary-split logits (``loss_parallel``)."""
     rest = tuple(Layout.R for _ in ctx.activation_inputs[1:])
+    logits = ctx.graph.node(ctx.activation_inputs[0]).out if ctx.activation_inputs else None
+    if logits is None or logits.shape[-1] % ctx.tp:
+        return [replicated(node, ctx)]
     return [replicated(node, ctx),
             Strategy("vocab", (Layout.S, *rest), Layout.R, divides=True, loss_parallel=True)]
 
 
 def strategies_for(node: NodeInfo, graph: GraphIR, sequence_parallel: bool,
-                   stream_width: int | None = None, split_weights: bool = False
-                   ) -> tuple[list[Strategy], bool]:
+                   stream_width: int | None = None, split_weights: bool = False, tp: int = 1,
+                   keep_whole: frozenset[str] = frozenset()) -> tuple[list[Strategy], bool]:
     """(candidate strategies, whether a rule knew the op)."""
     ctx = RuleContext(graph, tuple(i for i in node.inputs if graph.has_node(i)),
-                      sequence_parallel, stream_width, split_weights)
+                      sequence_parallel, stream_width, split_weights, tp, keep_whole)
     fn = rule_of(node, graph)
     if fn is None:
         return [replicated(node, ctx)], False
     return fn(node, ctx), True
 
 
-def ops_without_rules(graph: GraphIR) -> tuple[str, ...]:
-    """The ops of ``graph`` the registry has no rule for (they run replicated)."""
-    return tuple(sorted({n.op for n in graph.nodes
+def ops_without_rules(graph: GraphIR, nodes: Iterable[NodeInfo] | None = None
+                      ) -> tuple[str, ...]:
+    """The ops of ``graph`` (or of its ``nodes``) the registry has no rule for: they run
+    replicated. The one owner of that list: the plan's report and the cost model's note
+    (``autopar.workload.build_layer``'s ``no_rule_ops``) both come from here."""
+    return tuple(sorted({n.op for n in (graph.nodes if nodes is None else nodes)
                          if n.out is not None and rule_of(n, graph) is None}))

@@ -66,7 +66,7 @@ class StrategySolver:
         """The solved layer, its gap, and the tensor it reads from the layer before."""
         sg = strategy_graph(self.graph, nodes, sp, input_layout=input_layout,
                             output_layout=output_layout, split_weights=self.split_weights,
-                            output_tensor=output_tensor, fixed=fixed)
+                            output_tensor=output_tensor, fixed=fixed, tp=pricing.split.tp)
         problem = block_problem(self.graph, sg, layer, pricing, repeat=repeat,
                                 boundary=boundary)
         sol = solve(problem, math.inf, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)

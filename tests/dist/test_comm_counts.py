@@ -18,6 +18,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import autopar
+from autopar.admissibility import facts_of
 from autopar import ParallelConfig, TrainSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.search.planner import _strategies
@@ -37,9 +38,10 @@ def fake_world():
 
 
 def _predicted(spec: ModelSpec, train: TrainSpec, config: ParallelConfig) -> Counter:
-    graph = autopar.trace(spec.build("meta"), train)
+    model = spec.build("meta")
+    graph = autopar.trace(model, train)
     strategies, _ = _strategies(graph, spec.label, process_cluster(config.world_size), train,
-                                DEFAULT_EFFICIENCY, (), True)
+                                DEFAULT_EFFICIENCY, (), True, facts_of(model))
     work = strategies(config)
     counts: Counter = Counter()
     for layer, times in ((work.pre, 1), (work.block, work.num_blocks), (work.post, 1)):
@@ -51,10 +53,10 @@ def _predicted(spec: ModelSpec, train: TrainSpec, config: ParallelConfig) -> Cou
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt", "hf-llama"])
 def test_tp_collectives_match_the_plan(fake_world, sp, model):
-    from autopar.cli_verify import HF_LLAMA_TINY
+    from autopar.model_spec import HF_LLAMA_TINY
 
-    spec = (ModelSpec(transformers_llama=HF_LLAMA_TINY) if model == "hf-llama"
-            else ModelSpec(model))
+    spec = (ModelSpec.transformers_config("LlamaForCausalLM", HF_LLAMA_TINY)
+            if model == "hf-llama" else ModelSpec(model))
     train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")
     config = ParallelConfig(tp=2, sequence_parallel=sp, micro_batch=2)
     plan = autopar.plan_for(spec.build("meta"), process_cluster(2), train, config)

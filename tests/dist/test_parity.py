@@ -18,14 +18,14 @@ import pytest
 
 import autopar
 from autopar import ParallelConfig, TrainSpec
-from autopar.cli_verify import HF_LLAMA_TINY
+from autopar.model_spec import HF_LLAMA_TINY
 from autopar.training import ModelSpec
 from autopar.verify import process_cluster, verify
 
 LLAMA = ModelSpec("tiny-llama")
 GPT = ModelSpec("tiny-gpt")  # tied embedding and head, biases, LayerNorm, GELU
 LLAMA4 = ModelSpec("tiny-llama", {"num_layers": 4})
-HF = ModelSpec(transformers_llama=HF_LLAMA_TINY)
+HF = ModelSpec.transformers_config("LlamaForCausalLM", HF_LLAMA_TINY)
 
 CASES = {
     # data parallelism by ZeRO stage, two micro-batches per replica (gradient accumulation)

@@ -22,19 +22,38 @@ def test_plan_file_from_autopar_plan_verifies(tmp_path, capsys):
     assert "PASSED" in capsys.readouterr().out
 
 
-def test_a_rank_that_fails_is_reported_and_the_others_stopped():
-    """The plan places 2 blocks, the ranks build a 4-block model: every rank raises in the
-    pipeline split; verify names the failure instead of hanging."""
+FLAKY = """
+import os
+
+import torch
+
+import autopar
+
+
+def make():
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("rank one cannot build its model")
+    config = autopar.models.make_config("tiny-llama")
+    return autopar.models.from_config(config, device=torch.get_default_device())
+"""
+
+
+def test_a_rank_that_fails_is_reported_and_the_others_stopped(tmp_path):
+    """A model whose factory raises in rank 1 only: everything checked before the launch
+    passes (the model builds on meta in this process), the rank fails, and verify names its
+    error instead of hanging."""
     import pytest
 
     import autopar
     from autopar import AutoparError, ParallelConfig, TrainSpec
-    from autopar.training import ModelSpec
+    from autopar.model_spec import ModelSpec
     from autopar.verify import process_cluster, verify
 
-    plan = autopar.plan_for(ModelSpec("tiny-llama").build("meta"), process_cluster(2),
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    spec = ModelSpec.parse(f"{tmp_path / 'flaky.py'}:make")
+    plan = autopar.plan_for(spec.build("meta"), process_cluster(2),
                             TrainSpec(global_batch=4, seq_len=32, precision="fp32"),
-                            ParallelConfig(pp=2, micro_batch=1))
-    message = r"rank\d failed: the plan places 2 blocks, the model has 4"
+                            ParallelConfig(pp=2, micro_batch=1), model_spec=spec)
+    message = r"rank1 failed: make\(\) raised RuntimeError: rank one cannot build its model"
     with pytest.raises(AutoparError, match=message):
-        verify(ModelSpec("tiny-llama", {"num_layers": 4}), plan, steps=1)
+        verify(None, plan, steps=1)

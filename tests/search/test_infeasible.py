@@ -10,7 +10,7 @@ import pytest
 import autopar
 from autopar.costmodel.estimate import Estimate
 from autopar.search.infeasible import InfeasibleError, infeasible_error
-from autopar.search.space import ModelShape
+from autopar.admissibility import ModelFacts
 
 GIB = 2**30
 CLUSTER = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=1)  # 8 GPUs, 76 GiB usable
@@ -78,7 +78,7 @@ def test_no_valid_configuration_names_the_constraint_at_fault() -> None:
     text = str(infeasible_error(None, CLUSTER, {"tp": 3}))
     assert "tp=3 does not divide the 8 GPUs (divisors: 1, 2, 4, 8)" in text
     two = CLUSTER.with_nodes(2)
-    text = str(infeasible_error(None, two, {"tp": 16, "dp": 1}, shape=ModelShape(24, 24),
+    text = str(infeasible_error(None, two, {"tp": 16, "dp": 1}, facts=ModelFacts(24, 24),
                                 train=autopar.TrainSpec(global_batch=8)))
     assert "tp=16 does not divide the 24 attention heads" in text
     text = str(infeasible_error(None, two, {"dp": 16}, train=autopar.TrainSpec(global_batch=8)))

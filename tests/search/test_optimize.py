@@ -6,7 +6,7 @@ import autopar
 from autopar.api import workload_of
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.search.optimize import search
-from autopar.search.space import ModelShape
+from autopar.admissibility import ModelFacts
 
 
 def test_search_beats_every_constrained_plan_and_honours_constraints() -> None:
@@ -14,7 +14,7 @@ def test_search_beats_every_constrained_plan_and_honours_constraints() -> None:
     train = autopar.TrainSpec(global_batch=512, seq_len=2048)
     cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=4)
     work = workload_of(model, train)
-    shape = ModelShape(num_blocks=24, num_heads=24)
+    shape = ModelFacts(num_blocks=24, num_heads=24)
     free = search(work, shape, cluster, train)
     assert free.best and all(e.fits for e in free.best)
     times = [e.step_time_s for e in free.best]
@@ -32,7 +32,7 @@ def test_nothing_fits_reports_the_smallest_footprint() -> None:
     train = autopar.TrainSpec(global_batch=8, seq_len=2048)
     cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=1)
     work = workload_of(model, train)
-    result = search(work, ModelShape(num_blocks=96, num_heads=96), cluster, train)
+    result = search(work, ModelFacts(num_blocks=96, num_heads=96), cluster, train)
     assert not result.best
     assert result.smallest is not None
     assert result.smallest.peak_memory_bytes > cluster.usable_hbm_bytes

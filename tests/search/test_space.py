@@ -6,9 +6,10 @@ import pytest
 
 from autopar.costmodel.errors import AutoparError
 from autopar.costmodel.specs import Schedule, TrainSpec
-from autopar.search.space import ModelShape, SpaceStats, outer_candidates
+from autopar.admissibility import ModelFacts
+from autopar.search.space import SpaceStats, outer_candidates
 
-GPT = ModelShape(num_blocks=24, num_heads=24)
+GPT = ModelFacts(num_blocks=24, num_heads=24)
 
 
 def test_every_candidate_is_valid_and_covers_the_gpus() -> None:
@@ -39,7 +40,7 @@ def test_constraints_fix_decisions() -> None:
 
 
 def test_moe_expert_parallel_divides_experts_and_dp_cp() -> None:
-    moe = ModelShape(num_blocks=4, num_heads=8, num_kv_heads=2, num_experts=8)
+    moe = ModelFacts(num_blocks=4, num_heads=8, num_kv_heads=2, num_experts=8)
     train = TrainSpec(global_batch=64, seq_len=1024)
     configs = list(outer_candidates(16, moe, train))
     eps = {c.ep for c in configs}

@@ -3,6 +3,7 @@ refuses. The folder actually training, checkpointing and resharding is tests/dis
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -67,18 +68,31 @@ def test_refuses_a_folder_that_is_not_empty_unless_overwrite(plan, tmp_path):
     assert (tmp_path / "train.py").exists()
 
 
-def test_unknown_model_asks_for_the_model(tiny_llama, tmp_path):
+def test_the_plan_records_its_model_and_export_rebuilds_it(tiny_llama, tmp_path):
     unnamed = autopar.plan_for(tiny_llama, process_cluster(4), TRAIN,
                                ParallelConfig(dp=2, tp=2, micro_batch=2))  # model "Llama"
+    assert unnamed.model_spec == ModelSpec("tiny-llama")  # the preset's own shape
+    out = unnamed.export(tmp_path / "a")
+    assert ModelSpec.from_dict(json.loads((out / "model.json").read_text())) \
+        == ModelSpec("tiny-llama")
+
+
+def test_a_plan_recording_no_model_asks_for_it(plan, tmp_path):
+    unnamed = dataclasses.replace(plan, model="Llama", model_spec=None)  # a version 1 file
     with pytest.raises(AutoparError, match="not a zoo preset") as err:
         unnamed.export(tmp_path / "a")
     assert "--model" in str(err.value)
     assert unnamed.export(tmp_path / "b", ModelSpec("tiny-llama")).is_dir()
 
 
-def test_a_model_with_other_blocks_than_the_plan_is_refused(plan, tmp_path):
-    with pytest.raises(AutoparError, match="3 blocks, the plan places 2"):
+def test_another_model_than_the_plans_is_refused(plan, tmp_path):
+    with pytest.raises(AutoparError, match="the plan was made for tiny-llama"):
         export_plan(plan, tmp_path, ModelSpec("tiny-llama", {"num_layers": 3}))
+    spec_less = dataclasses.replace(plan, model_spec=None)
+    with pytest.raises(AutoparError, match="places 2 blocks in its pipeline stages, the "
+                                           "model has 3"):
+        export_plan(spec_less, tmp_path, ModelSpec("tiny-llama", {"num_layers": 3}))
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_plan_the_passes_cannot_run_is_refused(tiny_llama, tmp_path):
@@ -96,6 +110,8 @@ def test_cli_exports_a_plan_file(plan, tmp_path, capsys):
     assert (tmp_path / "out" / "launch.sh").exists()
     assert main(["export", str(plan_file), str(tmp_path / "out")]) == 2
     assert "not empty" in capsys.readouterr().err
+    # a plan file recording no model (version 1) takes it from --model
+    plan_file.write_text(dataclasses.replace(plan, model_spec=None).to_json())
     assert main(["export", str(plan_file), str(tmp_path / "out"), "--overwrite",
                  "--model", "tiny-llama", "--model-arg", "norm_eps=1e-6"]) == 0
     assert '"norm_eps": 1e-06' in (tmp_path / "out" / "model.json").read_text()

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from autopar import kernels
-from autopar.cli_verify import HF_LLAMA_TINY
+from autopar.model_spec import HF_LLAMA_TINY
 from autopar.costmodel.errors import AutoparError
 from autopar.passes.fuse import FUSIONS, LinearCrossEntropyHead, apply_fusions
 from autopar.training import ModelSpec, logits_of, synthetic_batch, vocab_size
@@ -35,7 +35,7 @@ EXPECTED = {
                            "linear_cross_entropy": 1},
 }
 SPECS = {"tiny-llama": ModelSpec("tiny-llama"), "tiny-gpt": ModelSpec("tiny-gpt"),
-         "transformers-llama": ModelSpec(transformers_llama=HF_LLAMA_TINY)}
+         "transformers-llama": ModelSpec.transformers_config("LlamaForCausalLM", HF_LLAMA_TINY)}
 LOSS_REL, GRAD_REL = 1e-5, 1e-4
 
 

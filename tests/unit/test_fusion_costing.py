@@ -17,7 +17,8 @@ import pytest
 import autopar
 from autopar import AutoparError, ClusterSpec, ParallelConfig, TrainSpec
 from autopar.costmodel.specs import Checkpoint
-from autopar.search.space import ModelShape, outer_candidates
+from autopar.admissibility import ModelFacts
+from autopar.search.space import outer_candidates
 
 LLAMA_FUSIONS = ("rms_norm", "swiglu", "rope", "linear_cross_entropy")
 SEQ, VOCAB = 8192, 128256
@@ -78,7 +79,7 @@ def test_fused_loss_is_refused_with_tensor_parallelism() -> None:
 
 
 def test_search_with_the_fused_loss_enumerates_tp1_only() -> None:
-    shape = ModelShape(num_blocks=32, num_heads=32, num_kv_heads=8)
+    shape = ModelFacts(num_blocks=32, num_heads=32, num_kv_heads=8)
     train = TrainSpec(global_batch=64, seq_len=SEQ)
     with_loss = list(outer_candidates(8, shape, train, {"fusions": LLAMA_FUSIONS}))
     without = list(outer_candidates(8, shape, train, {"fusions": LLAMA_FUSIONS[:3]}))

@@ -1,0 +1,338 @@
+"""Whether a configuration can run for a model: the one admissibility check.
+
+``problems(facts, config, train)`` lists, with what to do, every reason a ``ParallelConfig``
+cannot run for the model ``facts`` describes; ``check`` raises the first. Every entry point
+calls it before anything starts: ``autopar.estimate``, ``plan_for`` and ``optimize`` (whose
+search space enumerates candidates and keeps only those it admits, so the search never returns
+a plan it refuses), and, through ``check_plan``, ``verify``, ``export`` and ``parallelize``,
+which add the engine's own limits (``autopar.passes.mesh.check_executable``).
+
+The rules, each with the reason the program could not run otherwise:
+
+* **heads**: tp divides the attention heads and the key/value heads; a column split of q, k
+  and v hands each rank whole heads (and ``view(b, s, -1, head_dim)`` needs them).
+* **stages**: 1 <= pp <= blocks; under the interleaved schedule pp x virtual_stages chunks of at
+  least one block each; a model without repeated blocks has one stage.
+* **micro-batches**: dp x micro_batch divides the global batch (``ParallelConfig.
+  microbatches``); torch.distributed.pipelining's ``Schedule1F1B`` needs at least one
+  micro-batch per stage; ``ScheduleInterleaved1F1B`` needs the micro-batches to be a multiple
+  of its rounds, ``max(1, m // pp)``.
+* **sequence**: the sequence fits the model's positions (a learned position table or RoPE
+  table has that many rows); under sequence parallelism tp divides the sequence (the engine's
+  ``SequenceParallel`` shards it evenly, and so does Megatron-LM, which asserts it); context
+  parallelism splits it into 2 x cp load-balanced chunks and needs fused attention.
+* **experts**: ep divides the experts (and dp x cp, ``ParallelConfig``); ep > 1 needs experts.
+
+``check_plan`` adds what a solved plan decides: its stages hold the model's blocks, every
+module it names exists in the model (a plan made for another model fails here), and every
+weight it splits is a layer the engine's styles apply to (an ``nn.Linear`` split by rows or
+columns, an ``nn.Embedding`` by vocabulary rows) whose split dimension tp divides. The strategy
+search offers only such splits (``splittable``), so plans it makes pass.
+
+Where a user would expect a case to work, the planner plans around it rather than refusing:
+a sequence tp does not divide is planned without sequence parallelism, a vocabulary or width tp
+does not divide keeps that layer whole.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from autopar.costmodel.errors import AutoparError
+from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec
+
+if TYPE_CHECKING:
+    from autopar.plan import Plan
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the check needs to know of a model (``facts_of``); ``None``: unknown, unchecked."""
+
+    num_blocks: int
+    """Repeated blocks (transformer layers); 0 when the model has none."""
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    num_experts: int | None = None
+    """Experts per MoE layer; ``None`` for a dense model."""
+    vocab_size: int | None = None
+    max_positions: int | None = None
+    """Longest sequence the model takes (``seq_len``, ``max_position_embeddings``)."""
+    ring_attention: bool = True
+    """The blocks' attention is a fused op that context parallelism can run as a ring."""
+    layers: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    """Module name -> (``linear`` | ``embedding``, weight shape) of every layer a
+    tensor-parallel style could split."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a configuration cannot run."""
+
+    what: str
+    where: str
+    fix: str
+
+    def error(self) -> AutoparError:
+        return AutoparError(self.what, where=self.where, fix=self.fix)
+
+
+_CONFIG_FIELDS = {
+    "num_heads": ("num_heads", "num_attention_heads", "n_head"),
+    "num_kv_heads": ("num_kv_heads", "num_key_value_heads"),
+    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts"),
+    "vocab_size": ("vocab_size",),
+    "max_positions": ("seq_len", "max_position_embeddings", "n_positions", "n_ctx"),
+}
+"""Config attribute names of each fact: the zoo's dataclasses, transformers configs."""
+
+
+def facts_of(model: object, num_blocks: int | None = None,
+             ring_attention: bool = True) -> ModelFacts:
+    """The facts of ``model`` (an ``nn.Module``, built on any device, meta included) from its
+    ``config`` and module tree; ``num_blocks`` defaults to the repeated-block count the tracer
+    finds (``tracing_blocks.find_block_group``)."""
+    from torch import nn
+
+    from autopar.tracing_blocks import find_block_group
+
+    config = getattr(model, "config", None)
+    found: dict[str, int | None] = {}
+    for key, names in _CONFIG_FIELDS.items():
+        found[key] = None
+        for name in names:
+            value = getattr(config, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                found[key] = value
+                break
+    if found["num_experts"] is not None and found["num_experts"] < 2:
+        found["num_experts"] = None
+    layers = layers_of(model) if isinstance(model, nn.Module) else {}
+    if isinstance(model, nn.Module):
+        if num_blocks is None:
+            group = find_block_group(model)
+            num_blocks = group.count if group is not None else 0
+        if found["vocab_size"] is None:
+            emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+            found["vocab_size"] = emb.num_embeddings if emb is not None else None
+    return ModelFacts(num_blocks=num_blocks or 0, ring_attention=ring_attention, layers=layers,
+                      **found)
+
+
+def layers_of(model: object) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Module name -> (``linear`` | ``embedding``, weight shape) of every ``nn.Linear`` and
+    ``nn.Embedding`` of ``model``: the layers the engine's tensor-parallel styles split."""
+    from torch import nn
+
+    layers: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, module in model.named_modules():  # type: ignore[attr-defined]
+        if isinstance(module, nn.Linear):
+            layers[name] = ("linear", tuple(module.weight.shape))
+        elif isinstance(module, nn.Embedding):
+            layers[name] = ("embedding", tuple(module.weight.shape))
+    return layers
+
+
+# ----- the rules, one function each; ``problems`` runs them all -----
+def heads_problem(facts: ModelFacts, tp: int) -> Problem | None:
+    for heads, name in ((facts.num_heads, "attention heads"),
+                        (facts.num_kv_heads, "key/value heads")):
+        if tp > 1 and heads and heads % tp:
+            return Problem(f"tp={tp} does not divide the {heads} {name}: a tensor-parallel "
+                           "rank holds whole heads", "tp",
+                           f"choose tp among the divisors of {heads}")
+    return None
+
+
+def stages_problem(facts: ModelFacts, pp: int, chunks: int) -> Problem | None:
+    """``chunks``: model chunks (pp, or pp x virtual stages under the interleaved schedule)."""
+    if pp > 1 and facts.num_blocks < 2:
+        return Problem(f"pp={pp}: the model has {facts.num_blocks} repeated block(s) to cut "
+                       "into pipeline stages", "pp", "use pp=1 for this model")
+    if chunks > max(facts.num_blocks, 1):
+        what = (f"pp={pp}" if chunks == pp else f"pp={pp} x virtual_stages={chunks // pp} = "
+                f"{chunks} model chunks")
+        return Problem(f"{what} for a model of {facts.num_blocks} blocks: every chunk needs "
+                       "a block", "pp" if chunks == pp else "virtual_stages",
+                       f"use at most {facts.num_blocks} stages (chunks)")
+    return None
+
+
+def sequence_parallel_problem(seq_len: int, tp: int) -> Problem | None:
+    if tp > 1 and seq_len % tp:
+        return Problem(f"sequence parallelism over tp={tp} splits the sequence of {seq_len} "
+                       f"tokens into equal shards, and {tp} does not divide {seq_len}",
+                       "sequence_parallel",
+                       f"plan without sequence parallelism (the planner does so when it is "
+                       f"free to), or use a sequence length that is a multiple of {tp}")
+    return None
+
+
+def context_parallel_problem(facts: ModelFacts, seq_len: int, cp: int) -> Problem | None:
+    if cp == 1:
+        return None
+    if seq_len % (2 * cp):
+        return Problem(f"context parallelism over cp={cp} cuts the sequence into 2*cp = "
+                       f"{2 * cp} load-balanced chunks, and {2 * cp} does not divide "
+                       f"{seq_len}", "cp", f"use a sequence length that is a multiple of "
+                       f"{2 * cp}, or another cp")
+    if not facts.ring_attention:
+        return Problem("context parallelism needs a fused attention op (scaled_dot_product_"
+                       "attention) to run as a ring; this model's attention is eager",
+                       "cp", "use cp=1, or write the attention with "
+                       "F.scaled_dot_product_attention")
+    return None
+
+
+def positions_problem(facts: ModelFacts, seq_len: int) -> Problem | None:
+    if facts.max_positions is not None and seq_len > facts.max_positions:
+        return Problem(f"the sequence of {seq_len} tokens is longer than the model's "
+                       f"{facts.max_positions} positions", "seq_len",
+                       f"use --seq-len {facts.max_positions} or less, or build the model for "
+                       f"longer sequences (--model-arg seq_len=... or max_position_embeddings)")
+    return None
+
+
+def experts_problem(facts: ModelFacts, ep: int) -> Problem | None:
+    if ep == 1:
+        return None
+    if not facts.num_experts:
+        return Problem(f"ep={ep} for a model without experts", "ep", "use ep=1")
+    if facts.num_experts % ep:
+        return Problem(f"ep={ep} does not divide the {facts.num_experts} experts", "ep",
+                       f"choose ep among the divisors of {facts.num_experts}")
+    return None
+
+
+def microbatch_problem(config: ParallelConfig, train: TrainSpec) -> Problem | None:
+    try:
+        m = config.microbatches(train)
+    except AutoparError as err:
+        return Problem(err.what, err.where, err.fix)
+    if config.pp > 1 and config.schedule is Schedule.ONE_F_ONE_B and m < config.pp:
+        return Problem(f"the 1F1B schedule of torch.distributed.pipelining needs at least one "
+                       f"micro-batch per stage; the plan has {m} for {config.pp} stages",
+                       "schedule", "use the gpipe schedule (the same memory and time with so "
+                       "few micro-batches), or more micro-batches")
+    rounds = max(1, m // config.pp)
+    if config.pp > 1 and config.schedule is Schedule.INTERLEAVED and m % rounds:
+        return Problem(f"torch.distributed.pipelining's interleaved 1F1B runs the {m} "
+                       f"micro-batches in rounds of pp={config.pp} and needs them to be a "
+                       f"multiple of its {rounds} rounds", "num_microbatches",
+                       f"use a multiple of {config.pp} micro-batches")
+    return None
+
+
+def problems(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> list[Problem]:
+    """Every reason ``config`` cannot run for the model of ``facts`` on batch ``train``."""
+    chunks = config.pp * (config.virtual_stages
+                          if config.schedule is Schedule.INTERLEAVED else 1)
+    found = [heads_problem(facts, config.tp), stages_problem(facts, config.pp, chunks),
+             microbatch_problem(config, train), positions_problem(facts, train.seq_len),
+             experts_problem(facts, config.ep),
+             context_parallel_problem(facts, train.seq_len, config.cp)]
+    if config.sequence_parallel:
+        found.append(sequence_parallel_problem(train.seq_len, config.tp))
+    return [p for p in found if p is not None]
+
+
+def check(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> None:
+    """Raise the first of ``problems`` as an ``AutoparError``."""
+    found = problems(facts, config, train)
+    if found:
+        raise found[0].error()
+
+
+# ----- a solved plan's layers -----
+STYLE_KIND = {"column": ("linear", 0), "row": ("linear", 1), "vocab": ("embedding", 0)}
+"""A split style -> (the layer kind it applies to, the weight dimension it splits): a column
+split divides ``nn.Linear``'s output features (weight dim 0), a row split its input features
+(dim 1), a vocabulary split ``nn.Embedding``'s rows."""
+
+
+def splittable(kind: str, shape: tuple[int, ...], style: str, tp: int) -> bool:
+    """Whether ``style`` can split a ``kind`` layer of weight ``shape`` over ``tp`` ranks."""
+    want, dim = STYLE_KIND[style]
+    return kind == want and len(shape) > dim and shape[dim] % tp == 0
+
+
+def _matches(pattern: str, name: str) -> bool:
+    return re.fullmatch(re.escape(pattern).replace(r"\*", r"\d+"), name) is not None
+
+
+STYLES = frozenset({"column", "row", "vocab", "sequence", "replicated"})
+"""Module styles the engine's tensor-parallel pass applies (``passes/tensor_parallel.py``)."""
+
+
+def _parent(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+def layer_problems(facts: ModelFacts, module_strategies: tuple[tuple[str, str], ...],
+                   tp: int) -> list[Problem]:
+    """Modules the plan names that the model lacks, and layouts the engine cannot run: a
+    style it has no parallel style for, a split of a layer it cannot split or that tp does not
+    divide, and a column split inside a module (attention, MLP) not closed by a row split there,
+    or a row split not fed by a column split there -- the engine runs the ops between them on
+    local shards, and has no resharding anywhere else."""
+    styles = {p: s for p, s in module_strategies if not p.startswith("<")}  # not the loss
+    out = [] if styles or tp == 1 else [Problem(
+        f"the plan has tp={tp} but no module strategies", "plan.module_strategies",
+        "make the plan with this version (autopar plan / plan_for)")]
+    for pattern, style in styles.items():
+        where = f"plan.module_strategies[{pattern!r}]"
+        if style not in STYLES:
+            out.append(Problem(f"the plan runs module {pattern} as {style!r}, a layout the "
+                               "engine's tensor-parallel styles cannot express", where,
+                               "re-plan (autopar plan), or plan with split weights "
+                               "(autopar.plan_for)"))
+            continue
+        names = [n for n in facts.layers if _matches(pattern, n)]
+        if not names and style in STYLE_KIND:
+            out.append(Problem(f"the plan splits module {pattern}, which this model does not "
+                               "have or which is not an nn.Linear/nn.Embedding", where,
+                               "verify or export with the model the plan was made for, or "
+                               "re-plan this model"))
+            continue
+        if tp == 1 or style not in STYLE_KIND:
+            continue
+        kind, shape = facts.layers[names[0]]
+        want, dim = STYLE_KIND[style]
+        if not splittable(kind, shape, style, tp):
+            size = shape[dim] if kind == want and len(shape) > dim else None
+            out.append(Problem(
+                f"module {pattern} ({kind}, weight {list(shape)}) cannot be split by {style} "
+                + (f"over tp={tp}: {tp} does not divide its dimension {dim} ({size})"
+                   if size is not None else f"(the {style} style applies to an nn.{want})"),
+                where, "re-plan: the planner keeps such a layer whole"))
+            continue
+        closing = {"column": "row", "row": "column"}.get(style)
+        parent = _parent(pattern)
+        if closing and parent and not any(
+                s == closing and _parent(p) == parent for p, s in styles.items()):
+            out.append(Problem(
+                f"{pattern} is split by {style}s but no module of {parent} is split by "
+                f"{closing}s: the engine runs a tensor-parallel region from a column split to "
+                "a row split inside one module", where, "re-plan (autopar plan / plan_for)"))
+    return out
+
+
+def plan_problems(facts: ModelFacts, plan: Plan) -> list[Problem]:
+    """``problems`` plus what a solved plan decides (see the module docstring)."""
+    found = problems(facts, plan.config, plan.train)
+    if sum(plan.stage_blocks) != facts.num_blocks:
+        found.insert(0, Problem(
+            f"the plan places {sum(plan.stage_blocks)} blocks in its pipeline stages, the model "
+            f"has {facts.num_blocks}", "plan.stage_blocks",
+            "verify or export with the model the plan was made for, or re-plan this model"))
+    return found + layer_problems(facts, plan.module_strategies, plan.config.tp)
+
+
+def check_plan(facts: ModelFacts, plan: Plan) -> None:
+    """Raise the first of ``plan_problems`` as an ``AutoparError``."""
+    found = plan_problems(facts, plan)
+    if found:
+        raise found[0].error()

@@ -1,0 +1,350 @@
+"""``ModelSpec``: how to build a model again, as plain JSON.
+
+A plan records the spec of the model it was made for (``Plan.model_spec``), so that
+``autopar verify --plan`` and ``autopar export`` rebuild that model -- with its overrides -- on
+every rank, and the reference process of ``verify`` builds the same one. Four kinds:
+
+* **zoo**: a preset with field overrides (``tiny-llama`` + ``{"seq_len": 64}``), or a family
+  with its fields (``gpt`` + ``{"num_layers": 2, ...}``): ``autopar.models.build``;
+* **factory**: ``path/to/file.py:make`` or ``package.module:make``, called with no arguments
+  under the target device (``torch.device("meta")`` costs no memory). A relative file path in a
+  plan or model file is relative to that file's folder (``resolved``); ``export`` copies the
+  file into the folder it writes;
+* **transformers**: a transformers architecture and its config fields
+  (``{"architecture": "Qwen2ForCausalLM", "config": {...}}``), built with the architecture's
+  constructor from ``config_class.from_dict``: no weights are downloaded. On the command line
+  ``--model DIR`` (a folder holding a ``config.json``, as ``save_pretrained`` writes it) or
+  ``--model config.json`` gives one, and ``hf-llama`` a tiny ``LlamaForCausalLM``.
+
+The weights a spec builds come from ``seed`` (``torch.manual_seed`` before construction), so
+every rank and the reference draw the same ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from autopar.costmodel.errors import AutoparError
+
+HF_LLAMA = "hf-llama"
+"""``--model hf-llama``: a transformers ``LlamaForCausalLM`` made from ``HF_LLAMA_TINY``
+(``--model-arg`` sets any ``LlamaConfig`` field)."""
+
+HF_LLAMA_TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "max_position_embeddings": 64}
+
+_DROPPED_CONFIG_KEYS = ("transformers_version",)
+"""Config keys not recorded: they describe the writer, not the model, and would make two plans
+of one model differ by the library version."""
+
+_MODEL_FIX = ("give --model a zoo preset or family (autopar models), FILE.py:FACTORY, "
+              "package.module:FACTORY, a transformers config (a folder with config.json, or "
+              f"the file), or {HF_LLAMA}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to build on every rank; exactly one of ``name``, ``factory``, ``transformers``."""
+
+    name: str = ""
+    """Zoo preset or family (``autopar models``)."""
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    """Config fields of the zoo model (``num_layers``...)."""
+    factory: str = ""
+    """``FILE.py:FACTORY`` or ``package.module:FACTORY``."""
+    transformers: Mapping[str, Any] | None = None
+    """``{"architecture": class name in the transformers package, "config": its fields}``."""
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("name", "factory", "transformers") if getattr(self, k)]
+        if len(given) != 1:
+            raise AutoparError(
+                f"a model spec names exactly one of a zoo model, a factory or a transformers "
+                f"config; this one gives {', '.join(given) or 'none'}", where="model spec",
+                fix=_MODEL_FIX)
+        if self.overrides and not self.name:
+            raise AutoparError("model field overrides apply to a zoo model only",
+                               where="model spec overrides",
+                               fix="set the fields in the factory or in the transformers config")
+        if self.transformers is not None:
+            t = self.transformers
+            if not isinstance(t, Mapping) or not isinstance(t.get("architecture"), str) \
+                    or not isinstance(t.get("config"), Mapping):
+                raise AutoparError("a transformers spec is {\"architecture\": NAME, \"config\": "
+                                   "{...}}", where="model spec transformers", fix=_MODEL_FIX)
+
+    # ----- construction -----
+    @classmethod
+    def transformers_config(cls, architecture: str, config: Mapping[str, Any]) -> ModelSpec:
+        """A transformers ``architecture`` (e.g. ``"Qwen2ForCausalLM"``) made from ``config``."""
+        fields = {k: v for k, v in dict(config).items() if k not in _DROPPED_CONFIG_KEYS}
+        return cls(transformers={"architecture": architecture, "config": fields})
+
+    @classmethod
+    def parse(cls, model: str, overrides: Mapping[str, Any] | None = None) -> ModelSpec:
+        """The spec of a ``--model`` argument with its ``--model-arg`` overrides."""
+        overrides = dict(overrides or {})
+        if model == HF_LLAMA:
+            return cls.transformers_config("LlamaForCausalLM", {**HF_LLAMA_TINY, **overrides})
+        config_file = _transformers_config_file(model)
+        if config_file is not None:
+            return _from_config_file(config_file, overrides)
+        if ":" in model:
+            if overrides:
+                raise AutoparError(
+                    f"--model-arg {', '.join(overrides)} given with the factory {model}",
+                    where="--model-arg", fix="set the fields inside the factory; --model-arg "
+                    "applies to zoo models and transformers configs")
+            source, _, attr = model.rpartition(":")
+            if not source or not attr:
+                raise AutoparError(f"--model {model!r} is not FILE.py:FACTORY or "
+                                   "MODULE:FACTORY", where="--model", fix=_MODEL_FIX)
+            if source.endswith(".py"):
+                path = Path(source).expanduser()
+                if not path.is_file():
+                    raise AutoparError(f"model file {source} does not exist", where="--model",
+                                       fix="check the path (relative to the current folder)")
+                model = f"{path.resolve()}:{attr}"
+            return cls(factory=model)
+        return cls(name=model, overrides=overrides)
+
+    @classmethod
+    def of(cls, model: object) -> ModelSpec | None:
+        """The spec that rebuilds ``model``: a zoo model's family and config, a transformers
+        model's architecture and config; ``None`` for anything else."""
+        from autopar.models import ModelConfig
+
+        config = getattr(model, "config", None)
+        if isinstance(config, ModelConfig):  # type: ignore[arg-type]
+            from dataclasses import asdict
+
+            from autopar import models
+
+            for preset in models.names():  # a preset's own shape: named as such
+                if models.PRESETS[preset].family == config.family \
+                        and models.make_config(preset) == config:
+                    return cls(name=preset)
+            fields = {k: (v.value if isinstance(v, Enum) else v)
+                      for k, v in asdict(config).items()}
+            return cls(name=config.family, overrides=fields)
+        transformers = sys.modules.get("transformers")
+        if transformers is not None and isinstance(model, transformers.PreTrainedModel):
+            name = type(model).__name__
+            if getattr(transformers, name, None) is type(model):
+                return cls.transformers_config(name, model.config.to_diff_dict())
+        return None
+
+    def same_model(self, other: ModelSpec) -> bool:
+        """Whether ``other`` builds the same model: zoo specs by their resolved config (a preset
+        with overrides and its family with every field are one model), others by equality."""
+        if self.name and other.name:
+            from autopar import models
+
+            try:
+                return models.make_config(self.name, **self.overrides) == \
+                    models.make_config(other.name, **other.overrides)
+            except AutoparError:
+                return False
+        if self.transformers is not None and other.transformers is not None:
+            return _canonical_config(self.transformers) == _canonical_config(other.transformers)
+        return self.to_dict() == other.to_dict()
+
+    # ----- JSON -----
+    def to_dict(self) -> dict[str, Any]:
+        if self.name:
+            return {"name": self.name, "overrides": dict(self.overrides)}
+        if self.factory:
+            return {"factory": self.factory}
+        return {"transformers": {"architecture": self.transformers["architecture"],
+                                 "config": dict(self.transformers["config"])}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "model spec") -> ModelSpec:
+        """Inverse of ``to_dict``; also reads the ``transformers_llama`` form of version 1."""
+        if not isinstance(d, Mapping):
+            raise AutoparError(f"a model spec is a JSON object, not {type(d).__name__}",
+                               where=where, fix=_MODEL_FIX)
+        if d.get("transformers_llama"):
+            return cls.transformers_config("LlamaForCausalLM", d["transformers_llama"])
+        known = {"name", "overrides", "factory", "transformers", "transformers_llama"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise AutoparError(f"unknown model spec key(s) {', '.join(unknown)}", where=where,
+                               fix=f"use {', '.join(sorted(known - {'transformers_llama'}))}")
+        return cls(name=d.get("name") or "", overrides=dict(d.get("overrides") or {}),
+                   factory=d.get("factory") or "", transformers=d.get("transformers"))
+
+    def resolved(self, folder: str | Path) -> ModelSpec:
+        """A factory file path relative to ``folder`` (where the JSON holding it lies) made
+        absolute; any other spec as it is."""
+        source, _, attr = self.factory.rpartition(":")
+        if not source.endswith(".py") or Path(source).is_absolute():
+            return self
+        return ModelSpec(factory=f"{(Path(folder) / source).resolve()}:{attr}")
+
+    @property
+    def file(self) -> Path | None:
+        """The factory's file, for a ``FILE.py:FACTORY`` spec."""
+        source = self.factory.rpartition(":")[0]
+        return Path(source) if source.endswith(".py") else None
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.factory:
+            source, _, attr = self.factory.rpartition(":")
+            return f"{Path(source).name}:{attr}" if source.endswith(".py") else self.factory
+        return str(self.transformers["architecture"])
+
+    # ----- building -----
+    def build(self, device: Any = "cpu", seed: int = 0):
+        """The model with its weights drawn from ``seed`` (on meta: shapes only)."""
+        import torch
+
+        torch.manual_seed(seed)
+        if self.name:
+            from autopar import models
+
+            return models.build(self.name, device=device, **self.overrides)
+        if self.factory:
+            return _call_factory(self.factory, device)
+        return _build_transformers(self.transformers, device)
+
+
+def _transformers_config_file(model: str) -> Path | None:
+    """The ``config.json`` ``model`` names: a folder holding one, or a ``.json`` file."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path / "config.json"
+        raise AutoparError(f"{model} is a folder without a config.json", where="--model",
+                           fix="pass a transformers model folder (save_pretrained writes "
+                               "config.json), or " + _MODEL_FIX)
+    if model.endswith(".json"):
+        if not path.is_file():
+            raise AutoparError(f"config file {model} does not exist", where="--model",
+                               fix="check the path (relative to the current folder)")
+        return path
+    return None
+
+
+def _from_config_file(path: Path, overrides: dict[str, Any]) -> ModelSpec:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise AutoparError(f"cannot read {path} as JSON: {err}", where="--model",
+                           fix="pass a transformers config.json") from None
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    if not archs or not isinstance(archs, list):
+        raise AutoparError(f"{path} names no architecture (no \"architectures\" list)",
+                           where=f"{path}: architectures",
+                           fix="add e.g. \"architectures\": [\"Qwen2ForCausalLM\"], as "
+                               "save_pretrained writes it")
+    return ModelSpec.transformers_config(str(archs[0]), {**config, **overrides})
+
+
+def _call_factory(factory: str, device: Any):
+    import torch
+    from torch import nn
+
+    source, _, attr = factory.rpartition(":")
+    where = f"the model factory {factory}"
+    if source.endswith(".py"):
+        path = Path(source)
+        if not path.is_file():
+            raise AutoparError(f"model file {source} does not exist", where=where,
+                               fix="check the path; a plan records it as it was planned, an "
+                                   "exported folder holds a copy next to its train.py")
+        name = f"autopar_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+        module = sys.modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise AutoparError(f"cannot load {source} as Python", where=where,
+                                   fix="pass a .py file")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as err:  # noqa: BLE001 - the user's file, reported in one line
+                del sys.modules[name]
+                raise _raised(err, f"importing {source}", where) from err
+    else:
+        try:
+            module = importlib.import_module(source)
+        except ImportError as err:
+            raise AutoparError(f"cannot import {source!r}: {err}", where=where,
+                               fix="install the package or pass FILE.py:FACTORY") from None
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise AutoparError(f"{source} has no callable {attr!r}", where=where,
+                           fix="name a function that returns the nn.Module")
+    try:
+        with torch.device(device):
+            model = fn()
+    except Exception as err:  # noqa: BLE001 - the user's factory, reported in one line
+        raise _raised(err, f"{attr}()", where) from err
+    if not isinstance(model, nn.Module):
+        raise AutoparError(f"{attr}() returned a {type(model).__name__}, not an nn.Module",
+                           where=where, fix="return the model from the factory")
+    return model
+
+
+def _raised(err: Exception, doing: str, where: str) -> AutoparError:
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)
+    line = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return AutoparError(f"{doing} raised {type(err).__name__}: {err}{line}", where=where,
+                        fix="fix the model code there (run it in Python to see the whole "
+                            "traceback, or pass --debug)")
+
+
+def _canonical_config(spec: Mapping[str, Any]) -> tuple[str, dict] | None:
+    """(architecture, the config's non-default fields) as transformers reads the spec: two
+    specs of one config, one listing the defaults and one not, compare equal."""
+    try:
+        import transformers
+
+        cls = getattr(transformers, spec["architecture"])
+        config = cls.config_class.from_dict(dict(spec["config"])).to_diff_dict()
+    except Exception:  # noqa: BLE001 - an unbuildable spec equals nothing
+        return None
+    return spec["architecture"], {k: v for k, v in config.items()
+                                  if k not in _DROPPED_CONFIG_KEYS}
+
+
+def _build_transformers(spec: Mapping[str, Any], device: Any):
+    import torch
+
+    try:
+        import transformers
+    except ImportError:
+        raise AutoparError("the model is a transformers model and transformers is not "
+                           "installed", where="model spec",
+                           fix="pip install transformers") from None
+    name = spec["architecture"]
+    cls = getattr(transformers, name, None)
+    if cls is None or not hasattr(cls, "config_class"):
+        raise AutoparError(f"transformers {transformers.__version__} has no model class "
+                           f"{name!r}", where="model spec architecture",
+                           fix="name a class of the transformers package, e.g. "
+                               "LlamaForCausalLM, or upgrade transformers")
+    try:
+        config = cls.config_class.from_dict(dict(spec["config"]))
+        with torch.device(device):
+            return cls(config)
+    except (TypeError, ValueError, KeyError, AttributeError) as err:
+        raise AutoparError(f"cannot build {name} from its config: {type(err).__name__}: {err}",
+                           where="model spec config",
+                           fix="check the config fields against the architecture") from None
