@@ -13,7 +13,7 @@ from torch import nn
 
 from autopar.model_spec import ModelSpec
 
-__all__ = ["OPTIMIZER", "ModelSpec", "end_rank", "logits_of", "optimizer", "synthetic_batch",
+__all__ = ["LOSS_SCALING", "OPTIMIZER", "ModelSpec", "end_rank", "logits_of", "optimizer", "synthetic_batch",
            "vocab_size"]
 
 OPTIMIZER = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-6, "weight_decay": 0.1}
@@ -22,9 +22,29 @@ sqrt(v) + eps amplifies the last-bit differences of a reordered reduction, and p
 compare parameters after the step (../shared/design/FINDINGS.md)."""
 
 
+LOSS_SCALING = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5,
+                "growth_interval": 2000}
+"""Dynamic loss scaling of fp16 plans (``passes/loss_scaling.py``): torch's ``GradScaler``
+defaults, the scheme of Micikevicius et al. (2018) that Megatron-LM and DeepSpeed also run."""
+
+
 def vocab_size(model: nn.Module) -> int:
-    config = getattr(model, "config", None)
-    return int(getattr(config, "vocab_size"))
+    """The model's vocabulary: ``config.vocab_size``, else its token embedding's rows."""
+    value = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(value, int) and value > 0:
+        return value
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    if not isinstance(emb, nn.Embedding):
+        emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    if emb is None:
+        from autopar.costmodel.errors import AutoparError
+
+        raise AutoparError(f"{type(model).__name__} has no config.vocab_size and no "
+                           "nn.Embedding: autopar cannot tell which token ids it takes",
+                           where="the model", fix="give the model a config with vocab_size, "
+                           "or a token embedding (nn.Embedding)")
+    return emb.num_embeddings
 
 
 def synthetic_batch(step: int, rows: int, seq_len: int, vocab: int, seed: int = 0

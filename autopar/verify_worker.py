@@ -50,10 +50,10 @@ def run(job: dict) -> dict:
         loss = program.step(tokens[mine], targets[mine])
         losses.append(None if loss is None else float(loss))
         if step == steps - 1:
+            program.unscale_([opt])  # fp16: the true gradients
             grads = {n: _full(p.grad) for n, p in program.named_parameters(False)
                      if p.grad is not None}
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        program.optimizer_step([opt])
     params = {n: _full(p) for n, p in program.named_parameters(False)}
     result = {"rank": dist.get_rank(), "dp_rank": program.dp_rank,
               "tp_rank": mesh.get_local_rank(Axis.TP.value),

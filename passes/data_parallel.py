@@ -26,7 +26,7 @@ are reduced once per step (ZeRO-1's traffic).
 Mixed precision (``TrainSpec.precision``): ``bf16``/``fp16`` use ``MixedPrecisionPolicy`` --
 fp32 master weights sharded or replicated as above, compute in the low precision, gradients
 reduced in fp32; ``bf16-pure`` casts the model to bf16 (no fp32 copy); ``fp32`` runs as is.
-fp16 gets no loss scaling here.
+fp16 plans also run with dynamic loss scaling (``passes/loss_scaling.py``).
 """
 
 from __future__ import annotations
@@ -58,6 +58,16 @@ def mixed_precision(precision: Precision) -> MixedPrecisionPolicy | None:
     return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
 
 
+def offload_policy(offload: bool) -> OffloadPolicy:
+    """FSDP2's CPU offload for ``offload`` plans: the sharded parameters, their gradients and
+    the optimizer step on the CPU. Host memory is pinned (page-locked, for asynchronous copies)
+    only where there is an accelerator to copy to: pinning needs one, and on a CPU-only machine
+    the "offloaded" tensors are already where they run."""
+    if not offload:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+
+
 def wants_fsdp(plan: Plan) -> bool:
     return plan.config.dp > 1 or plan.config.offload or plan.train.precision in _LOW
 
@@ -77,7 +87,7 @@ def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Pla
         dp_mesh = mesh[Axis.DP_SHARD.value]
     kwargs = dict(mesh=dp_mesh, reshard_after_forward=c.zero == 3,
                   mp_policy=mixed_precision(plan.train.precision) or MixedPrecisionPolicy(),
-                  offload_policy=CPUOffloadPolicy() if c.offload else OffloadPolicy())
+                  offload_policy=offload_policy(c.offload))
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(stage, **kwargs)

@@ -13,10 +13,13 @@ The passes run in this order, each for a reason:
 6. A weight tied across pipeline stages (GPT's embedding and head) gets one all-reduce of its
    gradient between the two stages after each backward (``TiedWeights``).
 7. The schedule (``pipeline``), when pp > 1.
+8. fp16 plans get a gradient scaler (``loss_scaling``): dynamic loss scaling.
 
 ``ParallelProgram.step(tokens, targets)`` runs forward and backward of this rank's share of
 the global batch (its data-parallel slice, all its micro-batches) and returns the mean loss
-on the ranks holding the last stage (``None`` elsewhere); the caller steps the optimizer.
+on the ranks holding the last stage (``None`` elsewhere); ``optimizer_step(optimizers)`` then
+steps the caller's optimizers (through the scaler for fp16, which may skip the step), and
+``unscale_(optimizers)`` before it gives the true gradients to look at.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -38,6 +42,7 @@ from autopar.costmodel.specs import Precision
 from autopar.plan import Plan
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
 from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions, keep_fused_head_gathered
+from autopar.passes.loss_scaling import grad_scaler, quiet_found_inf
 from autopar.passes.mesh import Axis, check_executable, dp_rank
 from autopar.passes.model_parts import ModelParts, parts_of
 from autopar.passes.pipeline import build_schedule
@@ -83,6 +88,8 @@ class ParallelProgram:
     device: torch.device
     tied: TiedWeights
     schedule: object | None = None
+    scaler: ShardedGradScaler | None = None
+    """fp16's dynamic loss scaling (``passes/loss_scaling.py``); ``None`` otherwise."""
 
     @property
     def modules(self) -> list[StageModule]:
@@ -125,6 +132,34 @@ class ParallelProgram:
             logits = logits.float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1))
 
+    def _scaled_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss the pipeline schedule differentiates: scaled for fp16."""
+        loss = self.loss(logits, targets)
+        return loss if self.scaler is None else self.scaler.scale(loss)
+
+    def unscale_(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Divide the gradients by the loss scale (fp16; nothing otherwise): they are then the
+        true gradients, and ``optimizer_step`` does not divide them again."""
+        if self.scaler is not None:
+            with quiet_found_inf():
+                for opt in optimizers:
+                    self.scaler.unscale_(opt)
+
+    def optimizer_step(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Step every optimizer over this rank's parameters and clear the gradients; for fp16
+        through the scaler, which skips the step on every rank when any rank's gradients hold
+        an inf or a NaN, and adjusts the scale."""
+        if self.scaler is None:
+            for opt in optimizers:
+                opt.step()
+        else:
+            with quiet_found_inf():
+                for opt in optimizers:
+                    self.scaler.step(opt)
+                self.scaler.update()
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+
     def _loss_context(self):
         return loss_parallel() if loss_is_vocab_parallel(self.plan) else nullcontext()
 
@@ -142,7 +177,8 @@ class ParallelProgram:
             self.tied.sync()
             if not self.holds_last:
                 return None
-            return torch.stack([_plain(x) for x in losses]).mean()
+            scale = 1.0 if self.scaler is None else self.scaler.get_scale()
+            return torch.stack([_plain(x) for x in losses]).mean() / scale
         module = self.modules[0]
         m = self.plan.config.microbatches(self.plan.train)
         total = torch.zeros((), device=self.device)
@@ -150,7 +186,8 @@ class ParallelProgram:
             set_microbatch(module.modules(), self.plan.config.zero, last=k == m - 1)
             with self._loss_context():
                 loss = self.loss(module(tok), tgt)
-                (loss / m).backward()
+                scaled = loss / m
+                (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             total += _plain(loss)
         return total / m
 
@@ -186,9 +223,11 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     held = {n: p for _, stage in stages for n, p in stage.named_parameters(
         remove_duplicate=False)}
     tied = _tied_weights(mesh, plan, tied_names, held)
-    program = ParallelProgram(plan, mesh, parts, stages, num_stages, device, tied)
+    program = ParallelProgram(plan, mesh, parts, stages, num_stages, device, tied,
+                              scaler=grad_scaler(plan.train, device))
     if plan.config.pp > 1:
-        program.schedule = build_schedule(stages, num_stages, plan, mesh, device, program.loss)
+        program.schedule = build_schedule(stages, num_stages, plan, mesh, device,
+                                          program._scaled_loss)
     return program
 
 

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -118,17 +119,18 @@ class TokenFile:
 
 # ----- checkpoints -----
 class Checkpointer:
-    """Model and optimizer state of this rank's stage modules, saved and loaded with DCP."""
+    """Model and optimizer state of this rank's stage modules, saved and loaded with DCP, and
+    the loss scaler's state of an fp16 plan (its scale and growth tracker)."""
 
-    def __init__(self, modules: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
-        self.modules, self.optimizers = modules, optimizers
+    def __init__(self, modules: list[nn.Module], optimizers: list[torch.optim.Optimizer],
+                 scaler: object | None = None) -> None:
+        self.modules, self.optimizers, self.scaler = modules, optimizers, scaler
 
     def _parts(self) -> list[tuple[dict, dict]]:
         return [get_state_dict(m, o, options=STATE_OPTIONS)
                 for m, o in zip(self.modules, self.optimizers)]
 
-    @staticmethod
-    def _merge(parts: list[tuple[dict, dict]], step: int) -> dict:
+    def _merge(self, parts: list[tuple[dict, dict]], step: int) -> dict:
         # Keys are the model's own names, so the stages of a rank never collide, except on
         # modules every stage keeps (rotary tables): one entry serves them all.
         model: dict = {}
@@ -136,7 +138,8 @@ class Checkpointer:
         for m, o in parts:
             model.update(m)
             optim.update(o)
-        return {"model": model, "optim": optim, "step": step}
+        scaling = self.scaler.state_dict() if self.scaler is not None else {}
+        return {"model": model, "optim": optim, "step": step, "loss_scaling": scaling}
 
     def save(self, folder: Path, step: int) -> None:
         dcp.save(self._merge(self._parts(), step), checkpoint_id=str(folder))
@@ -145,7 +148,11 @@ class Checkpointer:
         """Load ``folder`` into this plan's sharding (DCP reshards); returns its step."""
         parts = self._parts()
         state = self._merge(parts, -1)
-        dcp.load(state, checkpoint_id=str(folder))
+        # partial: a checkpoint of a bf16 or fp32 plan has no loss-scaler state to give
+        dcp.load(state, checkpoint_id=str(folder),
+                 planner=DefaultLoadPlanner(allow_partial_load=True))
+        if self.scaler is not None and state["loss_scaling"]:
+            self.scaler.load_state_dict(state["loss_scaling"])
         for (m_sd, o_sd), module, opt in zip(parts, self.modules, self.optimizers):
             set_state_dict(module, opt, options=STATE_OPTIONS,
                            model_state_dict={k: state["model"][k] for k in m_sd},
@@ -186,7 +193,7 @@ def train(args: argparse.Namespace) -> None:
     mesh = device_mesh(plan, device.type)
     program = parallelize(model, plan, mesh, device)
     optimizers = [optimizer(list(m.parameters())) for m in program.modules]
-    ckpt = Checkpointer(program.modules, optimizers)
+    ckpt = Checkpointer(program.modules, optimizers, program.scaler)
 
     train_spec, c = plan.train, plan.config
     rows = train_spec.global_batch // c.dp
@@ -226,9 +233,7 @@ def train(args: argparse.Namespace) -> None:
         else:
             tokens, targets = data.batch(step - 1, train_spec.global_batch, train_spec.seq_len)
         loss = program.step(tokens[mine], targets[mine])
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        program.optimizer_step(optimizers)  # fp16: through the loss scaler
         timed_steps += 1
         if step % args.log_every == 0 or step == args.steps:
             mean = global_mean(loss, program) if program.holds_last else None
