@@ -275,9 +275,10 @@ def layer_problems(facts: ModelFacts, module_strategies: tuple[tuple[str, str], 
                    tp: int) -> list[Problem]:
     """Modules the plan names that the model lacks, and layouts the engine cannot run: a
     style it has no parallel style for, a split of a layer it cannot split or that tp does not
-    divide, and a column split inside a module (attention, MLP) not closed by a row split there,
-    or a row split not fed by a column split there -- the engine runs the ops between them on
-    local shards, and has no resharding anywhere else."""
+    divide, and a column split inside a module (attention, MLP) not closed by a later row split
+    there, or a row split not fed by an earlier column split there (a row split of the head
+    included) -- the engine runs the ops between them on local shards, and has no resharding
+    anywhere else. ``module_strategies`` lists modules in execution order."""
     styles = {p: s for p, s in module_strategies if not p.startswith("<")}  # not the loss
     out = [] if styles or tp == 1 else [Problem(
         f"the plan has tp={tp} but no module strategies", "plan.module_strategies",
@@ -309,14 +310,26 @@ def layer_problems(facts: ModelFacts, module_strategies: tuple[tuple[str, str], 
                    if size is not None else f"(the {style} style applies to an nn.{want})"),
                 where, "re-plan: the planner keeps such a layer whole"))
             continue
-        closing = {"column": "row", "row": "column"}.get(style)
         parent = _parent(pattern)
-        if closing and parent and not any(
-                s == closing and _parent(p) == parent for p, s in styles.items()):
+        order = list(styles)
+        siblings = [p for p in order if _parent(p) == parent and p != pattern]
+        if style == "column" and parent:
+            closed = any(styles[p] == "row" and order.index(p) > order.index(pattern)
+                         for p in siblings)
+        elif style == "row":
+            closed = bool(parent) and any(styles[p] == "column" and
+                                          order.index(p) < order.index(pattern)
+                                          for p in siblings)
+        else:
+            closed = True
+        if not closed:
             out.append(Problem(
-                f"{pattern} is split by {style}s but no module of {parent} is split by "
-                f"{closing}s: the engine runs a tensor-parallel region from a column split to "
-                "a row split inside one module", where, "re-plan (autopar plan / plan_for)"))
+                f"{pattern} is split by {style}s without a "
+                f"{'row split after it' if style == 'column' else 'column split before it'} "
+                f"in {parent or 'the model root'}: the engine runs a tensor-parallel region "
+                "from column splits to row splits inside one module (attention, MLP), and "
+                "splits nothing else but an embedding by vocabulary and the head by columns",
+                where, "re-plan (autopar plan / plan_for)"))
     return out
 
 

@@ -75,8 +75,10 @@ def zero_text(config: ParallelConfig) -> str:
 _PRECISION = {
     Precision.BF16: "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): bf16 "
                     "compute on fp32 master weights, gradients reduced in fp32",
-    Precision.FP16: "FSDP2 MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype=fp32), "
-                    "no loss scaling",
+    Precision.FP16: "FSDP2 MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype=fp32), with "
+                    "dynamic loss scaling (torch's ShardedGradScaler: the loss scaled by 2^16 to "
+                    "start, steps with inf/NaN gradients skipped on every rank and the scale "
+                    "halved, doubled after 2000 clean steps)",
     Precision.BF16_PURE: "the model cast to bf16; no fp32 copy",
     Precision.FP32: "fp32 throughout",
 }

@@ -253,6 +253,10 @@ def _from_config_file(path: Path, overrides: dict[str, Any]) -> ModelSpec:
     return ModelSpec.transformers_config(str(archs[0]), {**config, **overrides})
 
 
+_LOADED: dict[str, Any] = {}
+"""Model files imported so far, by resolved path: each is imported once per process."""
+
+
 def _call_factory(factory: str, device: Any):
     import torch
     from torch import nn
@@ -265,9 +269,11 @@ def _call_factory(factory: str, device: Any):
             raise AutoparError(f"model file {source} does not exist", where=where,
                                fix="check the path; a plan records it as it was planned, an "
                                    "exported folder holds a copy next to its train.py")
-        name = f"autopar_user_{path.stem}_{abs(hash(str(path.resolve())))}"
-        module = sys.modules.get(name)
+        module = _LOADED.get(str(path.resolve()))
         if module is None:
+            name = f"autopar_model_{path.stem}"
+            while name in sys.modules:  # another file of the same name: a new module name
+                name += "_"
             spec = importlib.util.spec_from_file_location(name, path)
             if spec is None or spec.loader is None:
                 raise AutoparError(f"cannot load {source} as Python", where=where,
@@ -279,6 +285,7 @@ def _call_factory(factory: str, device: Any):
             except Exception as err:  # noqa: BLE001 - the user's file, reported in one line
                 del sys.modules[name]
                 raise _raised(err, f"importing {source}", where) from err
+            _LOADED[str(path.resolve())] = module
     else:
         try:
             module = importlib.import_module(source)

@@ -175,6 +175,10 @@ def _plan_feed(model: nn.Module) -> _Feed:
     except (TypeError, ValueError) as err:
         raise no_token_input_error(model, f"its signature cannot be read ({err})") from None
     params = sig.parameters
+    main = getattr(model, "main_input_name", None)  # transformers: "pixel_values" for a ViT
+    if isinstance(main, str) and main != "input_ids":
+        raise no_token_input_error(model, f"its input is {main!r}, not token ids: autopar plans "
+                                          "language models that read integer token ids")
     named = [p for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if "input_ids" in params:  # transformers convention
         target = "labels" if "labels" in params else None
@@ -289,6 +293,13 @@ def _trace_export(
         with _static_experts(model), quiet_torch_logs(), stack:
             ep = torch.export.export(model, (), feed.kwargs(tokens, targets), strict=False)
     except Exception as export_error:  # noqa: BLE001 - reported with its location
+        if not any(isinstance(m, nn.Embedding) for m in model.modules()):
+            # the likeliest cause: token ids fed to a model that reads something else
+            raise no_token_input_error(
+                model, "it has no nn.Embedding to read token ids with, and tracing it with "
+                f"token ids failed ({type(export_error).__name__}: "
+                f"{str(export_error).splitlines()[0] if str(export_error) else ''})"
+            ) from export_error
         raise untraceable_error(model, fx_error, export_error, stack.innermost) from export_error
     if any(isinstance(n.target, torch._ops.HigherOrderOperator) for n in ep.graph.nodes):
         with warnings.catch_warnings():  # a LeafSpec FutureWarning from torch's own deepcopy

@@ -19,6 +19,7 @@ from .efficiency import DEFAULT_EFFICIENCY, Efficiency
 from .errors import AutoparError
 from .estimate import Estimate, StageMemory
 from .memory import (
+    StateBytes,
     activation_bytes_per_element,
     model_state_bytes,
     recompute_working_bytes,
@@ -296,17 +297,33 @@ def _fsdp_exposed_s(
     return edges + max(0.0, total - edges - eff.dp_overlap * compute_s)
 
 
+def _loss_scaling_s(shard: float, sb: StateBytes, config: ParallelConfig, train: TrainSpec,
+                    cluster: ClusterSpec, eff: Efficiency) -> float:
+    """fp16's dynamic loss scaling before the optimizer step (``passes/loss_scaling.py``): the
+    gradients this GPU steps on are read and written once (divided by the scale, checked for
+    inf/NaN) and the one-value "found inf" flag is all-reduced over every GPU. The steps it
+    skips (at most one per ``growth_interval`` of 2000 once the scale has settled, 0.05 %) are
+    not priced. 0 for other precisions."""
+    if train.precision is not Precision.FP16:
+        return 0.0
+    unscale = shard * 2 * sb.grads / (cluster.gpu.hbm_bytes_per_s * eff.memory)
+    world = Group(size=config.world_size, per_node=min(config.world_size, cluster.gpus_per_node))
+    return unscale + estimate_collective_s(Collective.ALL_REDUCE, 4.0, world, cluster, eff)
+
+
 def _optimizer_s(dense: float, expert: float, config: ParallelConfig, train: TrainSpec,
                  g: MeshGroups, cluster: ClusterSpec, eff: Efficiency) -> tuple[float, float]:
-    """(optimizer seconds on the GPU or CPU, offload transfer seconds)."""
+    """(optimizer seconds on the GPU or CPU, loss scaling included, offload transfer
+    seconds)."""
     shard = dense / g.dp_cp.size + expert / g.expert_dp.size if config.zero >= 1 else dense + expert
     sb = state_bytes_per_param(train.precision, train.optimizer)
+    scaling = _loss_scaling_s(shard, sb, config, train, cluster, eff)
     if config.offload:
         cpu = shard / eff.cpu_adam_params_per_s
         moved = shard * (sb.grads + sb.weights)
-        return cpu, moved / (cluster.host_link.bytes_per_s * eff.host_link)
+        return cpu + scaling, moved / (cluster.host_link.bytes_per_s * eff.host_link)
     traffic = 2 * sb.optimizer + sb.grads + sb.weights  # read+write states, read grads, write weights
-    return shard * traffic / (cluster.gpu.hbm_bytes_per_s * eff.memory), 0.0
+    return shard * traffic / (cluster.gpu.hbm_bytes_per_s * eff.memory) + scaling, 0.0
 
 
 def estimate_step(

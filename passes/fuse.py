@@ -253,8 +253,10 @@ def _rewrite_graphs(model: nn.Module, root: str, fusions: tuple[str, ...] | list
             found["rope"] = _rewrite_rope(graph)
         if not any(found.values()):
             continue
-        graph.eliminate_dead_code()
         fused = fx.GraphModule(module, graph, class_name=f"Fused{type(module).__name__}")
+        # after the GraphModule owns the graph: fx's purity check of a call_module needs it
+        fused.graph.eliminate_dead_code()
+        fused.recompile()
         if _param_names(fused) != _param_names(module):
             continue  # the graph does not use every parameter: keep the module as it is
         _set_submodule(model, path, fused)

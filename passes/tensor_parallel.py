@@ -127,6 +127,11 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
             # a whole table's output is sliced to the blocks' sequence shards (no collective)
             extra[parts.embedding] = PrepareModuleOutput(output_layouts=Replicate(),
                                                          desired_output_layouts=Shard(1))
+        if styles.get(parts.head, "replicated") == "replicated":
+            # a whole head reads the whole sequence: its input is all-gathered from the shards
+            extra[parts.head] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                                   desired_input_layouts=(Replicate(),),
+                                                   use_local_output=True)
         present = {n for n, _ in stage.named_modules()}
         layout.update({k: v for k, v in extra.items() if k in present})
     parallelize_module(stage, tp_mesh, layout)

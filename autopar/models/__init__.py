@@ -68,6 +68,7 @@ def make_config(name: str, **overrides: object) -> ModelConfig:
                 where=f"{name}: {key}",
                 fix=f"use only the fields {', '.join(known)}",
             )
+    _check_types(cls, fields, name)
     missing = [
         f.name for f in known.values()
         if f.name not in fields
@@ -81,6 +82,51 @@ def make_config(name: str, **overrides: object) -> ModelConfig:
             fix=f"pass {', '.join(f'{m}=...' for m in missing)}, or start from a preset",
         )
     return cls(**fields)  # type: ignore[arg-type]
+
+
+def _check_types(cls: _ConfigClass, fields: dict[str, object], name: str) -> None:
+    """A given field of the wrong type (``num_layers="abc"``) is the error to report, before
+    any field that is missing."""
+    import types
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for key, value in fields.items():
+        hint = hints.get(key)
+        allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if value is None and type(None) in allowed:
+            continue
+        ok = any(_is(value, kind) for kind in allowed)
+        if not ok:
+            kinds = " or ".join(_kind_name(k) for k in allowed if k is not type(None))
+            raise AutoparError(f"{key}={value!r} is not {kinds}", where=f"{name}: {key}",
+                               fix=f"pass {key} as {kinds}, e.g. --model-arg {key}="
+                                   f"{_example(allowed)}")
+
+
+def _is(value: object, kind: object) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(kind, type) and issubclass(kind, str):  # a StrEnum: checked by the config
+        return isinstance(value, str)
+    return True
+
+
+def _kind_name(kind: object) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number"}
+    return names.get(kind, "one of " + ", ".join(repr(m.value) for m in kind)  # type: ignore
+                     if isinstance(kind, type) and issubclass(kind, str) else str(kind))
+
+
+def _example(allowed: tuple) -> str:
+    for kind, text in ((bool, "true"), (int, "12"), (float, "0.1")):
+        if kind in allowed:
+            return text
+    return "..."
 
 
 def from_config(

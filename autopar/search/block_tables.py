@@ -27,8 +27,7 @@ from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, Sh
 from autopar.graph import GraphIR, NodeInfo
 from autopar.search.ilp_types import BlockProblem, Edge, StrategyTable
 from autopar.search.reshard import conversion
-from autopar.search.strategies import Layout, Strategy, strategies_for
-from autopar.workload import classify_tp
+from autopar.search.strategies import Layout, Strategy, forced_splits, strategies_for
 
 IMPOSSIBLE = math.inf
 """Resharding time of a conversion that cannot be done: the solver forbids the pair."""
@@ -100,7 +99,7 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
     ``fixed`` names the one strategy some ops must take (a table tied to a solved head); only
     splits ``tp`` divides are offered."""
     real = [n for n in nodes if n.out is not None]
-    keep_whole = frozenset(classify_tp(graph, real).router) if split_weights else frozenset()
+    forced = forced_splits(graph, real, tp) if split_weights else frozenset()
     names = {n.name for n in real}
     readers: dict[str, int] = {}
     for n in real:
@@ -128,7 +127,7 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
             if i in index:
                 producers.append(index[i])
                 tensors.append(i)
-        strategies, known = strategies_for(n, graph, sp, width, split_weights, tp, keep_whole)
+        strategies, known = strategies_for(n, graph, sp, width, split_weights, tp, forced)
         if fixed and n.name in fixed:
             strategies = [st for st in strategies if st.name == fixed[n.name]] or strategies
         # rules see every graph-node input; keep the layouts of the ones inside this layer

@@ -11,18 +11,20 @@ all-to-all, which moves what one rank holds (``collectives`` prices each so).
 producer consumer forward                    backward
 ======== ======== ========================== ==========================
 R        R*       --                         all-reduce
-R        S, Q     -- (a local slice)         all-gather
+R        Q        -- (a local slice)         all-gather
 S, Q     R        all-gather                 -- (a local slice)
 S, Q     R*       all-gather                 reduce-scatter
-S        Q        all-to-all                 all-to-all
-Q        S        all-to-all                 all-to-all
 P        R        all-reduce                 --
 P        R*       all-reduce                 all-reduce
 P        S, Q     reduce-scatter             all-gather
 R*       R*       -- (the fork reduces once) --
 ======== ======== ========================== ==========================
 
-Any other pair with different layouts is impossible (``None``).
+Any other pair with different layouts is impossible (``None``). Three that collectives could
+do are left out because the engine the plan runs on has no parallel style for them
+(``passes/tensor_parallel.py``): a replicated activation cut by width (``R`` to ``S``: the engine
+makes width shards only as a column split's output), and sequence shards turned into width
+shards or back (``Q``/``S``, an all-to-all). A plan needing them could not run.
 """
 
 from __future__ import annotations
@@ -36,16 +38,14 @@ Conversion = tuple[tuple[Collective, ...], tuple[Collective, ...]]
 """(forward collectives, backward collectives)."""
 
 NONE: Conversion = ((), ())
-AR, AG, RS, A2A = (Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER,
-                   Collective.ALL_TO_ALL)
+AR, AG, RS = Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER
 
 TABLE: dict[tuple[Layout, Layout], Conversion] = {
     (R, R): NONE, (S, S): NONE, (Q, Q): NONE, (RP, RP): NONE,
     (R, RP): ((), (AR,)),
-    (R, S): ((), (AG,)), (R, Q): ((), (AG,)),
+    (R, Q): ((), (AG,)),
     (S, R): ((AG,), ()), (Q, R): ((AG,), ()),
     (S, RP): ((AG,), (RS,)), (Q, RP): ((AG,), (RS,)),
-    (S, Q): ((A2A,), (A2A,)), (Q, S): ((A2A,), (A2A,)),
     (P, R): ((AR,), ()), (P, RP): ((AR,), (AR,)),
     (P, S): ((RS,), (AG,)), (P, Q): ((RS,), (AG,)),
 }

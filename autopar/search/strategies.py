@@ -73,9 +73,8 @@ class RuleContext:
     tp: int = 1
     """The tensor-parallel degree: a split is offered only where it divides the weight
     (``autopar.admissibility.splittable``)."""
-    keep_whole: frozenset[str] = frozenset()
-    """Weight GEMMs ``split_weights`` does not force: routers, whose output feeds a top-k over
-    every expert (the Megatron assignment keeps them whole, ``workload.classify_tp``)."""
+    forced: frozenset[str] = frozenset()
+    """The weight GEMMs ``split_weights`` forces to split (``forced_splits``)."""
 
     def can_split(self, node: NodeInfo, style: str) -> bool:
         """Whether the engine can split ``node``'s layer by ``style`` (an ``nn.Linear`` by
@@ -157,7 +156,10 @@ def _seq(ctx: RuleContext) -> list[Layout]:
 def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     """A linear layer (or stacked expert weights): replicated, split by output features
     (column: weight and bias split), or split by input features (row: weight split, bias
-    added once after the reduction, output partial sums).
+    added once after the reduction, output partial sums). A split is offered only where the
+    engine can run it (``RuleContext.can_split``), and a row split only inside the repeated
+    blocks: the engine runs one after a column split in the same module (attention, MLP), and
+    outside the blocks there is none (the head is split by columns or not at all).
 
     Not offered: whole weights over a split sequence (DeepSpeed-Ulysses style). It needs the
     weight gradients all-reduced over the tp ranks and is not one of the engine's parallel styles
@@ -167,8 +169,8 @@ def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
                                   shards_params=True),
                          Strategy("row", (Layout.S,), Layout.P, divides=True,
                                   shards_params=True))
-             if ctx.can_split(node, s.name)]
-    if split and ctx.split_weights and node.name not in ctx.keep_whole:
+             if ctx.can_split(node, s.name) and (s.name == "column" or node.block is not None)]
+    if split and ctx.split_weights and node.name in ctx.forced:
         return split
     return [replicated(node, ctx), *split]
 
@@ -263,12 +265,34 @@ def loss_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
             Strategy("vocab", (Layout.S, *rest), Layout.R, divides=True, loss_parallel=True)]
 
 
+def forced_splits(graph: GraphIR, nodes: list[NodeInfo], tp: int) -> frozenset[str]:
+    """The weight GEMMs of ``nodes`` that ``split_weights`` forces: those the Megatron
+    assignment splits (``workload.classify_tp``: column, then row, in one module -- attention,
+    MLP; never a router, whose output feeds a top-k over every expert), in the modules where
+    every such GEMM can take its split over ``tp``. Elsewhere (a width tp does not divide) the
+    solve may keep them whole: a lone split could not run."""
+    from autopar.admissibility import splittable
+    from autopar.workload import classify_tp
+
+    kinds = classify_tp(graph, nodes)
+    by_module: dict[str, list[tuple[NodeInfo, str]]] = {}
+    for n in nodes:
+        kind = "column" if n.name in kinds.column else "row" if n.name in kinds.row else None
+        if kind is not None and n.op != "embedding" and n.module_path in graph.layers:
+            by_module.setdefault(n.module_path.rpartition(".")[0], []).append((n, kind))
+    forced: set[str] = set()
+    for members in by_module.values():
+        if all(splittable(*graph.layers[n.module_path], kind, tp) for n, kind in members):
+            forced.update(n.name for n, _ in members)
+    return frozenset(forced)
+
+
 def strategies_for(node: NodeInfo, graph: GraphIR, sequence_parallel: bool,
                    stream_width: int | None = None, split_weights: bool = False, tp: int = 1,
-                   keep_whole: frozenset[str] = frozenset()) -> tuple[list[Strategy], bool]:
+                   forced: frozenset[str] = frozenset()) -> tuple[list[Strategy], bool]:
     """(candidate strategies, whether a rule knew the op)."""
     ctx = RuleContext(graph, tuple(i for i in node.inputs if graph.has_node(i)),
-                      sequence_parallel, stream_width, split_weights, tp, keep_whole)
+                      sequence_parallel, stream_width, split_weights, tp, forced)
     fn = rule_of(node, graph)
     if fn is None:
         return [replicated(node, ctx)], False

@@ -15,17 +15,10 @@ but a test that trusted the status would still fail at random if it came back.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
+from launching import events, launch, losses_of
 
 import autopar
 from autopar import ParallelConfig, TrainSpec
@@ -41,34 +34,6 @@ over 8 pipeline micro-batches), so losses agree to rounding, not bit for bit; a 
 missing piece of state (e.g. the optimizer moments) moves the step-4 loss by ~2e-4."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(folder: Path, *args: str, timeout: float = 120.0) -> tuple[float, str]:
-    """``bash launch.sh ARGS``; returns (wall seconds, output for failure messages)."""
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT=str(_free_port()),
-               RDZV_ID=f"test-{folder.name}",
-               TORCHRUN=str(torchrun) if torchrun.exists() else shutil.which("torchrun") or "")
-    start = time.monotonic()
-    done = subprocess.run(["bash", str(folder / "launch.sh"), *args], env=env, timeout=timeout,
-                          capture_output=True, text=True)
-    output = f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return time.monotonic() - start, output
-
-
-def _losses(log: Path) -> dict[int, float]:
-    lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return {r["step"]: r["loss"] for r in lines if "loss" in r}
-
-
-def _events(log: Path, kind: str) -> list[dict]:
-    return [r for r in map(json.loads, log.read_text().splitlines()) if r.get("event") == kind]
-
-
 @pytest.fixture(scope="module")
 def run_a(tmp_path_factory) -> dict:
     """Plan A exported and trained 4 steps, checkpoints at steps 2 and 4."""
@@ -78,14 +43,14 @@ def run_a(tmp_path_factory) -> dict:
     plan_b = autopar.plan_for(model, process_cluster(4), TRAIN, PLAN_B, name="tiny-llama")
     folder_a, folder_b = plan_a.export(root / "a"), plan_b.export(root / "b")
     log = root / "a.jsonl"
-    wall, output = _launch(folder_a, "--steps", "4", "--save-every", "2", "--checkpoint-dir",
+    wall, output = launch(folder_a, "--steps", "4", "--save-every", "2", "--checkpoint-dir",
                            str(root / "ckpt-a"), "--log-file", str(log))
     print(f"plan A run: {wall:.1f} s")
     return {"root": root, "b": folder_b, "log": log, "output": output, "wall": wall}
 
 
 def test_exported_dp2_tp2_folder_trains_and_checkpoints(run_a):
-    losses = _losses(run_a["log"])
+    losses = losses_of(run_a["log"])
     assert sorted(losses) == [1, 2, 3, 4], run_a["output"]
     assert all(math.isfinite(v) and 0 < v < 10 for v in losses.values()), losses
     for step in (2, 4):
@@ -95,12 +60,12 @@ def test_exported_dp2_tp2_folder_trains_and_checkpoints(run_a):
 def test_checkpoint_of_dp2_tp2_resumes_under_tp2_pp2_with_the_same_next_losses(run_a):
     root = run_a["root"]
     log = root / "b.jsonl"
-    wall, output = _launch(run_a["b"], "--steps", "4", "--resume", str(root / "ckpt-a/step-2"),
+    wall, output = launch(run_a["b"], "--steps", "4", "--resume", str(root / "ckpt-a/step-2"),
                            "--checkpoint-dir", str(root / "ckpt-b"), "--log-file", str(log))
     print(f"plan B resumed run: {wall:.1f} s")
-    resumed = _events(log, "resume") if log.exists() else []
+    resumed = events(log, "resume") if log.exists() else []
     assert [r["step"] for r in resumed] == [2], output
-    before, after = _losses(run_a["log"]), _losses(log)
+    before, after = losses_of(run_a["log"]), losses_of(log)
     assert sorted(after) == [3, 4], output  # continues at step 3, stops at --steps
     # step 3's loss checks the parameters; step 4's also the optimizer state (moments, step
     # count) that step 3's update used
@@ -118,13 +83,13 @@ def test_interleaved_checkpoint_resumes_under_zero3_on_the_reference_losses(tmp_
              for k, c in configs.items()}
     folders = {k: p.export(tmp_path / k, spec) for k, p in plans.items()}
     ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
-    _, out_i = _launch(folders["interleaved"], "--steps", "2", "--save-every", "2",
+    _, out_i = launch(folders["interleaved"], "--steps", "2", "--save-every", "2",
                        "--checkpoint-dir", str(ckpt), "--log-file", str(log))
     assert (ckpt / "step-2" / ".metadata").exists(), out_i
-    _, out_z = _launch(folders["zero3"], "--steps", "4", "--resume", "--checkpoint-dir",
+    _, out_z = launch(folders["zero3"], "--steps", "4", "--resume", "--checkpoint-dir",
                        str(ckpt), "--log-file", str(log))  # --resume: the latest in the dir
-    assert [r["step"] for r in _events(log, "resume")] == [2], out_z
-    losses = _losses(log)
+    assert [r["step"] for r in events(log, "resume")] == [2], out_z
+    losses = losses_of(log)
     expected = reference(spec, plans["zero3"], steps=4, seed=0)[0]
     assert sorted(losses) == [1, 2, 3, 4], (out_i, out_z)
     for step, ref in enumerate(expected, 1):  # the same rounding argument as LOSS_REL's

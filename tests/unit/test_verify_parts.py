@@ -36,7 +36,7 @@ def test_a_result_beyond_one_tolerance_fails():
     ok = Diff(0.0, 0.0, "-")
     result = VerifyResult(plan, "tiny-llama", 2, 1, [1.0], [1.0], ok, ok, ok, tol, 0.1)
     assert result.passed
-    result.grads = Diff(1.0, 2 * tol.grad_rel, "layers.0.attn.q_proj.weight")
+    result.grads = Diff(1.0, 2 * tol.grads, "layers.0.attn.q_proj.weight")
     assert not result.passed and "NO" in result.table()
     result.grads, result.missing = ok, ["head.weight"]
     assert not result.passed

@@ -1,0 +1,219 @@
+"""How ``autopar verify`` compares a program with its reference, and the bounds it holds it to.
+
+Three quantities: the loss of every step, the gradient of every parameter at the last step,
+and every parameter after the last step. How they are measured depends on the precision.
+
+**fp32.** The sharded program does the reference's arithmetic in another order -- all-reduces,
+reduce-scatters, matmuls split over ranks, losses averaged per micro-batch -- so the
+differences are rounding, and absolute measures with fixed bounds (``TOLERANCES``) hold:
+
+* the loss relative to the reference's;
+* each gradient relative to its tensor's largest entry (a tensor of small values is not judged
+  by noise in its zeros);
+* each parameter in units of the optimizer's largest move, ``lr x steps`` (AdamW moves a weight
+  by at most about ``lr`` per step whatever the gradient's scale; a relative measure would judge
+  zero-initialised biases, which after a few steps are themselves a few ``lr``, by the rounding
+  of gradients that Adam divides by their own size).
+
+Measured over the property-based run (``bench/results/fuzz_verify.md``, every fp32 case): see
+the bounds' comments. A wrong program (a missing all-reduce, a wrong scale, a misplaced shard)
+changes gradients by O(1) of their size.
+
+**bf16, fp16, bf16-pure.** Rounding to 8 (bf16) or 11 (fp16) bits of mantissa on different
+batch slices and in another order makes differences that no fixed bound separates from a bug:
+a gradient that is a sum of terms cancelling each other (a bias, a small model) has a rounding
+error as large as itself, and Adam turns a rounded near-zero gradient into a full step of either
+sign. So the program is measured against the error the precision itself makes: the reference is
+run twice, once in the plan's precision (as FSDP's mixed precision computes) and once in fp32,
+the exact answer, and each quantity's error from the exact answer is divided by the
+low-precision reference's own error from it (``Measure.PRECISION``; the larger of two such
+references, the second summing the micro-batches in reverse order: two samples of the
+rounding), that error floored at the
+precision's unit roundoff times the quantity (``UNIT_ROUNDOFF``; a loss, a gradient tensor's
+norm, a parameter tensor's update norm) and, for parameters, at ``ADAM_FLIP_LR``; per tensor, in
+L2 norms. A correct program errs about
+as much as one process at the same precision: a ratio of order 1. A wrong one errs by the
+quantity itself: a ratio of order 1 / unit roundoff (256 for bf16).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from autopar.costmodel.specs import Precision
+from autopar.plan import Plan
+from autopar.verify_reference import Run
+
+
+class Measure(StrEnum):
+    """How one quantity is compared (the table's "measured as")."""
+
+    RELATIVE = "relative"
+    """|loss - reference| / |reference|, the largest over the steps."""
+    TENSOR_MAX = "/ tensor max"
+    """|grad - reference| / max|reference|, the largest over the tensors."""
+    MOVES = "/ (lr x steps)"
+    """|param - reference| / (lr x steps), the largest over the tensors."""
+    PRECISION = "x 1-process error"
+    """|x - exact| / max(|reference - exact|, unit roundoff x |exact|): the program's error
+    from the fp32 answer over the one-process low-precision reference's (module docstring)."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Bounds on the three quantities' measures."""
+
+    loss: float
+    grads: float
+    params: float
+    against_precision: bool = False
+    """Low precision: every quantity is ``Measure.PRECISION``."""
+
+    def measure(self, quantity: str) -> Measure:
+        if self.against_precision:
+            return Measure.PRECISION
+        return {"loss": Measure.RELATIVE, "grads": Measure.TENSOR_MAX,
+                "params": Measure.MOVES}[quantity]
+
+
+# fp32: the largest measured over the property-based run is in bench/results/fuzz_verify.md;
+# each bound sits more than 10x above it and 100x or more below a wrong program's O(1).
+_FP32 = Tolerance(loss=1e-5, grads=1e-3, params=1e-2)
+# low precision: ratios to the one-process error; the measured spread is in
+# bench/results/fuzz_verify.md, and a wrong shard measures above 30 (tests/dist/test_parity.py).
+_LOW = Tolerance(loss=8.0, grads=8.0, params=8.0, against_precision=True)
+TOLERANCES = {Precision.FP32: _FP32, Precision.BF16: _LOW, Precision.FP16: _LOW,
+              Precision.BF16_PURE: _LOW}
+"""Bounds per precision; see the module docstring."""
+
+UNIT_ROUNDOFF = {Precision.BF16: 2.0**-8, Precision.BF16_PURE: 2.0**-8,
+                 Precision.FP16: 2.0**-11}
+"""Half the gap between 1 and the next number: 8 and 11 significant bits."""
+
+ADAM_FLIP_LR = 0.5
+"""Least error credited to the references for a low-precision parameter tensor, in ``lr``.
+Adam moves an element whose gradient is within rounding of zero by up to one ``lr`` per step
+either way, so which elements of a small tensor go the other way is luck, and both references
+may happen to have none: at the bound of 8 this floor lets the program move two elements of a
+tensor the other way in one step each (an error of ``4 lr``) when the references moved none.
+It still fails a tensor left without its update, an error of about ``lr x steps x sqrt(size)``:
+a ratio of 12 or more for the three steps of ``autopar verify`` on a tensor of 16 elements."""
+
+
+@dataclass(frozen=True)
+class Diff:
+    max_abs: float
+    measure: float
+    """What the tolerance bounds (see ``Measure``)."""
+    where: str
+    """The tensor with the largest measure ("-" for the loss)."""
+
+
+def compare(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
+            unit: float | None = None) -> Diff:
+    """Largest difference over the tensors ``ref`` and ``got`` share: over ``unit`` when
+    given (``Measure.MOVES``), else over each reference tensor's largest entry
+    (``Measure.TENSOR_MAX``)."""
+    worst, where, max_abs = 0.0, "-", 0.0
+    for name, r in ref.items():
+        if name not in got:
+            continue
+        d = (got[name] - r).abs().max().item()
+        scale = unit if unit is not None else max(r.abs().max().item(), 1e-30)
+        max_abs = max(max_abs, d)
+        if d / scale > worst or where == "-":
+            worst, where = d / scale, name
+    return Diff(max_abs, worst, where)
+
+
+def compare_to_precision(got: dict[str, torch.Tensor], lows: list[dict[str, torch.Tensor]],
+                         exact: dict[str, torch.Tensor], floor: dict[str, float]) -> Diff:
+    """``Measure.PRECISION`` over the tensors the program and the exact run hold; ``lows``
+    are the low-precision reference runs (their largest error is the precision's), ``floor``
+    each tensor's least error credited to them."""
+    worst, where, max_abs = 0.0, "-", 0.0
+    for name, x in exact.items():
+        if name not in got or any(name not in low for low in lows):
+            continue
+        error = (got[name] - x).norm().item()
+        own = max(*((low[name] - x).norm().item() for low in lows), floor[name], 1e-30)
+        max_abs = max(max_abs, (got[name] - lows[0][name]).abs().max().item())
+        if error / own > worst or where == "-":
+            worst, where = error / own, name
+    return Diff(max_abs, worst, where)
+
+
+def measure_run(losses: list[float], grads: dict[str, torch.Tensor],
+                params: dict[str, torch.Tensor], refs: list[Run], exact: Run | None,
+                precision: Precision, lr: float, steps: int) -> tuple[Diff, Diff, Diff]:
+    """(loss, gradients, parameters) of a program's run against its references ``refs`` (the
+    plan's precision; the first one in the ranks' order) and, for low precision, the fp32
+    ``exact`` run, after ``steps`` optimizer steps of learning rate ``lr``."""
+    ref = refs[0]
+    loss_abs = max(abs(a - b) for a, b in zip(losses, ref.losses))
+    if exact is None:
+        rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref.losses))
+        return (Diff(loss_abs, rel, "-"), compare(grads, ref.grads),
+                compare(params, ref.params, unit=lr * steps))
+    u = UNIT_ROUNDOFF[precision]
+    loss = max(abs(a - x) / max(*(abs(r.losses[s] - x) for r in refs), u * abs(x), 1e-30)
+               for s, (a, x) in enumerate(zip(losses, exact.losses)))
+    grad_floor = {n: u * g.norm().item() for n, g in exact.grads.items()}
+    param_floor = {n: max(u * (p - exact.initial[n]).norm().item(), ADAM_FLIP_LR * lr)
+                   for n, p in exact.params.items()}
+    return (Diff(loss_abs, loss, "-"),
+            compare_to_precision(grads, [r.grads for r in refs], exact.grads, grad_floor),
+            compare_to_precision(params, [r.params for r in refs], exact.params, param_floor))
+
+
+@dataclass
+class VerifyResult:
+    plan: Plan
+    model: str
+    nproc: int
+    steps: int
+    reference_losses: list[float]
+    losses: list[float]
+    loss: Diff
+    grads: Diff
+    params: Diff
+    tolerance: Tolerance
+    wall_s: float
+    missing: list[str] = field(default_factory=list)
+    """Reference parameters the sharded program did not report (a failure)."""
+
+    @property
+    def passed(self) -> bool:
+        t = self.tolerance
+        return (not self.missing and self.loss.measure <= t.loss
+                and self.grads.measure <= t.grads and self.params.measure <= t.params)
+
+    def table(self, width: int = 110) -> str:
+        buf = io.StringIO()
+        console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+        t = Table(title=f"autopar verify: {self.model}, {self.plan.summary()}, "
+                        f"{self.nproc} processes, {self.steps} steps ({self.wall_s:.1f} s)")
+        for col in ("compared", "max abs diff", "measured as", "value", "tolerance", "worst",
+                    "ok"):
+            t.add_column(col, justify="left" if col in ("compared", "worst", "measured as")
+                         else "right")
+        tol = self.tolerance
+        rows = (("loss per step", self.loss, "loss", tol.loss),
+                ("gradients (last step)", self.grads, "grads", tol.grads),
+                ("parameters (after step)", self.params, "params", tol.params))
+        for label, d, quantity, bound in rows:
+            t.add_row(label, f"{d.max_abs:.3e}", tol.measure(quantity).value, f"{d.measure:.3e}",
+                      f"{bound:.0e}", d.where, "yes" if d.measure <= bound else "NO")
+        console.print(t)
+        steps = "  ".join(f"{r:.6f}/{s:.6f}" for r, s in zip(self.reference_losses, self.losses))
+        console.print(f"losses (reference/sharded): {steps}")
+        if self.missing:
+            console.print(f"missing parameters: {', '.join(self.missing)}")
+        console.print("PASSED" if self.passed else "FAILED")
+        return buf.getvalue()

@@ -1,0 +1,117 @@
+"""The single-process reference ``autopar verify`` compares a plan's program with.
+
+``reference(spec, plan, steps, seed, precision)`` trains the whole model in one process on the
+global batch, as the ranks' micro-batches (``microbatches``), and returns a ``Run``: the loss of
+every step, the gradients of the last step, the parameters before the first step and after the
+last. Low-precision plans are compared with two such runs: one in the plan's precision and one
+in fp32, the exact answer that both err from, and a second time in the plan's precision with the
+micro-batches in reverse order: two samples of what the precision's rounding alone does
+(``verify_measures``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from autopar.costmodel.specs import Precision
+from autopar.model_spec import ModelSpec
+from autopar.plan import Plan
+from autopar.training import (
+    LOSS_SCALING,
+    logits_of,
+    optimizer,
+    synthetic_batch,
+    vocab_size,
+)
+
+LOW = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+"""The compute dtype of the mixed-precision policies (fp32 master weights)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one training run gives to compare."""
+
+    losses: list[float]
+    """Mean loss of every step over the global batch."""
+    grads: dict[str, torch.Tensor]
+    """Gradient of every parameter at the last step, before the optimizer (fp32)."""
+    initial: dict[str, torch.Tensor]
+    """Every parameter before the first step (fp32)."""
+    params: dict[str, torch.Tensor]
+    """Every parameter after the last step (fp32)."""
+
+
+def microbatches(plan: Plan, rows: int) -> list[slice]:
+    """The row slices of one global batch as the ranks run them: data-parallel rank ``r``
+    reads rows ``r * R .. (r + 1) * R`` (``R = rows / dp``) and runs them in micro-batches of
+    ``micro_batch`` rows, in order -- ``dp x num_microbatches`` consecutive slices."""
+    c = plan.config
+    n = c.dp * c.microbatches(plan.train)
+    size = rows // n
+    return [slice(k * size, (k + 1) * size) for k in range(n)]
+
+
+def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
+              precision: Precision | None = None, *, reverse: bool = False) -> Run:
+    """One process, whole model, the global batch in the ranks' micro-batches, in
+    ``precision`` (default: the plan's); ``reverse`` runs the micro-batches last first (the
+    same sums in another order: another sample of the precision's rounding).
+
+    The batch is run micro-batch by micro-batch as the ranks run it, each loss averaged over
+    them: the same arithmetic up to the order of the sums, and the same tokens in each forward,
+    which a model whose forward mixes the tokens of a batch needs (a mixture of experts computes
+    its experts' capacity from the tokens of the call).
+
+    bf16/fp16 do what FSDP's ``MixedPrecisionPolicy`` does: each step runs forward and backward
+    on a low-precision copy of the fp32 master weights, and the gradients, cast to fp32, update
+    the masters; fp16 scales the loss as the program does (``torch.amp.GradScaler`` with
+    ``training.LOSS_SCALING``, ``passes/loss_scaling.py``). bf16-pure casts the model."""
+    torch.set_flush_denormal(True)
+    precision = plan.train.precision if precision is None else precision
+    model = spec.build("cpu", seed)
+    train = plan.train
+    if precision is Precision.BF16_PURE:
+        model = model.to(torch.bfloat16)
+    low = LOW.get(precision)
+    scaler = (torch.amp.GradScaler("cpu", **LOSS_SCALING)
+              if precision is Precision.FP16 else None)
+    opt = optimizer(list(model.parameters()))
+    vocab = vocab_size(model)
+    losses, grads = [], {}
+    named = dict(model.named_parameters(remove_duplicate=False))
+    initial = {n: p.detach().float().clone() for n, p in named.items()}
+    chunks = microbatches(plan, train.global_batch)
+    if reverse:
+        chunks.reverse()
+    for step in range(steps):
+        tokens, targets = synthetic_batch(step, train.global_batch, train.seq_len, vocab, seed)
+        runner = copy.deepcopy(model).to(low) if low is not None else model
+        total = 0.0
+        for rows in chunks:
+            loss = F.cross_entropy(logits_of(runner, tokens[rows]).float().flatten(0, 1),
+                                   targets[rows].flatten(0, 1))
+            scaled = loss / len(chunks)
+            (scaled if scaler is None else scaler.scale(scaled)).backward()
+            total += loss.item()
+        if runner is not model:
+            for master, p in zip(model.parameters(), runner.parameters()):
+                master.grad = None if p.grad is None else p.grad.float()
+        if scaler is not None:
+            scaler.unscale_(opt)
+        losses.append(total / len(chunks))
+        if step == steps - 1:
+            grads = {n: p.grad.detach().float().clone() for n, p in named.items()
+                     if p.grad is not None}
+        if scaler is None:
+            opt.step()
+        else:
+            scaler.step(opt)
+            scaler.update()
+        opt.zero_grad(set_to_none=True)
+    params = {n: p.detach().float().clone() for n, p in named.items()}
+    return Run(losses, grads, initial, params)

@@ -1,0 +1,70 @@
+"""``autopar plan --json`` -> ``autopar export`` -> ``bash launch.sh`` for every way to name a
+model: a zoo preset with an override, a ``FILE.py:FACTORY`` model (its file copied into the
+folder, exported from another folder than the one it was planned in), and a transformers
+Qwen2-style model from a config folder. Each plan is made for a two-GPU node and trains two
+steps on two gloo CPU processes; success is judged by the log train.py writes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from launching import launch, losses_of
+
+from autopar.cli import main
+
+CLUSTER = "name: two-gpus\nbase: hgx-h100-80g\ngpus_per_node: 2\nnodes: 1\n"
+FACTORY = """
+import torch
+
+import autopar
+
+
+def make():
+    config = autopar.models.make_config("tiny-gpt", num_layers=3, vocab_size=131)
+    return autopar.models.from_config(config, device=torch.get_default_device())
+"""
+QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 128,
+         "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+
+
+def _plan_export_train(tmp_path, model: list[str], constraints: list[str]) -> dict[int, float]:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    plan = tmp_path / "plan.json"
+    assert main(["plan", *model, "--cluster", str(cluster), "--global-batch", "4",
+                 "--precision", "fp32", "--json", str(plan), "--no-explain",
+                 *constraints]) == 0
+    out = tmp_path / "elsewhere" / "run"
+    assert main(["export", str(plan), str(out)]) == 0
+    _, output = launch(out, "--steps", "2", "--log-file", str(tmp_path / "log.jsonl"))
+    losses = losses_of(tmp_path / "log.jsonl")
+    assert sorted(losses) == [1, 2] and all(math.isfinite(v) for v in losses.values()), output
+    return losses
+
+
+def test_a_zoo_model_with_an_override_keeps_it(tmp_path):
+    """The issue's case: ``--seq-len 64`` on tiny-llama (32 positions) is an override the plan
+    must carry, or every rank crashes on a 64-token batch."""
+    _plan_export_train(tmp_path, ["--model", "tiny-llama", "--seq-len", "64"], ["--tp", "2"])
+    spec = json.loads((tmp_path / "elsewhere" / "run" / "model.json").read_text())
+    assert spec == {"name": "tiny-llama", "overrides": {"seq_len": 64}}
+
+
+def test_a_factory_model_is_copied_into_the_folder(tmp_path):
+    (tmp_path / "mymodel.py").write_text(FACTORY)
+    _plan_export_train(tmp_path, ["--model", f"{tmp_path / 'mymodel.py'}:make"], ["--dp", "2"])
+    run = tmp_path / "elsewhere" / "run"
+    assert (run / "mymodel.py").read_text() == FACTORY
+    assert json.loads((run / "model.json").read_text()) == {"factory": "mymodel.py:make"}
+
+
+def test_a_transformers_model_from_a_config_folder(tmp_path):
+    pytest.importorskip("transformers")
+    (tmp_path / "qwen2").mkdir()
+    (tmp_path / "qwen2" / "config.json").write_text(json.dumps(QWEN2))
+    _plan_export_train(tmp_path, ["--model", str(tmp_path / "qwen2")], ["--tp", "2"])
+    spec = json.loads((tmp_path / "elsewhere" / "run" / "model.json").read_text())
+    assert spec["transformers"]["architecture"] == "Qwen2ForCausalLM"
