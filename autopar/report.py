@@ -41,6 +41,10 @@ def titled_table(title: str, **kwargs: object) -> Table:
     return Table(title=title, min_width=cell_len(title), **kwargs)  # type: ignore[arg-type]
 
 
+def _fits(need: float, have: float) -> str:
+    return "fits" if need <= have else "DOES NOT FIT"
+
+
 def _seconds(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.3f} s"
 
@@ -67,7 +71,12 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "",
     head.add_row("MFU / HFU", f"{est.mfu:.1%} / {est.hfu:.1%}")
     head.add_row("peak memory", f"{est.peak_memory_bytes / GIB:,.2f} GiB of "
                                 f"{est.usable_memory_bytes / GIB:,.2f} GiB usable "
-                                f"({'fits' if est.fits else 'DOES NOT FIT'})")
+                                f"({_fits(est.peak_memory_bytes, est.usable_memory_bytes)})")
+    if est.host_memory_bytes:
+        head.add_row("host memory", f"{est.host_memory_bytes / GIB:,.2f} GiB of "
+                                    f"{est.usable_host_memory_bytes / GIB:,.2f} GiB per node, "
+                                    "the offloaded optimizer states ("
+                                    f"{_fits(est.host_memory_bytes, est.usable_host_memory_bytes)})")
 
     mem = titled_table("Memory per GPU (most loaded stage)")
     mem.add_column("kind")

@@ -81,11 +81,17 @@ class Estimate:
     """Per pipeline stage, first to last."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     """What the estimate assumed or could not cost (ops without sharding rules, ...)."""
+    host_memory_bytes: float = 0.0
+    """CPU memory of one node holding the offloaded optimizer states of its GPUs (the most
+    loaded stage's, times the GPUs per node); 0 without offload."""
+    usable_host_memory_bytes: float = 0.0
+    """The node's CPU memory (``ClusterSpec.host_memory_bytes``), all of it."""
 
     @property
     def fits(self) -> bool:
-        """Peak memory fits in usable HBM."""
-        return self.peak_memory_bytes <= self.usable_memory_bytes
+        """Peak memory fits in usable HBM, and offloaded states in the node's host memory."""
+        return (self.peak_memory_bytes <= self.usable_memory_bytes
+                and self.host_memory_bytes <= self.usable_host_memory_bytes)
 
     def summary(self) -> str:
         """The configuration on one line: ``dp8 tp8 pp4 zero1 mb1x64 interleaved(v2) sp

@@ -356,7 +356,7 @@ def estimate_step(
     v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
     bubble = bubble_fraction(config.schedule, config.pp, m, v) * m * t_mb
 
-    dp_exposed, optimizer_s, offload_s = 0.0, 0.0, 0.0
+    dp_exposed, optimizer_s, offload_s, offloaded = 0.0, 0.0, 0.0, 0.0
     stage_mem = []
     sized: dict[tuple[str, Checkpoint], tuple[float, float]] = {}
     for s in range(config.pp):
@@ -366,6 +366,10 @@ def estimate_step(
         opt, off = _optimizer_s(dense, expert, config, train, g, cluster, eff)
         dp_exposed, optimizer_s, offload_s = (max(dp_exposed, exposed), max(optimizer_s, opt),
                                               max(offload_s, off))
+        if config.offload:  # the states this GPU keeps in host memory instead
+            held = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
+                                     expert_dp=g.expert_dp.size, offload=False)
+            offloaded = max(offloaded, held.optimizer)
         stage_mem.append(_stage_memory(workload, part, s, split, policies, config, m, v,
                                        dense, expert, sb, g, sized))
 
@@ -404,6 +408,8 @@ def estimate_step(
         time_breakdown=breakdown,
         usable_memory_bytes=float(cluster.usable_hbm_bytes),
         num_microbatches=m,
+        host_memory_bytes=offloaded * cluster.gpus_per_node,
+        usable_host_memory_bytes=float(cluster.host_memory_bytes),
         stage_memory=tuple(stage_mem),
         notes=tuple(notes),
     )

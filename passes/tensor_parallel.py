@@ -13,8 +13,13 @@ turns each into the engine's parallel style and calls ``parallelize_module`` onc
 ``vocab``       ``RowwiseParallel`` on an embedding: table split by vocabulary rows, output
                 all-reduced (or reduce-scattered to sequence shards).
 ``sequence``    ``SequenceParallel``: the norm runs on sequence shards.
-``replicated``  nothing: every tp rank holds the module whole.
+``replicated``  nothing: every tp rank holds the module whole (under sequence parallelism a
+                whole head first gathers its input from the sequence shards).
 ==============  ==================================================================
+
+``parallelize`` checks the styles against the model before this pass runs
+(``autopar.admissibility.layer_problems``): each split applies to its kind of layer and tp
+divides the dimension it splits, and column splits are closed by row splits inside one module.
 
 The modules holding column splits (attention, MLP) get ``PrepareBlockInput``: their activation
 input becomes one replicated DTensor (all-gathered once from sequence shards), so q, k and v

@@ -1,8 +1,10 @@
 """Mixtral-style mixture-of-experts decoder with static-shape, capacity-based dispatch.
 
 The block is the Llama block (``models.llama``) with the MLP replaced by ``moe``: a bias-free
-``router`` (h -> E), top-k routing with a softmax over the k chosen logits (Jiang et al.,
-"Mixtral of Experts", 2024, eq. 1-2), and ``experts`` holding stacked SwiGLU weights
+``router`` (h -> E) computed in fp32 whatever the model's precision (Megatron-LM's
+``--moe-router-dtype fp32``, DeepSeek-V3's gating: in bf16, two experts' logits within a rounding
+of each other would send a token either way), top-k routing with a softmax over the k chosen
+logits (Jiang et al., "Mixtral of Experts", 2024, eq. 1-2), and ``experts`` holding stacked SwiGLU weights
 ``w_gate`` (E, h, f), ``w_up`` (E, h, f), ``w_down`` (E, f, h).
 
 Dispatch (GShard, Lepikhin et al. 2020, section 2.2; Switch, Fedus et al. 2021, section 2.2):
@@ -110,8 +112,11 @@ class MoELayer(nn.Module):
         e, k = self.num_experts, self.top_k
         tokens = x.reshape(-1, h)  # (T, h)
         num_tokens = tokens.size(0)
-        top_logits, top_experts = torch.topk(self.router(tokens), k, dim=-1)  # (T, k)
-        weights = torch.softmax(top_logits.float(), dim=-1).to(x.dtype)  # Mixtral: over the top k
+        # the router in fp32 (Megatron-LM's --moe-router-dtype fp32, DeepSeek-V3's gating): in
+        # bf16 two experts' logits a rounding apart would send a token either way
+        logits = F.linear(tokens.float(), self.router.weight.float())
+        top_logits, top_experts = torch.topk(logits, k, dim=-1)  # (T, k)
+        weights = torch.softmax(top_logits, dim=-1).to(x.dtype)  # Mixtral: over the top k
         capacity = expert_capacity(num_tokens, e, k, self.capacity_factor)
 
         # Choice-major order: row j * T + t is token t's j-th choice.

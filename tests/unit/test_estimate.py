@@ -138,3 +138,22 @@ def test_bad_configurations_name_the_field() -> None:
         ParallelConfig(pp=2, virtual_stages=2, schedule="1f1b")
     with pytest.raises(autopar.AutoparError, match="checkpoint"):
         ParallelConfig(checkpoint="sometimes")
+
+
+def test_offloaded_optimizer_states_must_fit_in_the_nodes_host_memory():
+    """Offload moves the fp32 master weights and Adam moments (12 bytes a parameter) to the
+    host: 8 GPUs' shards of llama3-70b (840 GB) fit in a DGX's 2 TiB, llama3-405b's (4.9 TB)
+    do not, however much HBM it frees."""
+
+    cluster = ClusterSpec.preset("hgx-h100-80g", nodes=1)
+    train = TrainSpec(global_batch=8, seq_len=2048)
+    config = ParallelConfig(dp=8, zero=3, offload=True, checkpoint="full")
+    for name, fits in (("llama3-70b", True), ("llama3-405b", False)):
+        model = autopar.models.build(name)
+        est = autopar.estimate(model, cluster, train, config)
+        assert est.host_memory_bytes == pytest.approx(12 * model.config.num_params(), rel=1e-6)
+        assert est.usable_host_memory_bytes == cluster.host_memory_bytes
+        assert (est.host_memory_bytes <= est.usable_host_memory_bytes) is fits
+    assert not est.fits  # 405b: host memory short, whatever its HBM peak
+    plain = autopar.estimate(model, cluster, train, config.with_(offload=False))
+    assert plain.host_memory_bytes == 0
