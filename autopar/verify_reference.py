@@ -56,6 +56,19 @@ def microbatches(plan: Plan, rows: int) -> list[slice]:
     return [slice(k * size, (k + 1) * size) for k in range(n)]
 
 
+def _accumulate_fp32(model: torch.nn.Module, runner: torch.nn.Module, factor: float) -> None:
+    """Add the low-precision copy's gradients times ``factor``, in fp32, to the masters' and
+    clear them: what FSDP's ``MixedPrecisionPolicy(reduce_dtype=fp32)`` does with each
+    micro-batch's gradient (it reduces -- averages over dp -- in fp32, and accumulates in fp32
+    while gradient sync is off)."""
+    for master, p in zip(model.parameters(), runner.parameters()):
+        if p.grad is None:
+            continue
+        grad = p.grad.float() * factor
+        master.grad = grad if master.grad is None else master.grad + grad
+        p.grad = None
+
+
 def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
               precision: Precision | None = None, *, reverse: bool = False) -> Run:
     """One process, whole model, the global batch in the ranks' micro-batches, in
@@ -68,8 +81,10 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
     its experts' capacity from the tokens of the call).
 
     bf16/fp16 do what FSDP's ``MixedPrecisionPolicy`` does: each step runs forward and backward
-    on a low-precision copy of the fp32 master weights, and the gradients, cast to fp32, update
-    the masters; fp16 scales the loss as the program does (``torch.amp.GradScaler`` with
+    on a low-precision copy of the fp32 master weights, differentiating each micro-batch's loss
+    as a rank does (so its low-precision gradients have the rank's magnitude: they overflow
+    fp16 where the rank's do), and the gradients are averaged and accumulated in fp32 on the
+    masters, which they update; fp16 scales the loss as the program does (``torch.amp.GradScaler`` with
     ``training.LOSS_SCALING``, ``passes/loss_scaling.py``). bf16-pure casts the model."""
     torch.set_flush_denormal(True)
     precision = plan.train.precision if precision is None else precision
@@ -86,6 +101,9 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
     named = dict(model.named_parameters(remove_duplicate=False))
     initial = {n: p.detach().float().clone() for n, p in named.items()}
     chunks = microbatches(plan, train.global_batch)
+    # what a rank differentiates: its loss over its micro-batches (pipelining: each one's loss,
+    # the schedule divides the gradients after); the dp mean is FSDP's reduction, in fp32
+    rank_scale = 1.0 if plan.config.pp > 1 else 1.0 / plan.config.microbatches(train)
     if reverse:
         chunks.reverse()
     for step in range(steps):
@@ -95,12 +113,13 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
         for rows in chunks:
             loss = F.cross_entropy(logits_of(runner, tokens[rows]).float().flatten(0, 1),
                                    targets[rows].flatten(0, 1))
-            scaled = loss / len(chunks)
+            # the masters' gradient is the mean over all chunks; a low-precision copy
+            # differentiates the loss as a rank does and scales it in fp32 after
+            scaled = loss / len(chunks) if runner is model else loss * rank_scale
             (scaled if scaler is None else scaler.scale(scaled)).backward()
             total += loss.item()
-        if runner is not model:
-            for master, p in zip(model.parameters(), runner.parameters()):
-                master.grad = None if p.grad is None else p.grad.float()
+            if runner is not model:  # FSDP accumulates micro-batches in its reduce_dtype
+                _accumulate_fp32(model, runner, 1.0 / (len(chunks) * rank_scale))
         if scaler is not None:
             scaler.unscale_(opt)
         losses.append(total / len(chunks))

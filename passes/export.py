@@ -171,7 +171,7 @@ peak memory on the most loaded GPU ({'fits' if est.fits else 'does NOT fit'}).
 | file | what |
 |---|---|
 | `plan.json` | the plan (`autopar.Plan.from_json`) |
-| `model.json` | the model every rank builds (`autopar.training.ModelSpec`) |
+| `model.json` | the model every rank builds (`autopar.model_spec.ModelSpec`; a factory's file is copied beside it) |
 | `train.py` | the training script; `python3 train.py --help` |
 | `launch.sh` | `torchrun` for this plan; arguments go to `train.py` |
 

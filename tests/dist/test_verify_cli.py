@@ -57,3 +57,20 @@ def test_a_rank_that_fails_is_reported_and_the_others_stopped(tmp_path):
     message = r"rank1 failed: make\(\) raised RuntimeError: rank one cannot build its model"
     with pytest.raises(AutoparError, match=message):
         verify(None, plan, steps=1)
+
+
+def test_a_sequence_tp_does_not_divide_is_planned_without_sp_and_runs(tmp_path, capsys):
+    """The issue's ``--seq-len 2047 --tp 2`` at a size that runs here: the planner picks tp 2
+    without sequence parallelism for 31 tokens, and the plan file verifies."""
+    import json
+
+    plan, cluster = tmp_path / "plan.json", tmp_path / "four.yaml"
+    cluster.write_text("base: hgx-h100-80g\ngpus_per_node: 4\n")
+    assert main(["plan", "--model", "tiny-gpt", "--cluster", str(cluster), "--global-batch",
+                 "8", "--seq-len", "31", "--precision", "fp32", "--tp", "2", "--pp", "1",
+                 "--json", str(plan), "--no-explain"]) == 0
+    config = json.loads(plan.read_text())["config"]
+    assert config["tp"] == 2 and config["sequence_parallel"] is False
+    capsys.readouterr()
+    assert main(["verify", "--plan", str(plan), "--steps", "2"]) == 0
+    assert "PASSED" in capsys.readouterr().out
