@@ -141,7 +141,7 @@ def verify(spec: ModelSpec | None, plan: Plan, *, steps: int = 3, seed: int = 0,
         exact = None
         if precision is not Precision.FP32:  # the exact answer, a second rounding sample
             exact = reference(spec, plan, steps, seed, Precision.FP32)
-            refs.append(reference(spec, plan, steps, seed, reverse=True))
+            refs.append(reference(spec, plan, steps, seed, resample=True))
     except BaseException:
         _kill(procs)
         raise

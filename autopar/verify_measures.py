@@ -27,8 +27,9 @@ sign. So the program is measured against the error the precision itself makes: t
 run twice, once in the plan's precision (as FSDP's mixed precision computes) and once in fp32,
 the exact answer, and each quantity's error from the exact answer is divided by the
 low-precision reference's own error from it (``Measure.PRECISION``; the larger of two such
-references, the second summing the micro-batches in reverse order: two samples of the
-rounding), that error floored at the
+references, the second with its low-precision weights one unit in the last place off and the
+micro-batches summed in reverse order: two samples of the rounding, which also move a mixture
+of experts' near-ties between experts as the program's own rounding does), that error floored at the
 precision's unit roundoff times the quantity (``UNIT_ROUNDOFF``; a loss, a gradient tensor's
 norm, a parameter tensor's update norm) and, for parameters, at ``ADAM_FLIP_LR``; per tensor, in
 L2 norms. A correct program errs about

@@ -3,10 +3,10 @@
 ``reference(spec, plan, steps, seed, precision)`` trains the whole model in one process on the
 global batch, as the ranks' micro-batches (``microbatches``), and returns a ``Run``: the loss of
 every step, the gradients of the last step, the parameters before the first step and after the
-last. Low-precision plans are compared with two such runs: one in the plan's precision and one
-in fp32, the exact answer that both err from, and a second time in the plan's precision with the
-micro-batches in reverse order: two samples of what the precision's rounding alone does
-(``verify_measures``).
+last. Low-precision plans are compared with three such runs: one in the plan's precision, one
+in fp32 (the exact answer they all err from), and one more in the plan's precision with the
+weights one rounding off and the micro-batches in reverse order -- two samples of what the
+precision's rounding alone does (``verify_measures``).
 """
 
 from __future__ import annotations
@@ -56,6 +56,14 @@ def microbatches(plan: Plan, rows: int) -> list[slice]:
     return [slice(k * size, (k + 1) * size) for k in range(n)]
 
 
+@torch.no_grad()
+def _one_ulp_to_zero(model: torch.nn.Module) -> None:
+    """Every floating parameter one representable step closer to zero."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            p.copy_(torch.nextafter(p, torch.zeros_like(p)))
+
+
 def _accumulate_fp32(model: torch.nn.Module, runner: torch.nn.Module, factor: float) -> None:
     """Add the low-precision copy's gradients times ``factor``, in fp32, to the masters' and
     clear them: what FSDP's ``MixedPrecisionPolicy(reduce_dtype=fp32)`` does with each
@@ -70,10 +78,13 @@ def _accumulate_fp32(model: torch.nn.Module, runner: torch.nn.Module, factor: fl
 
 
 def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
-              precision: Precision | None = None, *, reverse: bool = False) -> Run:
+              precision: Precision | None = None, *, resample: bool = False) -> Run:
     """One process, whole model, the global batch in the ranks' micro-batches, in
-    ``precision`` (default: the plan's); ``reverse`` runs the micro-batches last first (the
-    same sums in another order: another sample of the precision's rounding).
+    ``precision`` (default: the plan's). ``resample`` draws another sample of what the
+    precision's rounding does: the micro-batches summed last first, and the low-precision
+    weights one unit in the last place closer to zero than round-to-nearest makes them -- a
+    difference of the rounding's own size everywhere in the forward, which moves what rounding
+    moves (a mixture of experts' near-tie between two experts included).
 
     The batch is run micro-batch by micro-batch as the ranks run it, each loss averaged over
     them: the same arithmetic up to the order of the sums, and the same tokens in each forward,
@@ -100,15 +111,19 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
     losses, grads = [], {}
     named = dict(model.named_parameters(remove_duplicate=False))
     initial = {n: p.detach().float().clone() for n, p in named.items()}
+    if resample and precision is Precision.BF16_PURE:
+        _one_ulp_to_zero(model)
     chunks = microbatches(plan, train.global_batch)
     # what a rank differentiates: its loss over its micro-batches (pipelining: each one's loss,
     # the schedule divides the gradients after); the dp mean is FSDP's reduction, in fp32
     rank_scale = 1.0 if plan.config.pp > 1 else 1.0 / plan.config.microbatches(train)
-    if reverse:
+    if resample:
         chunks.reverse()
     for step in range(steps):
         tokens, targets = synthetic_batch(step, train.global_batch, train.seq_len, vocab, seed)
         runner = copy.deepcopy(model).to(low) if low is not None else model
+        if resample and runner is not model:
+            _one_ulp_to_zero(runner)
         total = 0.0
         for rows in chunks:
             loss = F.cross_entropy(logits_of(runner, tokens[rows]).float().flatten(0, 1),
