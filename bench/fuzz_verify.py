@@ -47,9 +47,11 @@ def summary(results: list[Result], seed: int, steps: int, wall_s: float) -> str:
         if r.measures:
             for k, v in r.measures.items():
                 by_precision[r.case.precision][k].append(v)
-    lines += ["", "Measures of the verified cases, median / largest (`autopar/verify.py`: "
-              "loss relative, gradients over each tensor's largest entry, parameters in "
-              "optimizer moves (fp32) or over each tensor's update (low precision)):", "",
+    lines += ["", "Measures of the verified cases, median / largest "
+              "(`autopar/verify_measures.py`; fp32: loss relative, gradients over each "
+              "tensor's largest entry, parameters in optimizer moves, bounds 1e-5, 1e-3, 1e-2; "
+              "bf16, fp16, bf16-pure: each over the error one process makes at that precision, "
+              "bound 8):", "",
               "| precision | cases | loss | gradients | parameters |", "|---|---|---|---|---|"]
     for prec, m in sorted(by_precision.items()):
         lines.append(f"| {prec} | {len(m['loss'])} | {_spread(m['loss'])} | "

@@ -228,7 +228,7 @@ def main() -> None:
     if not cases:
         ap.error(f"--only matched none of {', '.join(c.model for c in CASES)}")
     autopar.optimize(autopar.models.build("tiny-gpt", device="meta"),
-                     ClusterSpec.preset("dgx-a100-80g", nodes=1), TrainSpec(global_batch=8))
+                     ClusterSpec.preset("dgx-a100-80g", nodes=1), TrainSpec(global_batch=8, seq_len=32))
     timings = []
     for case in cases:
         timings.append(time_case(case, args.repeats))

@@ -68,3 +68,20 @@ def test_a_transformers_model_from_a_config_folder(tmp_path):
     _plan_export_train(tmp_path, ["--model", str(tmp_path / "qwen2")], ["--tp", "2"])
     spec = json.loads((tmp_path / "elsewhere" / "run" / "model.json").read_text())
     assert spec["transformers"]["architecture"] == "Qwen2ForCausalLM"
+
+
+def test_an_fp16_plan_checkpoints_its_loss_scale_and_resumes(tmp_path):
+    """fp16 runs with dynamic loss scaling: the scaler's state is saved with the model and
+    optimizer (its scale, its count of clean steps) and a resumed run continues from it."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    _plan_export_train(tmp_path, ["--model", "tiny-llama"], ["--dp", "2", "--precision", "fp16"])
+    run, ckpt, log = tmp_path / "elsewhere" / "run", tmp_path / "ckpt", tmp_path / "log2.jsonl"
+    _, output = launch(run, "--steps", "2", "--save-every", "2", "--checkpoint-dir", str(ckpt),
+                       "--log-file", str(log))
+    keys = FileSystemReader(str(ckpt / "step-2")).read_metadata().state_dict_metadata
+    assert "loss_scaling.scale" in keys and "loss_scaling._growth_tracker" in keys, output
+    _, output = launch(run, "--steps", "3", "--resume", "--checkpoint-dir", str(ckpt),
+                       "--log-file", str(log))
+    losses = losses_of(log)
+    assert sorted(losses) == [1, 2, 3] and math.isfinite(losses[3]), output
