@@ -41,7 +41,7 @@ def add_verify_parser(sub: argparse._SubParsersAction, parents: list,
                    help="sequences per step (default: dp x micro-batch x 2 x pp)")
     g.add_argument("--seq-len", type=positive, default=None, metavar="N",
                    help="tokens per sequence (default: the model's)")
-    g.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 | bf16-pure")
+    g.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 | fp16 | bf16-pure")
     g.add_argument("--priced-on", default="hgx-h100-80g", metavar="PRESET",
                    help="cluster preset a flags plan is priced on (default hgx-h100-80g)")
     g.add_argument("--timeout", type=positive, default=300, metavar="S")
