@@ -84,17 +84,16 @@ _CONFIG_FIELDS = {
     "num_heads": ("num_heads", "num_attention_heads", "n_head"),
     "num_kv_heads": ("num_kv_heads", "num_key_value_heads"),
     "num_experts": ("num_experts", "num_local_experts", "n_routed_experts"),
-    "vocab_size": ("vocab_size",),
     "max_positions": ("seq_len", "max_position_embeddings", "n_positions", "n_ctx"),
 }
 """Config attribute names of each fact: the zoo's dataclasses, transformers configs."""
 
 
-def facts_of(model: object, num_blocks: int | None = None,
-             ring_attention: bool = True) -> ModelFacts:
+def facts_of(model: object) -> ModelFacts:
     """The facts of ``model`` (an ``nn.Module``, built on any device, meta included) from its
-    ``config`` and module tree; ``num_blocks`` defaults to the repeated-block count the tracer
-    finds (``tracing_blocks.find_block_group``)."""
+    ``config`` and module tree: the blocks are the repeated-block group the tracer finds
+    (``tracing_blocks.find_block_group``); ``ring_attention`` stays unknown (True) until the
+    planner has traced the model."""
     from torch import nn
 
     from autopar.tracing_blocks import find_block_group
@@ -110,16 +109,27 @@ def facts_of(model: object, num_blocks: int | None = None,
                 break
     if found["num_experts"] is not None and found["num_experts"] < 2:
         found["num_experts"] = None
-    layers = layers_of(model) if isinstance(model, nn.Module) else {}
-    if isinstance(model, nn.Module):
-        if num_blocks is None:
-            group = find_block_group(model)
-            num_blocks = group.count if group is not None else 0
-        if found["vocab_size"] is None:
-            emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-            found["vocab_size"] = emb.num_embeddings if emb is not None else None
-    return ModelFacts(num_blocks=num_blocks or 0, ring_attention=ring_attention, layers=layers,
-                      **found)
+    if not isinstance(model, nn.Module):
+        return ModelFacts(num_blocks=0, **found)
+    group = find_block_group(model)
+    found["vocab_size"] = vocab_of(model)
+    return ModelFacts(num_blocks=group.count if group is not None else 0,
+                      layers=layers_of(model), **found)
+
+
+def vocab_of(model: object) -> int | None:
+    """The token ids ``model`` reads: ``config.vocab_size``, else its input embedding's rows
+    (``get_input_embeddings``, else its first ``nn.Embedding``); ``None`` if it has neither."""
+    from torch import nn
+
+    value = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    if not isinstance(emb, nn.Embedding) and isinstance(model, nn.Module):
+        emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    return emb.num_embeddings if isinstance(emb, nn.Embedding) else None
 
 
 def layers_of(model: object) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -204,6 +214,14 @@ def experts_problem(facts: ModelFacts, ep: int) -> Problem | None:
     if facts.num_experts % ep:
         return Problem(f"ep={ep} does not divide the {facts.num_experts} experts", "ep",
                        f"choose ep among the divisors of {facts.num_experts}")
+    return None
+
+
+def batch_problem(global_batch: int, dp: int) -> Problem | None:
+    """Each data-parallel replica reads an equal share of the global batch."""
+    if global_batch % dp:
+        return Problem(f"global batch {global_batch} is not a multiple of dp={dp}", "dp",
+                       "choose dp among the divisors of the global batch")
     return None
 
 

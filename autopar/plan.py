@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console, Group
@@ -190,8 +190,6 @@ class Plan:
             raise AutoparError(f"{p} is not a plan file: {err.what}", where=str(p),
                                fix=err.fix) from None
         if plan.model_spec is not None:
-            from dataclasses import replace
-
             plan = replace(plan, model_spec=plan.model_spec.resolved(p.resolve().parent))
         return plan
 
@@ -202,22 +200,15 @@ class Plan:
 
     def report(self, width: int = 110) -> str:
         """The plan as tables under its title (on one line at ``width`` when it fits, the
-        configuration summary never broken): configuration, memory per stage, time, what runs,
-        the ops without a strategy rule (listed once, from ``ops_without_rules``), runner-ups."""
-        from autopar.report import NO_RULE_NOTE, estimate_tables, titled_table
+        configuration summary never broken): configuration, memory per stage, time, notes (the
+        ops without a strategy rule among them), what runs, runner-ups."""
+        from autopar.report import estimate_tables, titled_table
 
         buf = io.StringIO()
         console = Console(file=buf, width=width, force_terminal=False, color_system=None)
         title = f"{self.model} on {self.cluster} ({self.nodes} x {self.gpus_per_node} GPUs)"
-        console.print(estimate_tables(self.estimate, None, title=title,
-                                      without_notes=(NO_RULE_NOTE,)), crop=False)
+        console.print(estimate_tables(self.estimate, None, title=title), crop=False)
         extra = [self._execution_table()]
-        if self.ops_without_rules:
-            t = titled_table("Ops without a strategy rule (run replicated)")
-            t.add_column("op")
-            for op in self.ops_without_rules:
-                t.add_row(op)
-            extra.append(t)
         if self.alternatives:
             t = titled_table("Runner-up plans")
             for col in ("#", "plan", "step time", "vs best", "peak GiB", "fits"):

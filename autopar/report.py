@@ -11,10 +11,6 @@ from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.estimate import Estimate, checkpoint_text
 
 GIB = 2**30
-NO_RULE_NOTE = "ops without a sharding rule"
-"""How the estimate's note on ops without a strategy rule begins (``costmodel/step.py`` writes
-it from the workload's ``no_rule_ops``); a plan's report lists those ops once, in its own
-table, and leaves this note out."""
 
 
 class Title:
@@ -49,10 +45,9 @@ def _seconds(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.3f} s"
 
 
-def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "", *,
-                    without_notes: tuple[str, ...] = ()) -> Group:
-    """The estimate as tables under the title ``title: configuration summary`` (``Title``);
-    notes starting with one of ``without_notes`` are left out (the caller shows them)."""
+def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "") -> Group:
+    """The estimate as tables under the title ``title: configuration summary`` (``Title``),
+    then its notes."""
     c = est.config
     head = Table(show_header=False, box=None)
     head.add_column(style="bold")
@@ -108,11 +103,10 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "",
                        *(f"{v / GIB:,.2f}" for v in sm.breakdown.values()),
                        f"{sm.peak_bytes / GIB:,.2f}")
         parts.append(st)
-    shown = [n for n in est.notes if not n.startswith(without_notes)]
-    if shown:
+    if est.notes:
         notes = titled_table("Notes", show_header=False)
         notes.add_column()
-        for n in shown:
+        for n in est.notes:
             notes.add_row(n)
         parts.append(notes)
     return Group(*parts)

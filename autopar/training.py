@@ -13,8 +13,8 @@ from torch import nn
 
 from autopar.model_spec import ModelSpec
 
-__all__ = ["LOSS_SCALING", "OPTIMIZER", "ModelSpec", "end_rank", "logits_of", "optimizer", "synthetic_batch",
-           "vocab_size"]
+__all__ = ["LOSS_SCALING", "OPTIMIZER", "ModelSpec", "end_rank", "logits_of", "optimizer",
+           "synthetic_batch", "vocab_size"]
 
 OPTIMIZER = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-6, "weight_decay": 0.1}
 """AdamW settings. ``eps`` is 1e-6, not 1e-8: a gradient near zero divided by
@@ -29,22 +29,18 @@ defaults, the scheme of Micikevicius et al. (2018) that Megatron-LM and DeepSpee
 
 
 def vocab_size(model: nn.Module) -> int:
-    """The model's vocabulary: ``config.vocab_size``, else its token embedding's rows."""
-    value = getattr(getattr(model, "config", None), "vocab_size", None)
-    if isinstance(value, int) and value > 0:
-        return value
-    get = getattr(model, "get_input_embeddings", None)
-    emb = get() if callable(get) else None
-    if not isinstance(emb, nn.Embedding):
-        emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-    if emb is None:
+    """The model's vocabulary (``admissibility.vocab_of``), or an ``AutoparError``."""
+    from autopar.admissibility import vocab_of
+
+    vocab = vocab_of(model)
+    if vocab is None:
         from autopar.costmodel.errors import AutoparError
 
         raise AutoparError(f"{type(model).__name__} has no config.vocab_size and no "
                            "nn.Embedding: autopar cannot tell which token ids it takes",
                            where="the model", fix="give the model a config with vocab_size, "
                            "or a token embedding (nn.Embedding)")
-    return emb.num_embeddings
+    return vocab
 
 
 def synthetic_batch(step: int, rows: int, seq_len: int, vocab: int, seed: int = 0

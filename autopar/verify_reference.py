@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from autopar.costmodel.specs import Precision
 from autopar.model_spec import ModelSpec
+from autopar.passes.data_parallel import COMPUTE_DTYPE
 from autopar.plan import Plan
 from autopar.training import (
     LOSS_SCALING,
@@ -27,10 +28,6 @@ from autopar.training import (
     synthetic_batch,
     vocab_size,
 )
-
-LOW = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
-"""The compute dtype of the mixed-precision policies (fp32 master weights)."""
-
 
 @dataclass(frozen=True)
 class Run:
@@ -103,7 +100,7 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
     train = plan.train
     if precision is Precision.BF16_PURE:
         model = model.to(torch.bfloat16)
-    low = LOW.get(precision)
+    low = COMPUTE_DTYPE.get(precision)
     scaler = (torch.amp.GradScaler("cpu", **LOSS_SCALING)
               if precision is Precision.FP16 else None)
     opt = optimizer(list(model.parameters()))

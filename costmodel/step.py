@@ -392,9 +392,11 @@ def estimate_step(
     peak = cluster.gpu.peak(split.compute_dtype) * cluster.num_gpus
     worst = max(stage_mem, key=lambda sm: sm.peak_bytes)
     notes = list(workload.notes)
-    if workload.block.no_rule_ops:
+    no_rule = {op for layer in (workload.pre, workload.block, workload.post)
+               for op in layer.no_rule_ops}
+    if no_rule:
         notes.append("ops without a sharding rule, costed as replicated: "
-                     + ", ".join(sorted(set(workload.block.no_rule_ops))))
+                     + ", ".join(sorted(no_rule)))
     return Estimate(
         config=config,
         step_time_s=step,

@@ -48,11 +48,13 @@ from autopar.costmodel.specs import Precision
 from autopar.plan import Plan
 from autopar.passes.mesh import Axis
 
-_LOW = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+COMPUTE_DTYPE = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+"""The compute dtype of the mixed-precision policies (fp32 master weights); the one-process
+reference of ``autopar verify`` computes in it too."""
 
 
 def mixed_precision(precision: Precision) -> MixedPrecisionPolicy | None:
-    low = _LOW.get(precision)
+    low = COMPUTE_DTYPE.get(precision)
     if low is None:
         return None
     return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
@@ -69,7 +71,7 @@ def offload_policy(offload: bool) -> OffloadPolicy:
 
 
 def wants_fsdp(plan: Plan) -> bool:
-    return plan.config.dp > 1 or plan.config.offload or plan.train.precision in _LOW
+    return plan.config.dp > 1 or plan.config.offload or plan.train.precision in COMPUTE_DTYPE
 
 
 def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Plan,

@@ -46,7 +46,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -148,10 +147,11 @@ class Checkpointer:
         """Load ``folder`` into this plan's sharding (DCP reshards); returns its step."""
         parts = self._parts()
         state = self._merge(parts, -1)
-        # partial: a checkpoint of a bf16 or fp32 plan has no loss-scaler state to give
-        dcp.load(state, checkpoint_id=str(folder),
-                 planner=DefaultLoadPlanner(allow_partial_load=True))
-        if self.scaler is not None and state["loss_scaling"]:
+        saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+        if not any(key.startswith("loss_scaling.") for key in saved):
+            state.pop("loss_scaling")  # saved under a bf16 or fp32 plan: no scaler state
+        dcp.load(state, checkpoint_id=str(folder))
+        if self.scaler is not None and state.get("loss_scaling"):
             self.scaler.load_state_dict(state["loss_scaling"])
         for (m_sd, o_sd), module, opt in zip(parts, self.modules, self.optimizers):
             set_state_dict(module, opt, options=STATE_OPTIONS,

@@ -95,7 +95,8 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
     previous block's output. ``output_layout`` adds a ``sink`` requiring that layout of the
     layer's output: the output of ``output_tensor`` when given (the tensor the next layer
     reads; a transformers model computes masks and rotary tables after its embedding), else of
-    the layer's last op. ``split_weights`` leaves weight GEMMs only their split strategies;
+    the layer's last op. ``split_weights`` leaves the weight GEMMs Megatron splits only their
+    split strategies where every one of a module's can take it (``forced_splits``);
     ``fixed`` names the one strategy some ops must take (a table tied to a solved head); only
     splits ``tp`` divides are offered."""
     real = [n for n in nodes if n.out is not None]
@@ -127,7 +128,7 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
             if i in index:
                 producers.append(index[i])
                 tensors.append(i)
-        strategies, known = strategies_for(n, graph, sp, width, split_weights, tp, forced)
+        strategies, known = strategies_for(n, graph, sp, width, tp, forced)
         if fixed and n.name in fixed:
             strategies = [st for st in strategies if st.name == fixed[n.name]] or strategies
         # rules see every graph-node input; keep the layouts of the ones inside this layer

@@ -24,6 +24,7 @@ from autopar.costmodel.memory import ZERO_SHARDS_FROM
 from autopar.costmodel.specs import Checkpoint, ParallelConfig, TrainSpec
 from autopar.admissibility import (
     ModelFacts,
+    batch_problem,
     context_parallel_problem,
     experts_problem,
     heads_problem,
@@ -57,11 +58,9 @@ def infeasible_error(smallest: Estimate | None, cluster: ClusterSpec,
     where = f"{cluster.name}, {_gpus(cluster)}; constraints: {_constraints(constraints)}"
     if smallest is None:
         problems = constraint_problems(cluster, constraints, train, facts)
-        seen = set(problems)
         for reason, _ in sorted((refused or {}).items(), key=lambda kv: -kv[1]):
-            if not any(reason in p or p in reason for p in seen):
+            if reason not in problems:  # the same rules word them the same
                 problems.append(reason)
-                seen.add(reason)
         problems = problems[:4]
         what = "no parallel configuration is valid for this model, cluster and batch"
         if problems:
@@ -185,8 +184,8 @@ def constraint_problems(cluster: ClusterSpec, constraints: Mapping[str, object],
         out += [p.what for p in found if p is not None]
     if train is not None:
         dp, mb = deg.get("dp"), constraints.get("micro_batch")
-        if dp and train.global_batch % dp:
-            out.append(f"global batch {train.global_batch} is not a multiple of dp={dp}")
+        if dp and (problem := batch_problem(train.global_batch, dp)):
+            out.append(problem.what)
         elif isinstance(mb, int) and dp and train.global_batch % (dp * mb):
             out.append(f"global batch {train.global_batch} is not a multiple of "
                        f"dp*micro_batch = {dp * mb}")

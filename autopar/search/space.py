@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from autopar.admissibility import (
     ModelFacts,
     Problem,
+    batch_problem,
     context_parallel_problem,
     heads_problem,
     problems,
@@ -118,10 +119,7 @@ def meshes(num_gpus: int, facts: ModelFacts, train: TrainSpec,
                 dp = rest // (pp * cp)
                 if "dp" in constraints and constraints["dp"] != dp:
                     continue
-                if train.global_batch % dp:
-                    stats.refuse(Problem(f"the global batch of {train.global_batch} is not a "
-                                         f"multiple of dp={dp}", "dp",
-                                         "choose dp among the divisors of the global batch"))
+                if stats.refuse(batch_problem(train.global_batch, dp)):
                     continue
                 yield dp, tp, pp, cp
 

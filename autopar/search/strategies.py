@@ -29,7 +29,7 @@ from enum import StrEnum
 
 from autopar.admissibility import splittable
 from autopar.graph import GraphIR, NodeInfo
-from autopar.workload import GEMM_OPS, is_weight_gemm
+from autopar.workload import GEMM_OPS, classify_tp, is_weight_gemm
 
 
 class Layout(StrEnum):
@@ -67,14 +67,12 @@ class RuleContext:
     sequence_parallel: bool
     stream_width: int | None = None
     """Last dim of the residual stream (the layer's input), if known."""
-    split_weights: bool = False
-    """Every weight GEMM must be split over the tp ranks (column or row): the choice of a plan
-    whose tp degree was fixed by the user, e.g. to verify the sharded program."""
     tp: int = 1
     """The tensor-parallel degree: a split is offered only where it divides the weight
     (``autopar.admissibility.splittable``)."""
     forced: frozenset[str] = frozenset()
-    """The weight GEMMs ``split_weights`` forces to split (``forced_splits``)."""
+    """The weight GEMMs that must be split over the tp ranks (column or row), for a plan whose
+    tp degree the user fixed, e.g. to verify the sharded program (``forced_splits``)."""
 
     def can_split(self, node: NodeInfo, style: str) -> bool:
         """Whether the engine can split ``node``'s layer by ``style`` (an ``nn.Linear`` by
@@ -170,7 +168,7 @@ def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
                          Strategy("row", (Layout.S,), Layout.P, divides=True,
                                   shards_params=True))
              if ctx.can_split(node, s.name) and (s.name == "column" or node.block is not None)]
-    if split and ctx.split_weights and node.name in ctx.forced:
+    if split and node.name in ctx.forced:
         return split
     return [replicated(node, ctx), *split]
 
@@ -258,9 +256,6 @@ def embedding_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
 def loss_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     """Cross-entropy: replicated, or over vocabulary-split logits (``loss_parallel``)."""
     rest = tuple(Layout.R for _ in ctx.activation_inputs[1:])
-    logits = ctx.graph.node(ctx.activation_inputs[0]).out if ctx.activation_inputs else None
-    if logits is None or logits.shape[-1] % ctx.tp:
-        return [replicated(node, ctx)]
     return [replicated(node, ctx),
             Strategy("vocab", (Layout.S, *rest), Layout.R, divides=True, loss_parallel=True)]
 
@@ -271,9 +266,6 @@ def forced_splits(graph: GraphIR, nodes: list[NodeInfo], tp: int) -> frozenset[s
     MLP; never a router, whose output feeds a top-k over every expert), in the modules where
     every such GEMM can take its split over ``tp``. Elsewhere (a width tp does not divide) the
     solve may keep them whole: a lone split could not run."""
-    from autopar.admissibility import splittable
-    from autopar.workload import classify_tp
-
     kinds = classify_tp(graph, nodes)
     by_module: dict[str, list[tuple[NodeInfo, str]]] = {}
     for n in nodes:
@@ -288,11 +280,11 @@ def forced_splits(graph: GraphIR, nodes: list[NodeInfo], tp: int) -> frozenset[s
 
 
 def strategies_for(node: NodeInfo, graph: GraphIR, sequence_parallel: bool,
-                   stream_width: int | None = None, split_weights: bool = False, tp: int = 1,
+                   stream_width: int | None = None, tp: int = 1,
                    forced: frozenset[str] = frozenset()) -> tuple[list[Strategy], bool]:
     """(candidate strategies, whether a rule knew the op)."""
     ctx = RuleContext(graph, tuple(i for i in node.inputs if graph.has_node(i)),
-                      sequence_parallel, stream_width, split_weights, tp, forced)
+                      sequence_parallel, stream_width, tp, forced)
     fn = rule_of(node, graph)
     if fn is None:
         return [replicated(node, ctx)], False

@@ -56,7 +56,7 @@ class StrategySolver:
     """The workload with the fixed Megatron assignment (its costs per op are reused)."""
     act_bytes: float
     split_weights: bool = False
-    """Offer weight GEMMs only their split strategies (see ``RuleContext.split_weights``)."""
+    """Offer weight GEMMs only their split strategies (``strategies.forced_splits``)."""
     cache: dict[tuple, StrategyResult] = field(default_factory=dict)
 
     def _solve(self, nodes: list[NodeInfo], layer, pricing: Pricing, sp: bool, *,
