@@ -1,20 +1,13 @@
-"""autopar: automatic parallelism planner and compiler for training large models with PyTorch."""
+"""autopar: automatic parallelism planner and compiler for training large models with PyTorch.
 
-from autopar import models
-from autopar.api import estimate, optimize, plan_for, workload_of
-from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.estimate import Estimate
-from autopar.costmodel.specs import (
-    Checkpoint,
-    ParallelConfig,
-    Precision,
-    Schedule,
-    TrainSpec,
-)
-from autopar.graph import GraphIR
-from autopar.plan import Plan, diff
-from autopar.tracing import trace
+The public names load on first use (PEP 562): ``import autopar.costmodel`` or
+``import autopar.core`` runs this file first, and must not drag in the search, the passes or the
+tracer. The layers and who may import whom are in ``docs/architecture.md``.
+"""
+
+from importlib import import_module
+
+from autopar.core import plan as _plan
 
 __all__ = [
     "AutoparError",
@@ -40,15 +33,58 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_EXECUTION = frozenset({"ParallelProgram", "device_mesh", "parallelize"})
+_OWNERS = {
+    "AutoparError": "autopar.core.errors",
+    "Checkpoint": "autopar.core.specs",
+    "ParallelConfig": "autopar.core.specs",
+    "Precision": "autopar.core.specs",
+    "Schedule": "autopar.core.specs",
+    "TrainSpec": "autopar.core.specs",
+    "Estimate": "autopar.core.estimate",
+    "Plan": "autopar.core.plan",
+    "ClusterSpec": "autopar.costmodel.cluster",
+    "GraphIR": "autopar.graph",
+    "trace": "autopar.tracing",
+    "estimate": "autopar.api",
+    "optimize": "autopar.api",
+    "plan_for": "autopar.api",
+    "workload_of": "autopar.api",
+    "diff": "autopar.report",
+    # the execution API imports torch.distributed's pipelining and DTensor machinery and the
+    # Triton kernels, about 0.9 s that planning does not need
+    "ParallelProgram": "autopar.passes",
+    "device_mesh": "autopar.passes",
+    "parallelize": "autopar.passes",
+}
+"""Where each public name is defined."""
 
 
 def __getattr__(name: str) -> object:
-    """The execution API (``autopar.passes``) on first use: it imports torch.distributed's
-    pipelining and DTensor machinery and the Triton kernels, about 0.9 s that planning alone
-    does not need."""
-    if name in _EXECUTION:
-        from autopar import passes
-
-        return getattr(passes, name)
+    if name == "models":
+        return import_module("autopar.models")
+    if name in _OWNERS:
+        value = getattr(import_module(_OWNERS[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'autopar' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _report(plan: object, width: int = 110) -> str:
+    return import_module("autopar.report").plan_report(plan, width)
+
+
+def _explain(plan: object) -> str:
+    return import_module("autopar.report").plan_explain(plan)
+
+
+def _export(plan: object, *args: object, **kwargs: object) -> object:
+    return import_module("autopar.passes.export").export_plan(plan, *args, **kwargs)
+
+
+# The plan is data and imports nothing above the core; its report, explanation and export are
+# owned by the report module and the passes, and bound here, at the top.
+_plan.VIEWS.update(report=_report, explain=_explain, export=_export)

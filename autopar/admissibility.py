@@ -41,11 +41,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec
+from autopar.core.errors import AutoparError
+from autopar.core.specs import ParallelConfig, Schedule, TrainSpec
 
 if TYPE_CHECKING:
-    from autopar.plan import Plan
+    from autopar.core.plan import Plan
 
 
 @dataclass(frozen=True)

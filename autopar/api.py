@@ -8,16 +8,16 @@ import torch.nn as nn
 
 from autopar.admissibility import ModelFacts, check, facts_of, positions_problem
 from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from autopar.costmodel.estimate import Estimate
+from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
-from autopar.costmodel.specs import ParallelConfig, TrainSpec
+from autopar.core.specs import ParallelConfig, TrainSpec
 from autopar.costmodel.step import check_world, estimate_step
 from autopar.costmodel.workload import Workload
 from autopar.graph import GraphIR
-from autopar.model_spec import ModelSpec
-from autopar.plan import Plan
+from autopar.core.model_spec import ModelSpec
+from autopar.core.plan import Plan
 from autopar.search.planner import ProgressFn, plan_config, plan_search
 from autopar.tracing import trace
 from autopar.workload import build_workload

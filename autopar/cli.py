@@ -20,11 +20,11 @@ from rich.table import Table
 from rich.text import Text
 
 from autopar.costmodel.cluster import ClusterSpec, preset_names
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.cli_args import config_from_fields, model_spec
 from autopar.cli_export import add_export_parser, cmd_export
 from autopar.cli_verify import add_verify_parser
-from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
+from autopar.core.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
 
 CONFIG_FLAGS = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "num_microbatches",
                 "schedule", "virtual_stages", "sequence_parallel", "checkpoint", "offload",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 if TYPE_CHECKING:
-    from autopar.model_spec import ModelSpec
+    from autopar.core.model_spec import ModelSpec
 
 
 def parse_value(text: str) -> object:
@@ -35,7 +35,7 @@ def model_overrides(items: list[str]) -> dict[str, object]:
 def model_spec(args) -> "ModelSpec":
     """The ``ModelSpec`` of ``--model`` and ``--model-arg`` (and, for a zoo model, ``--seq-len``
     as its ``seq_len`` unless ``--model-arg seq_len`` is given)."""
-    from autopar.model_spec import ModelSpec
+    from autopar.core.model_spec import ModelSpec
 
     overrides = model_overrides(args.model_arg)
     spec = ModelSpec.parse(args.model, overrides)
@@ -48,7 +48,7 @@ def model_spec(args) -> "ModelSpec":
 def config_from_fields(fields: dict[str, object], gpus: int | None, where: str):
     """The ``ParallelConfig`` of the given flags: ``dp`` defaults to the ``gpus`` left over by
     tp*pp*cp (to 1 without ``gpus``), ``--virtual-stages`` implies the interleaved schedule."""
-    from autopar.costmodel.specs import ParallelConfig
+    from autopar.core.specs import ParallelConfig
 
     fields = dict(fields)
     if "dp" not in fields:
@@ -66,7 +66,7 @@ def config_from_fields(fields: dict[str, object], gpus: int | None, where: str):
 def read_plan(path: str, where: str = "PLAN"):
     """The ``Plan`` in a JSON file (``Plan.from_file``), or an ``AutoparError`` saying why not,
     located at the command-line argument ``where``."""
-    from autopar.plan import Plan
+    from autopar.core.plan import Plan
 
     try:
         return Plan.from_file(path)

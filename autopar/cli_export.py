@@ -11,7 +11,7 @@ import argparse
 from rich.console import Console
 
 from autopar.cli_args import model_spec, read_plan
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 
 def add_export_parser(sub: argparse._SubParsersAction,

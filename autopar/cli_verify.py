@@ -14,9 +14,9 @@ import argparse
 from rich.console import Console
 
 from autopar.cli_args import config_from_fields, model_spec, read_plan
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.specs import TrainSpec
-from autopar.model_spec import HF_LLAMA
+from autopar.core.errors import AutoparError
+from autopar.core.specs import TrainSpec
+from autopar.core.model_spec import HF_LLAMA
 
 
 def add_verify_parser(sub: argparse._SubParsersAction, parents: list,

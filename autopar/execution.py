@@ -6,8 +6,8 @@ engine; ``passes/data_parallel.py`` applies exactly these choices.
 
 from __future__ import annotations
 
-from autopar.costmodel.estimate import checkpoint_text
-from autopar.costmodel.specs import Checkpoint, ParallelConfig, Precision, TrainSpec
+from autopar.core.estimate import checkpoint_text
+from autopar.core.specs import Checkpoint, ParallelConfig, Precision, TrainSpec
 
 ENGINE_ZERO = {
     0: "FSDP2 hybrid mode with shard groups of one (DDP): parameters, gradients and optimizer "

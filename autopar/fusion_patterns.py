@@ -19,7 +19,7 @@ Narayanan et al.'s runs; the others are the kernels of ``autopar.kernels`` (name
 
 from __future__ import annotations
 
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.graph import GraphIR, NodeInfo
 
 PATTERNS: dict[str, tuple[str, ...]] = {

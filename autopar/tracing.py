@@ -40,7 +40,7 @@ from torch.fx.node import _get_qualified_name
 from torch.utils import _pytree as pytree
 
 from autopar.admissibility import layers_of
-from autopar.costmodel.specs import TrainSpec
+from autopar.core.specs import TrainSpec
 from autopar.graph import GraphIR, NodeInfo, TensorMeta
 from autopar.tracing_blocks import assign_blocks, find_block_group
 from autopar.tracing_errors import (

@@ -24,7 +24,7 @@ from types import TracebackType
 import torch
 from torch import nn
 
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 _STDLIB = os.path.join(sysconfig.get_paths()["stdlib"], "")
 _SITE = tuple(os.path.join(sysconfig.get_paths()[k], "") for k in ("purelib", "platlib"))

@@ -2,7 +2,7 @@
 
 Shared by ``autopar verify`` (the reference process and every rank must build the same model
 from the same seed and read the same tokens) and by the ``train.py`` that ``autopar export``
-writes. The model comes from a ``ModelSpec`` (``autopar.model_spec``), plain JSON that can be
+writes. The model comes from a ``ModelSpec`` (``autopar.core.model_spec``), plain JSON that can be
 handed to other processes.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autopar.model_spec import ModelSpec
+from autopar.core.model_spec import ModelSpec
 
 __all__ = ["LOSS_SCALING", "OPTIMIZER", "ModelSpec", "end_rank", "logits_of", "optimizer",
            "synthetic_batch", "vocab_size"]
@@ -34,7 +34,7 @@ def vocab_size(model: nn.Module) -> int:
 
     vocab = vocab_of(model)
     if vocab is None:
-        from autopar.costmodel.errors import AutoparError
+        from autopar.core.errors import AutoparError
 
         raise AutoparError(f"{type(model).__name__} has no config.vocab_size and no "
                            "nn.Embedding: autopar cannot tell which token ids it takes",

@@ -19,10 +19,10 @@ import torch.nn as nn
 from autopar import models
 from autopar.api import workload_of
 from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.estimate import Estimate
+from autopar.core.errors import AutoparError
+from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
-from autopar.costmodel.specs import Optimizer, ParallelConfig, Precision, TrainSpec
+from autopar.core.specs import Optimizer, ParallelConfig, Precision, TrainSpec
 from autopar.costmodel.step import estimate_step
 
 MICRO_BATCHES = (1, 2, 4, 8)

@@ -26,12 +26,12 @@ import torch
 
 from autopar.admissibility import facts_of
 from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.specs import Precision
-from autopar.model_spec import ModelSpec
+from autopar.core.errors import AutoparError
+from autopar.core.specs import Precision
+from autopar.core.model_spec import ModelSpec
 from autopar.passes.export import build_model
 from autopar.passes.mesh import check_executable
-from autopar.plan import Plan
+from autopar.core.plan import Plan
 from autopar.training import OPTIMIZER
 from autopar.verify_measures import (
     TOLERANCES,

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from autopar.costmodel.errors import AutoparError
-from autopar.model_spec import ModelSpec
+from autopar.core.errors import AutoparError
+from autopar.core.model_spec import ModelSpec
 
 WORLD_SIZES = (1, 2, 2, 2, 4, 4, 4, 8)
 """Processes per case, drawn uniformly from this list (2 and 4 most often: 8 gloo processes
@@ -160,7 +160,7 @@ def plan_case(case: Case):
     """The case's plan (``autopar.plan_for`` on a one-node cluster of its world size); raises
     ``AutoparError`` for a configuration the admissibility check refuses."""
     import autopar
-    from autopar.costmodel.specs import ParallelConfig, TrainSpec
+    from autopar.core.specs import ParallelConfig, TrainSpec
     from autopar.verify import process_cluster
 
     config = ParallelConfig(**case.fields)

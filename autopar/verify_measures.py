@@ -52,8 +52,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from autopar.costmodel.specs import Precision
-from autopar.plan import Plan
+from autopar.core.specs import Precision
+from autopar.core.plan import Plan
 from autopar.verify_reference import Run
 
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from autopar.costmodel.specs import Precision
-from autopar.model_spec import ModelSpec
+from autopar.core.specs import Precision
+from autopar.core.model_spec import ModelSpec
 from autopar.passes.data_parallel import COMPUTE_DTYPE
-from autopar.plan import Plan
+from autopar.core.plan import Plan
 from autopar.training import (
     LOSS_SCALING,
     logits_of,

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.passes import device_mesh, parallelize
 from autopar.passes.mesh import Axis
-from autopar.plan import Plan
+from autopar.core.plan import Plan
 from autopar.training import ModelSpec, end_rank, optimizer, synthetic_batch, vocab_size
 
 

@@ -28,7 +28,7 @@ from typing import Any, Iterator, Mapping
 
 import yaml
 
-from .errors import AutoparError
+from autopar.core.errors import AutoparError
 from .hardware import (A100_SXM4_40GB, A100_SXM4_80GB, H100_SXM5_80GB, H200_SXM_141GB, IB_HDR,
                        IB_NDR, NVLINK3, NVLINK4, PCIE4_X16, PCIE5_X16, ROCE_400G, GiB, GPUSpec,
                        LinkSpec, TiB, check_plausible, check_positive, did_you_mean,

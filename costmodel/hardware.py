@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, TypeVar
 
-from .errors import AutoparError
+from autopar.core.errors import AutoparError
 
 DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 """Dtype names a ``GPUSpec`` may give a peak for."""

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .compute import Split
-from .specs import Checkpoint, Optimizer, Precision
+from autopar.core.specs import Checkpoint, Optimizer, Precision
 from .workload import LayerCost, SavedTensor, Shard
 
 

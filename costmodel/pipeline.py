@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import AutoparError
-from .specs import Schedule
+from autopar.core.errors import AutoparError
+from autopar.core.specs import Schedule
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from .cluster import ClusterSpec
 from .collectives import Collective, Group, estimate_collective_s
 from .compute import PhaseTimes, Split, estimate_layer_s
 from .efficiency import DEFAULT_EFFICIENCY, Efficiency
-from .errors import AutoparError
-from .estimate import Estimate, StageMemory
+from autopar.core.errors import AutoparError
+from autopar.core.estimate import Estimate, StageMemory
 from .memory import (
     StateBytes,
     activation_bytes_per_element,
@@ -28,7 +28,7 @@ from .memory import (
     transient_bytes,
 )
 from .pipeline import StagePartition, bubble_fraction, even_partition, in_flight_microbatches
-from .specs import Checkpoint, ParallelConfig, Precision, Schedule, TrainSpec
+from autopar.core.specs import Checkpoint, ParallelConfig, Precision, Schedule, TrainSpec
 from .topology import MeshGroups, mesh_groups
 from .workload import LayerCost, OpKind, Phase, Shard, TPCollective, Workload
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .cluster import ClusterSpec
 from .collectives import Group
-from .specs import ParallelConfig
+from autopar.core.specs import ParallelConfig
 
 DEFAULT_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 

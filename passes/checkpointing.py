@@ -27,7 +27,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from autopar.costmodel.specs import Checkpoint
+from autopar.core.specs import Checkpoint
 
 aten = torch.ops.aten
 

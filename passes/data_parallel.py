@@ -44,8 +44,8 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from autopar.costmodel.specs import Precision
-from autopar.plan import Plan
+from autopar.core.specs import Precision
+from autopar.core.plan import Plan
 from autopar.passes.mesh import Axis
 
 COMPUTE_DTYPE = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}

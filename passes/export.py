@@ -3,7 +3,7 @@
 The folder holds:
 
 * ``plan.json`` -- the plan, as ``Plan.to_json`` writes it;
-* ``model.json`` -- the ``ModelSpec`` every rank builds (``autopar.model_spec``: zoo name and
+* ``model.json`` -- the ``ModelSpec`` every rank builds (``autopar.core.model_spec``: zoo name and
   overrides, a factory -- its file copied into the folder -- or a transformers config);
 * ``train.py`` -- ``passes/train_template.py`` copied verbatim: builds the model, applies the
   plan, trains on synthetic tokens or a token file, logs loss and tokens/s, saves and resumes
@@ -25,10 +25,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from autopar.admissibility import facts_of
-from autopar.costmodel.errors import AutoparError
-from autopar.model_spec import ModelSpec
+from autopar.core.errors import AutoparError
+from autopar.core.model_spec import ModelSpec
 from autopar.passes.mesh import check_executable
-from autopar.plan import Plan
+from autopar.core.plan import Plan
 
 TEMPLATE = Path(__file__).with_name("train_template.py")
 FILES = ("plan.json", "model.json", "train.py", "launch.sh", "README.md")
@@ -171,7 +171,7 @@ peak memory on the most loaded GPU ({'fits' if est.fits else 'does NOT fit'}).
 | file | what |
 |---|---|
 | `plan.json` | the plan (`autopar.Plan.from_json`) |
-| `model.json` | the model every rank builds (`autopar.model_spec.ModelSpec`; a factory's file is copied beside it) |
+| `model.json` | the model every rank builds (`autopar.core.model_spec.ModelSpec`; a factory's file is copied beside it) |
 | `train.py` | the training script; `python3 train.py --help` |
 | `launch.sh` | `torchrun` for this plan; arguments go to `train.py` |
 

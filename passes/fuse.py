@@ -49,7 +49,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from autopar import kernels
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.fusion_patterns import PATTERNS
 from autopar.passes.model_parts import ModelParts, parts_of
 

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from autopar.costmodel.specs import Precision, TrainSpec
+from autopar.core.specs import Precision, TrainSpec
 from autopar.training import LOSS_SCALING
 
 

@@ -17,8 +17,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autopar.admissibility import ModelFacts, check_plan, microbatch_problem
-from autopar.costmodel.errors import AutoparError
-from autopar.plan import Plan
+from autopar.core.errors import AutoparError
+from autopar.core.plan import Plan
 
 
 class Axis(StrEnum):

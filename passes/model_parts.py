@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleOutput
 
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.models.gpt import GPT
 from autopar.models.llama import DecoderLM
 

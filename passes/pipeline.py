@@ -21,8 +21,8 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.pipelining.schedules import _PipelineSchedule
 
-from autopar.costmodel.specs import Schedule
-from autopar.plan import Plan
+from autopar.core.specs import Schedule
+from autopar.core.plan import Plan
 from autopar.passes.mesh import Axis
 
 SCHEDULES = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B,

@@ -38,8 +38,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from autopar.admissibility import facts_of
-from autopar.costmodel.specs import Precision
-from autopar.plan import Plan
+from autopar.core.specs import Precision
+from autopar.core.plan import Plan
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
 from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions, keep_fused_head_gathered
 from autopar.passes.loss_scaling import grad_scaler, quiet_found_inf

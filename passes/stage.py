@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.specs import Checkpoint, Schedule
-from autopar.plan import Plan
+from autopar.core.errors import AutoparError
+from autopar.core.specs import Checkpoint, Schedule
+from autopar.core.plan import Plan
 from autopar.passes.checkpointing import run_block
 from autopar.passes.model_parts import ModelParts
 

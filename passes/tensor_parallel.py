@@ -51,7 +51,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from autopar.module_strategies import LOSS
-from autopar.plan import Plan
+from autopar.core.plan import Plan
 from autopar.passes.model_parts import ModelParts
 
 class PrepareBlockInput(PrepareModuleInput):

@@ -54,7 +54,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from autopar import ParallelProgram, Plan, device_mesh, parallelize
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.passes.mesh import Axis
 from autopar.training import ModelSpec, end_rank, optimizer, synthetic_batch, vocab_size
 

@@ -18,7 +18,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 from .gpt import GPT, Attention, GPTBlock, GPTConfig
 from .llama import Llama, LlamaBlock, LlamaConfig

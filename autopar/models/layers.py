@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 INIT_STD = 0.02
 """Standard deviation of the normal init of every weight matrix and embedding (GPT-2)."""

@@ -31,7 +31,7 @@ from .layers import (
     init_transformer_,
     lm_loss,
 )
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 
 @dataclass(frozen=True, kw_only=True)

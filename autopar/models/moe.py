@@ -38,7 +38,7 @@ from torch import nn
 
 from .layers import INIT_STD, check_positive_float, check_positive_int
 from .llama import DecoderConfig, DecoderLM, LlamaAttention
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -77,7 +77,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.search.ilp_backends import (
     Backend,
     LinearProgram,

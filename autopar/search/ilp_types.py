@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 
 def _floats(value: object, where: str, *, allow_inf: bool = False) -> tuple[float, ...]:

@@ -18,10 +18,10 @@ import math
 from collections.abc import Mapping
 
 from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.estimate import Estimate
+from autopar.core.errors import AutoparError
+from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import ZERO_SHARDS_FROM
-from autopar.costmodel.specs import Checkpoint, ParallelConfig, TrainSpec
+from autopar.core.specs import Checkpoint, ParallelConfig, TrainSpec
 from autopar.admissibility import (
     ModelFacts,
     batch_problem,

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.compute import Split, estimate_layer_s
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.estimate import Estimate
+from autopar.core.errors import AutoparError
+from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
 from autopar.costmodel.pipeline import (
     StagePartition,
@@ -42,7 +42,7 @@ from autopar.costmodel.pipeline import (
     bubble_fraction,
     even_partition,
 )
-from autopar.costmodel.specs import Checkpoint, ParallelConfig, Schedule, TrainSpec
+from autopar.core.specs import Checkpoint, ParallelConfig, Schedule, TrainSpec
 from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step, tp_comm_s
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload

@@ -12,19 +12,19 @@ from dataclasses import dataclass, field, replace
 from autopar.admissibility import ModelFacts, check_plan, layer_problems
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import Efficiency
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.estimate import Estimate
+from autopar.core.errors import AutoparError
+from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
-from autopar.costmodel.specs import TrainSpec
+from autopar.core.specs import TrainSpec
 from autopar.graph import GraphIR
-from autopar.model_spec import ModelSpec
+from autopar.core.model_spec import ModelSpec
 from autopar.module_strategies import module_strategies
-from autopar.plan import Plan, SolverInfo
+from autopar.core.plan import Plan, SolverInfo
 from autopar.search.infeasible import infeasible_error
 from autopar.search.optimize import search
 from autopar.costmodel.compute import Split
 from autopar.costmodel.memory import state_bytes_per_param
-from autopar.costmodel.specs import ParallelConfig
+from autopar.core.specs import ParallelConfig
 from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload

@@ -45,8 +45,8 @@ from autopar.admissibility import (
     sequence_parallel_problem,
     stages_problem,
 )
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.specs import ParallelConfig, Schedule, TrainSpec, check_field
+from autopar.core.errors import AutoparError
+from autopar.core.specs import ParallelConfig, Schedule, TrainSpec, check_field
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 """Micro-batch sizes tried (those dividing the per-replica batch)."""

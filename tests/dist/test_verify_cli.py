@@ -46,7 +46,7 @@ def test_a_rank_that_fails_is_reported_and_the_others_stopped(tmp_path):
 
     import autopar
     from autopar import AutoparError, ParallelConfig, TrainSpec
-    from autopar.model_spec import ModelSpec
+    from autopar.core.model_spec import ModelSpec
     from autopar.verify import process_cluster, verify
 
     (tmp_path / "flaky.py").write_text(FLAKY)

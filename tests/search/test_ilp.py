@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.search.ilp import (
     NO_CHECKPOINT,
     Backend,

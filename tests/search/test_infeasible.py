@@ -8,7 +8,7 @@ import re
 import pytest
 
 import autopar
-from autopar.costmodel.estimate import Estimate
+from autopar.core.estimate import Estimate
 from autopar.search.infeasible import InfeasibleError, infeasible_error
 from autopar.admissibility import ModelFacts
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import autopar
-from autopar.costmodel.specs import Checkpoint, Schedule
+from autopar.core.specs import Checkpoint, Schedule
 from autopar.validation import check_megatron_row, megatron_inputs
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ import pytest
 
 import autopar
 from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.specs import TrainSpec
-from autopar.plan import Plan
+from autopar.core.specs import TrainSpec
+from autopar.core.plan import Plan
 
 LLAMA3_TP8 = (
     "the cost model prefers a smaller TP with context parallelism (TP 4 x CP 4 x PP 16 once the "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.specs import Schedule, TrainSpec
+from autopar.core.errors import AutoparError
+from autopar.core.specs import Schedule, TrainSpec
 from autopar.admissibility import ModelFacts
 from autopar.search.space import SpaceStats, outer_candidates
 

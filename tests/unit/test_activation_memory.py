@@ -23,7 +23,7 @@ import pytest
 import autopar
 from autopar.costmodel.compute import Split
 from autopar.costmodel.memory import saved_bytes
-from autopar.costmodel.specs import Checkpoint
+from autopar.core.specs import Checkpoint
 from autopar.workload import build_workload
 
 S, H, A, B = 256, 64, 4, 2

@@ -9,7 +9,7 @@ import pytest
 import autopar
 from autopar import AutoparError, Plan, TrainSpec
 from autopar.cli import main
-from autopar.model_spec import ModelSpec
+from autopar.core.model_spec import ModelSpec
 
 PLAN = ["plan", "--model", "tiny-gpt", "--global-batch", "8", "--precision", "fp32"]
 ESTIMATE = ["estimate", "--model", "tiny-llama", "--cluster", "hgx-h100-80g",

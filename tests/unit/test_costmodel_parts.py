@@ -18,10 +18,10 @@ from autopar.costmodel.compute import (
     ring_attention_merge_s,
 )
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, SM_COUNT, Efficiency
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
 from autopar.costmodel.pipeline import bubble_fraction, even_partition, in_flight_microbatches
-from autopar.costmodel.specs import Optimizer, ParallelConfig, Precision, Schedule
+from autopar.core.specs import Optimizer, ParallelConfig, Precision, Schedule
 from autopar.costmodel.step import _dp_comm_s, _fsdp_exposed_s
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import OpCost, OpKind, Shard

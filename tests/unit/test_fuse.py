@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from autopar import kernels
-from autopar.model_spec import HF_LLAMA_TINY
-from autopar.costmodel.errors import AutoparError
+from autopar.core.model_spec import HF_LLAMA_TINY
+from autopar.core.errors import AutoparError
 from autopar.passes.fuse import FUSIONS, LinearCrossEntropyHead, apply_fusions
 from autopar.training import ModelSpec, logits_of, synthetic_batch, vocab_size
 

@@ -16,7 +16,7 @@ import pytest
 
 import autopar
 from autopar import AutoparError, ClusterSpec, ParallelConfig, TrainSpec
-from autopar.costmodel.specs import Checkpoint
+from autopar.core.specs import Checkpoint
 from autopar.admissibility import ModelFacts
 from autopar.search.space import outer_candidates
 

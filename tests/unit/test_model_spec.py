@@ -9,7 +9,7 @@ import torch
 
 import autopar
 from autopar import AutoparError, ParallelConfig, Plan, TrainSpec
-from autopar.model_spec import HF_LLAMA, HF_LLAMA_TINY, ModelSpec
+from autopar.core.model_spec import HF_LLAMA, HF_LLAMA_TINY, ModelSpec
 from autopar.verify import process_cluster
 
 FACTORY = """

@@ -9,7 +9,8 @@ from autopar import ClusterSpec, ParallelConfig, TrainSpec
 from autopar.api import workload_of
 from autopar.costmodel.pipeline import even_partition
 from autopar.costmodel.step import estimate_step
-from autopar.plan import Plan, SolverInfo, diff
+from autopar.core.plan import Plan, SolverInfo
+from autopar.report import diff
 
 
 @pytest.fixture(scope="module")

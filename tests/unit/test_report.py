@@ -54,7 +54,7 @@ def test_per_block_checkpointing_is_shown_whole_in_the_same_words_everywhere():
     assert f"ckpt:({words})" in plan.summary()
     runs = dict(execution_lines(plan.config, plan.train, 8))
     assert runs["checkpointing"].startswith(words)
-    from autopar.costmodel.estimate import checkpoint_text  # the one wording of all three
+    from autopar.core.estimate import checkpoint_text  # the one wording of all three
 
     assert checkpoint_text(plan.config.checkpoint) == words
     assert checkpoint_text(("none",) * 8) == "none"

@@ -46,7 +46,7 @@ import autopar
 from autopar import TrainSpec
 from autopar.costmodel.compute import Split
 from autopar.costmodel.memory import saved_bytes
-from autopar.costmodel.specs import Checkpoint
+from autopar.core.specs import Checkpoint
 from autopar.passes.checkpointing import run_block
 from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions
 from autopar.passes.model_parts import parts_of

@@ -32,7 +32,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from autopar.costmodel.errors import AutoparError
+from autopar.core.errors import AutoparError
 
 HF_LLAMA = "hf-llama"
 """``--model hf-llama``: a transformers ``LlamaForCausalLM`` made from ``HF_LLAMA_TINY``

@@ -1,27 +1,24 @@
 """``Plan``: what the search decided, what it predicts, and what came second.
 
-A frozen dataclass that validates in ``__post_init__``, round-trips to JSON byte for byte, prints
-itself as a table (``report``) and explains itself against its runner-ups (``explain``). It
-imports nothing of the search or the passes, so the passes can depend on it.
+A frozen dataclass that validates in ``__post_init__`` and round-trips to JSON byte for byte. It
+is data: its ``report``/``explain`` live in ``autopar.report`` and its ``export`` in
+``autopar.passes.export`` (``VIEWS``), so every layer can depend on it.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-from rich.console import Console, Group
-from rich.table import Table
+from autopar.core.errors import AutoparError
+from autopar.core.estimate import Estimate
+from autopar.core.specs import ParallelConfig, TrainSpec
+from autopar.core.model_spec import ModelSpec
 
-from autopar.costmodel.errors import AutoparError
-from autopar.costmodel.estimate import Estimate
-from autopar.costmodel.specs import ParallelConfig, TrainSpec
-from autopar.model_spec import ModelSpec
-
-GIB = 2**30
 FORMAT_VERSION = 2
 """Version 2 records ``model_spec``; version 1 files (without it) still load."""
 _REQUIRED = ("model", "cluster", "nodes", "gpus_per_node", "train", "config", "estimate",
@@ -71,7 +68,7 @@ class Plan:
     ops_without_rules: tuple[str, ...] = ()
     """Ops the strategy registry had no rule for: run replicated."""
     model_spec: ModelSpec | None = None
-    """How to build the model again (``autopar.model_spec``): what ``verify --plan`` and
+    """How to build the model again (``autopar.core.model_spec``): what ``verify --plan`` and
     ``export`` rebuild; ``None`` when the planner was given a model it cannot describe (then
     they need the model named)."""
     alternatives: tuple[Plan, ...] = ()
@@ -199,59 +196,14 @@ class Plan:
         return self.estimate.summary()
 
     def report(self, width: int = 110) -> str:
-        """The plan as tables under its title (on one line at ``width`` when it fits, the
-        configuration summary never broken): configuration, memory per stage, time, notes (the
-        ops without a strategy rule among them), what runs, runner-ups."""
-        from autopar.report import estimate_tables, titled_table
-
-        buf = io.StringIO()
-        console = Console(file=buf, width=width, force_terminal=False, color_system=None)
-        title = f"{self.model} on {self.cluster} ({self.nodes} x {self.gpus_per_node} GPUs)"
-        console.print(estimate_tables(self.estimate, None, title=title), crop=False)
-        extra = [self._execution_table()]
-        if self.alternatives:
-            t = titled_table("Runner-up plans")
-            for col in ("#", "plan", "step time", "vs best", "peak GiB", "fits"):
-                t.add_column(col, justify="right" if col != "plan" else "left")
-            for i, alt in enumerate(self.alternatives, 1):
-                t.add_row(str(i), alt.summary(), f"{alt.estimate.step_time_s:.3f} s",
-                          f"{alt.estimate.step_time_s / self.estimate.step_time_s - 1:+.1%}",
-                          f"{alt.estimate.peak_memory_bytes / GIB:.1f}",
-                          "yes" if alt.estimate.fits else "no")
-            extra.append(t)
-        if self.solver is not None:
-            extra.append(f"search: {self.solver.candidates} candidates priced, "
-                         f"{self.solver.pruned} pruned, {self.solver.status}"
-                         + (f" (gap {self.solver.gap:.2%})" if self.solver.gap else ""))
-        if extra:
-            console.print(Group(*extra))
-        return buf.getvalue()
-
-    def _execution_table(self) -> Table:
-        from autopar.execution import execution_lines
-        from autopar.report import titled_table
-
-        t = titled_table("What runs (autopar.parallelize on torch.distributed)",
-                         show_header=False)
-        t.add_column(style="bold")
-        t.add_column()
-        for aspect, text in execution_lines(self.config, self.train, sum(self.stage_blocks)):
-            t.add_row(aspect, text)
-        split = [(m, s) for m, s in self.module_strategies if s != "replicated"]
-        if self.config.tp > 1 and split:
-            t.add_row("module styles", ", ".join(f"{m}: {s}" for m, s in split))
-        return t
+        """The plan as tables under its title: configuration, memory per stage, time, notes,
+        what runs, runner-ups (``autopar.report.plan_report``)."""
+        return _view("report")(self, width=width)
 
     def explain(self) -> str:
-        """Why this plan and not each runner-up: the deltas that decide it."""
-        lines = [f"Chosen: {self.summary()} -- {self.estimate.step_time_s:.3f} s per step, "
-                 f"{self.estimate.peak_memory_bytes / GIB:.1f} GiB peak of "
-                 f"{self.estimate.usable_memory_bytes / GIB:.1f} GiB usable."]
-        if not self.alternatives:
-            lines.append("No runner-up: every other candidate was infeasible or pruned.")
-        for i, alt in enumerate(self.alternatives, 1):
-            lines.append(f"#{i} {alt.summary()}: " + _why_better(self.estimate, alt.estimate))
-        return "\n".join(lines)
+        """Why this plan and not each runner-up: the deltas that decide it
+        (``autopar.report.plan_explain``)."""
+        return _view("explain")(self)
 
     def spec_for(self, given: ModelSpec | None = None) -> ModelSpec:
         """The model to run this plan with: the one it records, or ``given`` for a plan
@@ -281,55 +233,21 @@ class Plan:
     def export(self, folder: str | os.PathLike[str], model: ModelSpec | None = None, *,
                overwrite: bool = False) -> Path:
         """Write a runnable training folder for this plan (``plan.json``, ``model.json``,
-        ``train.py``, ``launch.sh``, ``README.md``; ``autopar.passes.export``). ``model``
-        defaults to the recorded one (``spec_for``)."""
-        from autopar.passes.export import export_plan  # the passes import this module
-
-        return export_plan(self, folder, model, overwrite=overwrite)
+        ``train.py``, ``launch.sh``, ``README.md``; ``autopar.passes.export.export_plan``).
+        ``model`` defaults to the recorded one (``spec_for``)."""
+        return _view("export")(self, folder, model, overwrite=overwrite)
 
 
 def _describe(spec: ModelSpec) -> str:
     return json.dumps(spec.to_dict(), sort_keys=True)[:200]
 
 
-def _why_better(best: Estimate, alt: Estimate) -> str:
-    """The breakdown deltas that make ``alt`` slower (or the memory that makes it not fit)."""
-    dt = alt.step_time_s - best.step_time_s
-    keys = sorted(set(best.time_breakdown) | set(alt.time_breakdown))
-    deltas = sorted(((alt.time_breakdown.get(k, 0.0) - best.time_breakdown.get(k, 0.0), k)
-                     for k in keys), reverse=True)
-    decisive = [f"{k} {d:+.3f} s" for d, k in deltas if abs(d) > 0.05 * abs(dt) and d > 0][:3]
-    gains = [f"{k} {d:+.3f} s" for d, k in reversed(deltas) if d < 0][:2]
-    text = f"{dt:+.3f} s per step ({dt / best.step_time_s:+.1%})"
-    if decisive:
-        text += "; it loses on " + ", ".join(decisive)
-    if gains:
-        text += "; it gains on " + ", ".join(gains)
-    if not alt.fits:
-        text += f"; and it does not fit ({alt.peak_memory_bytes / GIB:.1f} GiB)"
-    return text + "."
+VIEWS: dict[str, Callable[..., Any]] = {}
+"""What the plan's ``report``, ``explain`` and ``export`` call. The plan is data: it imports
+neither the report nor the passes; the package's ``__init__`` (the top layer) installs them."""
 
 
-def diff(a: Plan, b: Plan) -> str:
-    """What changed from plan ``a`` to plan ``b``: decisions, then predictions."""
-    lines = [f"a: {a.summary()}", f"b: {b.summary()}"]
-    ca, cb = a.config.to_dict(), b.config.to_dict()
-    for key in ca:
-        if ca[key] != cb[key]:
-            lines.append(f"  {key}: {ca[key]} -> {cb[key]}")
-    if a.stage_blocks != b.stage_blocks:
-        lines.append(f"  stage_blocks: {list(a.stage_blocks)} -> {list(b.stage_blocks)}")
-    sa, sb = dict(a.block_strategies), dict(b.block_strategies)
-    for op in sorted(set(sa) | set(sb)):
-        if sa.get(op) != sb.get(op):
-            lines.append(f"  strategy {op}: {sa.get(op)} -> {sb.get(op)}")
-    ea, eb = a.estimate, b.estimate
-    lines.append(f"  step time: {ea.step_time_s:.3f} s -> {eb.step_time_s:.3f} s "
-                 f"({eb.step_time_s / ea.step_time_s - 1:+.1%})")
-    lines.append(f"  peak memory: {ea.peak_memory_bytes / GIB:.2f} GiB -> "
-                 f"{eb.peak_memory_bytes / GIB:.2f} GiB")
-    for k in sorted(set(ea.time_breakdown) | set(eb.time_breakdown)):
-        x, y = ea.time_breakdown.get(k, 0.0), eb.time_breakdown.get(k, 0.0)
-        if abs(y - x) > 1e-3 * max(ea.step_time_s, 1e-12):
-            lines.append(f"  {k}: {x:.3f} s -> {y:.3f} s")
-    return "\n".join(lines)
+def _view(name: str) -> Callable[..., Any]:
+    if name not in VIEWS:
+        import autopar  # noqa: F401 -- the package installs the views when it is imported
+    return VIEWS[name]
