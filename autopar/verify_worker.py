@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from autopar.core.errors import AutoparError
 from autopar.passes import device_mesh, parallelize
-from autopar.passes.mesh import Axis
+from autopar.core.mesh import MeshAxis
 from autopar.core.plan import Plan
 from autopar.training import ModelSpec, end_rank, optimizer, synthetic_batch, vocab_size
 
@@ -42,7 +42,7 @@ def run(job: dict) -> dict:
     opt = optimizer(program.parameters())
     train, c = plan.train, plan.config
     rows = train.global_batch // c.dp
-    first_of_stage = (mesh.get_local_rank(Axis.TP.value) == 0 and program.dp_rank == 0)
+    first_of_stage = (mesh.get_local_rank(MeshAxis.TP.value) == 0 and program.dp_rank == 0)
     losses, grads = [], {}
     for step in range(steps):
         tokens, targets = synthetic_batch(step, train.global_batch, train.seq_len, vocab, seed)
@@ -56,8 +56,8 @@ def run(job: dict) -> dict:
         program.optimizer_step([opt])
     params = {n: _full(p) for n, p in program.named_parameters(False)}
     result = {"rank": dist.get_rank(), "dp_rank": program.dp_rank,
-              "tp_rank": mesh.get_local_rank(Axis.TP.value),
-              "pp_rank": mesh.get_local_rank(Axis.PP.value),
+              "tp_rank": mesh.get_local_rank(MeshAxis.TP.value),
+              "pp_rank": mesh.get_local_rank(MeshAxis.PP.value),
               "losses": losses if program.holds_last else None}
     if first_of_stage:
         result.update(grads=grads, params=params)

@@ -45,10 +45,12 @@ dp/tp/pp communicators), memory the driver keeps (nvidia-smi shows 81559 of 8192
 _LINKS = ("intra_node", "inter_node", "host_link")
 _TOP_KEYS = ("name", "base", "nodes", "gpus_per_node", "gpu", *_LINKS, "host_memory_bytes",
              "hbm_reserved_bytes")
-_SECTION_KEYS = {"gpu": ("name", "peak_flop_per_s", "hbm_bytes", "hbm_bytes_per_s", "source"),
+_SECTION_KEYS = {"gpu": ("name", "peak_flop_per_s", "hbm_bytes", "hbm_bytes_per_s", "source",
+                         "sm_count"),
                  **{k: ("name", "bytes_per_s", "latency_s", "source") for k in _LINKS}}
 _HINT = {"nodes": "an integer, e.g. 4", "gpus_per_node": "an integer, e.g. 8", "name": "a name",
          "hbm_bytes": "bytes, e.g. 85899345920 (80 GiB)", "hbm_bytes_per_s": "B/s, e.g. 3.35e12",
+         "sm_count": "an integer, e.g. 132",
          "peak_flop_per_s": "a map of dtype to dense FLOP/s, e.g. {bf16: 989e12}",
          "bytes_per_s": "B/s per GPU per direction, e.g. 450e9", "latency_s": "seconds, e.g. 2e-6",
          "host_memory_bytes": "bytes per node, e.g. 2199023255552 (2 TiB)",
@@ -266,7 +268,8 @@ def _build(d: dict[str, Any], loc: str) -> ClusterSpec:
     args = (str(_get(g, "name", "gpu.name", loc)),
             {k: _number(peak, k, f"gpu.peak_flop_per_s.{k}", loc) for k in peak},
             _number(g, "hbm_bytes", "gpu.hbm_bytes", loc, integer=True),
-            _number(g, "hbm_bytes_per_s", "gpu.hbm_bytes_per_s", loc), str(g.get("source", "")))
+            _number(g, "hbm_bytes_per_s", "gpu.hbm_bytes_per_s", loc), str(g.get("source", "")),
+            _number(g, "sm_count", "gpu.sm_count", loc, integer=True) if g.get("sm_count") is not None else None)
     with _located(loc, "gpu."):
         gpu = GPUSpec(*args)
     links = {}

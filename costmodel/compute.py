@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .cluster import ClusterSpec
-from .efficiency import SM_COUNT, Efficiency
+from .efficiency import Efficiency
 from .workload import LayerCost, OpCost, OpKind, Shard
 
 
@@ -132,7 +132,7 @@ def gemm_efficiency(gemm: Gemm, cluster: ClusterSpec, eff: Efficiency, compute_d
     NVIDIA's "Matrix Multiplication Background User's Guide" (DU-09799-001, 2023, ch. 3)
     describes the two losses of a tiled GEMM: *tile quantisation* (a dimension that is not a
     multiple of the tile pads the last tiles) and *wave quantisation* (tiles run in waves of one
-    per SM -- 108 on A100, ``SM_COUNT`` -- and the last wave may be mostly idle). So a GEMM of
+    per SM -- 108 on A100, ``GPUSpec.sm_count`` -- and the last wave may be mostly idle). So a GEMM of
     ``n`` tiles occupies ``ceil(n / SMs) * SMs`` tile slots, each for ``depth`` steps of its main
     loop plus ``epilogue_depth`` for writing the tile. A GEMM with fewer tiles than SMs may be
     split along its depth (split-K, as cuBLAS does for such shapes): ``s`` blocks per tile, each
@@ -144,7 +144,7 @@ def gemm_efficiency(gemm: Gemm, cluster: ClusterSpec, eff: Efficiency, compute_d
     peak = cluster.gpu.peak(compute_dtype) * eff.matmul_mainloop
     hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
     return _gemm_efficiency(
-        float(gemm.rows), float(gemm.cols), float(gemm.depth), SM_COUNT.get(cluster.gpu.name),
+        float(gemm.rows), float(gemm.cols), float(gemm.depth), cluster.gpu.sm_count,
         eff.gemm_tiles, epilogue_depth(gemm.out_bytes, peak, hbm),
         epilogue_depth(4.0, peak, hbm),
     )

@@ -75,15 +75,3 @@ class Efficiency:
 
 DEFAULT_EFFICIENCY = Efficiency()
 
-SM_COUNT: dict[str, int] = {
-    "A100-SXM4-80GB": 108,
-    "A100-SXM4-40GB": 108,
-    "H100-SXM5-80GB": 132,
-    "H200-SXM-141GB": 132,
-}
-"""Streaming multiprocessors per GPU, keyed by ``GPUSpec.name``: the thread blocks one wave of a
-GEMM runs. [A100] NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 108 SMs in the
-A100 product (128 in the full GA100). [H100] NVIDIA H100 Tensor Core GPU Architecture whitepaper
-(2022): 132 SMs in H100 SXM5 (144 in the full GH100). H200 SXM is the same GH100 configuration
-as H100 SXM5 with HBM3e (H200 datasheet), so 132. Belongs in ``GPUSpec`` (hardware.py) as a
-field; kept here until it moves there. A GPU not listed gets no wave quantisation."""

@@ -19,6 +19,8 @@ Sources:
          ConnectX-6 HDR 200 Gb/s for the compute fabric, one per GPU; PCIe Gen4 GPU<->CPU.
   [DGXH100] NVIDIA DGX H100 User Guide: 8x ConnectX-7 400 Gb/s (NDR) compute ports, one per GPU;
          PCIe Gen5 GPU<->CPU.
+  [A100-WP] NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): SMs per product.
+  [H100-WP] NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): SMs per product.
   [PCIe] PCI-SIG base specifications 4.0 (16 GT/s) and 5.0 (32 GT/s) per lane, 128b/130b coding.
   [NCCL] NVIDIA/nccl src/graph/tuning.cc, ``hwLat``: NCCL's own per-step latency model, in us,
          per ring step: NVLink 0.47 (LL) / 1.9 (LL128) / 3.4 (Simple); PCI 1.0 / 2.5 / 5.7;
@@ -38,8 +40,6 @@ from autopar.core.errors import AutoparError
 
 DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 """Dtype names a ``GPUSpec`` may give a peak for."""
-
-_T = TypeVar("_T")
 
 GiB = 2**30
 """Binary gibibyte, for memory capacities."""
@@ -200,8 +200,13 @@ class GPUSpec:
     """HBM bandwidth in bytes per second (decimal)."""
     source: str = ""
     """Where the numbers come from."""
+    sm_count: int | None = None
+    """Streaming multiprocessors: the thread blocks one wave of a GEMM runs
+    (``costmodel.compute.gemm_efficiency``); ``None`` prices no wave quantisation."""
 
     def __post_init__(self) -> None:
+        if self.sm_count is not None:
+            check_positive(self.sm_count, "sm_count", integer=True)
         if not isinstance(self.peak_flop_per_s, Mapping) or not self.peak_flop_per_s:
             raise AutoparError("peak_flop_per_s must map dtype names to FLOP/s, and not be empty",
                                where="peak_flop_per_s", fix="write e.g. {bf16: 989e12}")
@@ -276,12 +281,14 @@ A100_SXM4_80GB = GPUSpec(
     hbm_bytes=80 * GiB,  # [A100] 80GB HBM2e: 5 stacks of 16 GiB; nvidia-smi shows 81920 MiB
     hbm_bytes_per_s=2.039e12,  # [A100] 2,039 GB/s
     source="NVIDIA A100 datasheet, SXM 80GB: dense TC peaks, 80 GiB HBM2e at 2,039 GB/s",
+    sm_count=108,  # [A100-WP] 108 SMs in the A100 product (128 in the full GA100)
 )
 A100_SXM4_40GB = GPUSpec(
     "A100-SXM4-40GB", _A100_PEAK,
     hbm_bytes=40 * GiB,  # [A100] 40GB HBM2
     hbm_bytes_per_s=1.555e12,  # [A100] 1,555 GB/s
     source="NVIDIA A100 datasheet, SXM 40GB: dense TC peaks, 40 GiB HBM2 at 1,555 GB/s",
+    sm_count=108,  # [A100-WP]
 )
 H100_SXM5_80GB = GPUSpec(
     "H100-SXM5-80GB", _HOPPER_PEAK,
@@ -289,6 +296,7 @@ H100_SXM5_80GB = GPUSpec(
     hbm_bytes_per_s=3.35e12,  # [H100] 3.35 TB/s
     source="NVIDIA H100 datasheet, H100 SXM: dense TC peaks (half the sparse), "
     "80 GiB HBM3 at 3.35 TB/s",
+    sm_count=132,  # [H100-WP] 132 SMs in H100 SXM5 (144 in the full GH100)
 )
 H200_SXM_141GB = GPUSpec(
     "H200-SXM-141GB", _HOPPER_PEAK,
@@ -298,6 +306,7 @@ H200_SXM_141GB = GPUSpec(
     hbm_bytes_per_s=4.8e12,  # [H200] 4.8 TB/s
     source="NVIDIA H200 datasheet, H200 SXM: compute as H100 SXM, 141 GB (decimal) HBM3e "
     "at 4.8 TB/s",
+    sm_count=132,  # [H200]: the H100 SXM5's GH100 configuration with HBM3e
 )
 
 GPUS: dict[str, GPUSpec] = {g.name: g for g in (A100_SXM4_80GB, A100_SXM4_40GB,
@@ -343,6 +352,9 @@ def gpu_preset(name: str) -> GPUSpec:
 def link_preset(name: str) -> LinkSpec:
     """The ``LinkSpec`` preset called ``name`` (case-insensitive)."""
     return _lookup(LINKS, name, "link")
+
+
+_T = TypeVar("_T")
 
 
 def _lookup(table: Mapping[str, _T], name: str, kind: str) -> _T:

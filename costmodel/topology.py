@@ -1,8 +1,9 @@
 """Where the mesh axes sit: which communication groups stay inside a node.
 
-Ranks are numbered with the first axis of ``order`` fastest (Megatron's default order,
-tp-cp-(ep)-dp-pp: tensor parallelism innermost, pipeline outermost). Expert parallelism is carved
-from the dp x cp ranks (Megatron, torchtitan): its groups take the innermost ``ep`` of them.
+The axes, their order and strides are ``autopar.core.mesh``'s, the ones the engine's
+``DeviceMesh`` is built with: tensor parallelism innermost, then cp, dp, pipeline outermost.
+Expert parallelism is carved from the dp x cp ranks (Megatron, torchtitan): its groups take the
+innermost ``ep`` of them.
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ from dataclasses import dataclass
 
 from .cluster import ClusterSpec
 from .collectives import Group
+from autopar.core.mesh import MeshAxis, mesh_strides
 from autopar.core.specs import ParallelConfig
-
-DEFAULT_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
-
 
 def _group(size: int, stride: int, gpus_per_node: int) -> Group:
     if stride >= gpus_per_node:
@@ -42,24 +41,21 @@ class MeshGroups:
     pp_crosses_node: bool
 
 
-def mesh_groups(
-    config: ParallelConfig, cluster: ClusterSpec, order: tuple[str, ...] = DEFAULT_ORDER
-) -> MeshGroups:
-    sizes = {"tp": config.tp, "cp": config.cp, "dp": config.dp, "pp": config.pp}
-    stride: dict[str, int] = {}
-    s = 1
-    for axis in order:
-        stride[axis] = s
-        s *= sizes[axis]
+def mesh_groups(config: ParallelConfig, cluster: ClusterSpec) -> MeshGroups:
+    """The groups of ``config`` on ``cluster``, placed by the mesh's strides
+    (``autopar.core.mesh``): a group whose ranks fit inside a node talks over NVLink."""
+    stride = mesh_strides(config)
     gpn = cluster.gpus_per_node
-    groups = {a: _group(sizes[a], stride[a], gpn) for a in sizes}
-    # dp and cp are adjacent in the default order; their union is contiguous there.
-    inner = min(stride["dp"], stride["cp"])
+    dp_stride = min(stride[MeshAxis.DP_REPLICATE], stride[MeshAxis.DP_SHARD])
+    tp = _group(config.tp, stride[MeshAxis.TP], gpn)
+    cp = _group(config.cp, stride[MeshAxis.CP], gpn)
+    dp = _group(config.dp, dp_stride, gpn)
+    pp = _group(config.pp, stride[MeshAxis.PP], gpn)
+    # cp and dp are adjacent in the order; their union is contiguous from cp's stride.
+    inner = stride[MeshAxis.CP]
     dp_cp = _group(config.dp * config.cp, inner, gpn)
     ep = _group(config.ep, inner, gpn)
     expert_dp = _group(config.dp * config.cp // config.ep, inner * config.ep, gpn)
-    pp_cross = config.pp > 1 and stride["pp"] * config.pp > gpn
-    return MeshGroups(
-        tp=groups["tp"], cp=groups["cp"], dp=groups["dp"], pp=groups["pp"], ep=ep,
-        dp_cp=dp_cp, expert_dp=expert_dp, pp_crosses_node=pp_cross,
-    )
+    pp_cross = config.pp > 1 and stride[MeshAxis.PP] * config.pp > gpn
+    return MeshGroups(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, dp_cp=dp_cp, expert_dp=expert_dp,
+                      pp_crosses_node=pp_cross)

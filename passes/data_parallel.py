@@ -46,7 +46,7 @@ from torch.distributed.fsdp import (
 
 from autopar.core.specs import Precision
 from autopar.core.plan import Plan
-from autopar.passes.mesh import Axis
+from autopar.core.mesh import DATA_PARALLEL, MeshAxis
 
 COMPUTE_DTYPE = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 """The compute dtype of the mixed-precision policies (fp32 master weights); the one-process
@@ -84,9 +84,9 @@ def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Pla
     if not wants_fsdp(plan):
         return
     if c.zero == 0:
-        dp_mesh = mesh[(Axis.DP_REPLICATE.value, Axis.DP_SHARD.value)]
+        dp_mesh = mesh[tuple(a.value for a in DATA_PARALLEL)]
     else:
-        dp_mesh = mesh[Axis.DP_SHARD.value]
+        dp_mesh = mesh[MeshAxis.DP_SHARD.value]
     kwargs = dict(mesh=dp_mesh, reshard_after_forward=c.zero == 3,
                   mp_policy=mixed_precision(plan.train.precision) or MixedPrecisionPolicy(),
                   offload_policy=offload_policy(c.offload))

@@ -1,16 +1,10 @@
 """``device_mesh(plan)``: the torch.distributed ``DeviceMesh`` a plan runs on.
 
-Axes, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp`` (ranks numbered with tp
-fastest, as the cost model's ``topology.DEFAULT_ORDER`` assumes: tensor parallelism inside a
-node, pipeline stages outermost). The plan's ``dp`` ranks sit on ``dp_replicate`` for ZeRO-0
-(parameters replicated, gradients all-reduced) and on ``dp_shard`` for ZeRO 1-3 (FSDP2 shards);
-the other of the two has size 1, so both ZeRO paths are one ``fully_shard`` call on the
-(``dp_replicate``, ``dp_shard``) sub-mesh (torchtitan's layout).
+Its dimensions, their order and sizes are ``autopar.core.mesh``'s, the ones the cost model
+places its groups by (``costmodel.topology``).
 """
 
 from __future__ import annotations
-
-from enum import StrEnum
 
 import torch
 import torch.distributed as dist
@@ -18,17 +12,13 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from autopar.admissibility import ModelFacts, check_plan, microbatch_problem
 from autopar.core.errors import AutoparError
+from autopar.core.mesh import DATA_PARALLEL, ORDER, MeshAxis, mesh_sizes
 from autopar.core.plan import Plan
 
 
-class Axis(StrEnum):
-    PP = "pp"
-    DP_REPLICATE = "dp_replicate"
-    DP_SHARD = "dp_shard"
-    TP = "tp"
-
-
-AXES: tuple[Axis, ...] = (Axis.PP, Axis.DP_REPLICATE, Axis.DP_SHARD, Axis.TP)
+AXES: tuple[MeshAxis, ...] = tuple(a for a in ORDER if a is not MeshAxis.CP)
+"""The engine's mesh dimensions, outermost first: ``autopar.core.mesh.ORDER`` without ``cp``,
+which the passes do not apply yet (``check_executable`` refuses cp > 1)."""
 
 
 def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
@@ -55,11 +45,10 @@ def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
                 fix=f"re-plan with the constraint {axis}=1 (autopar plan --{axis} 1)")
 
 
-def mesh_shape(plan: Plan) -> tuple[int, int, int, int]:
-    """Sizes of ``AXES`` for ``plan``."""
-    c = plan.config
-    replicate, shard = (c.dp, 1) if c.zero == 0 else (1, c.dp)
-    return (c.pp, replicate, shard, c.tp)
+def mesh_shape(plan: Plan) -> tuple[int, ...]:
+    """Sizes of ``AXES`` for ``plan`` (``autopar.core.mesh.mesh_sizes``)."""
+    sizes = mesh_sizes(plan.config)
+    return tuple(sizes[a] for a in AXES)
 
 
 def default_device_type() -> str:
@@ -88,5 +77,5 @@ def device_mesh(plan: Plan, device_type: str | None = None) -> DeviceMesh:
 
 def dp_rank(mesh: DeviceMesh) -> int:
     """This rank's index among the data-parallel replicas (which slice of the batch it reads)."""
-    shard = mesh[Axis.DP_SHARD.value]
-    return mesh[Axis.DP_REPLICATE.value].get_local_rank() * shard.size() + shard.get_local_rank()
+    replicate, shard = (mesh[a.value] for a in DATA_PARALLEL)
+    return replicate.get_local_rank() * shard.size() + shard.get_local_rank()

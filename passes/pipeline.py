@@ -23,7 +23,7 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from autopar.core.specs import Schedule
 from autopar.core.plan import Plan
-from autopar.passes.mesh import Axis
+from autopar.core.mesh import MeshAxis
 
 SCHEDULES = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B,
              Schedule.INTERLEAVED: ScheduleInterleaved1F1B}
@@ -34,7 +34,7 @@ def build_schedule(stages: list[tuple[int, nn.Module]], num_stages: int, plan: P
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
                    ) -> _PipelineSchedule:
     """The plan's schedule over this rank's ``stages`` (index, module)."""
-    group = mesh[Axis.PP.value].get_group()
+    group = mesh[MeshAxis.PP.value].get_group()
     pipe = [PipelineStage(module, index, num_stages, device, group=group)
             for index, module in stages]
     m = plan.config.microbatches(plan.train)

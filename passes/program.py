@@ -43,7 +43,8 @@ from autopar.core.plan import Plan
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
 from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions, keep_fused_head_gathered
 from autopar.passes.loss_scaling import grad_scaler, quiet_found_inf
-from autopar.passes.mesh import Axis, check_executable, dp_rank
+from autopar.core.mesh import MeshAxis
+from autopar.passes.mesh import check_executable, dp_rank
 from autopar.passes.model_parts import ModelParts, parts_of
 from autopar.passes.pipeline import build_schedule
 from autopar.passes.stage import StageModule, build_stages, stage_layout
@@ -127,7 +128,7 @@ class ParallelProgram:
         if isinstance(head, LinearCrossEntropyHead):  # fused: the stage gave the hidden state
             return head.loss(logits, targets)
         if loss_is_vocab_parallel(self.plan):
-            logits = vocab_parallel_logits(logits, self.mesh[Axis.TP.value])
+            logits = vocab_parallel_logits(logits, self.mesh[MeshAxis.TP.value])
         elif logits.dtype in (torch.bfloat16, torch.float16):
             logits = logits.float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1))
@@ -213,11 +214,11 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     # and sharding, which find the fused modules under the model's names.
     apply_fusions(model, plan.config.fusions, tp=plan.config.tp)
     tied_names = _tied_across_stages(model, plan)
-    pp_rank = mesh.get_local_rank(Axis.PP.value)
+    pp_rank = mesh.get_local_rank(MeshAxis.PP.value)
     stages = build_stages(model, parts, plan, pp_rank)
     num_stages = len(stage_layout(plan, len(model.get_submodule(parts.blocks))))
     for _, stage in stages:
-        apply_tensor_parallel(stage, plan, mesh[Axis.TP.value], parts)
+        apply_tensor_parallel(stage, plan, mesh[MeshAxis.TP.value], parts)
         apply_data_parallel(stage, stage.blocks().values(), plan, mesh)
         keep_fused_head_gathered(stage, parts.head)
     held = {n: p for _, stage in stages for n, p in stage.named_parameters(

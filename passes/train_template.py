@@ -53,9 +53,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from autopar import ParallelProgram, Plan, device_mesh, parallelize
+from autopar.core.plan import Plan
+from autopar.passes import ParallelProgram, device_mesh, parallelize
 from autopar.core.errors import AutoparError
-from autopar.passes.mesh import Axis
+from autopar.core.mesh import DATA_PARALLEL, MeshAxis
 from autopar.training import ModelSpec, end_rank, optimizer, synthetic_batch, vocab_size
 
 HERE = Path(__file__).resolve().parent
@@ -173,7 +174,7 @@ def global_mean(loss: torch.Tensor, program: ParallelProgram) -> torch.Tensor:
     replica has the same number of rows). Called by the ranks holding the last stage only;
     their dp groups hold nobody else."""
     loss = loss.detach().clone()
-    for axis in (Axis.DP_REPLICATE, Axis.DP_SHARD):
+    for axis in DATA_PARALLEL:
         group = program.mesh[axis.value]
         if group.size() > 1:
             dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=group.get_group())
@@ -199,7 +200,7 @@ def train(args: argparse.Namespace) -> None:
     rows = train_spec.global_batch // c.dp
     mine = slice(program.dp_rank * rows, (program.dp_rank + 1) * rows)
     logs = (program.holds_last and program.dp_rank == 0
-            and mesh[Axis.TP.value].get_local_rank() == 0)
+            and mesh[MeshAxis.TP.value].get_local_rank() == 0)
     data = TokenFile(args.tokens, args.tokens_dtype, vocab) if args.tokens else None
     ckpt_dir = Path(args.checkpoint_dir)
 

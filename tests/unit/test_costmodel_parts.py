@@ -17,7 +17,7 @@ from autopar.costmodel.compute import (
     linear_gemms,
     ring_attention_merge_s,
 )
-from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, SM_COUNT, Efficiency
+from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
 from autopar.costmodel.pipeline import bubble_fraction, even_partition, in_flight_microbatches
@@ -148,7 +148,7 @@ def test_gemm_efficiency_approaches_one_for_large_gemms_and_falls_for_small_ones
 
 
 def test_a_wave_one_tile_too_long_runs_at_about_half(a100: ClusterSpec) -> None:
-    sms, depth = SM_COUNT[a100.gpu.name], 8192
+    sms, depth = a100.gpu.sm_count, 8192
     k = _k_out(a100, 2.0, ONE_TILE)
     full = _eff(a100, 128, 128 * sms, depth, ONE_TILE)
     assert full == pytest.approx(depth / (depth + k))
@@ -157,14 +157,14 @@ def test_a_wave_one_tile_too_long_runs_at_about_half(a100: ClusterSpec) -> None:
 
 
 def test_tile_quantisation_pads_a_partial_tile(a100: ClusterSpec) -> None:
-    sms, depth = SM_COUNT[a100.gpu.name], 8192
+    sms, depth = a100.gpu.sm_count, 8192
     k = _k_out(a100, 2.0, ONE_TILE)
     # 108 tiles of which every one is half empty along the rows
     assert _eff(a100, 64, 128 * sms, depth, ONE_TILE) == pytest.approx(0.5 * depth / (depth + k))
 
 
 def test_split_k_spreads_a_single_tile_over_every_sm(a100: ClusterSpec) -> None:
-    sms = SM_COUNT[a100.gpu.name]
+    sms = a100.gpu.sm_count
     depth = 1024 * sms
     k_partial = _k_out(a100, 4.0, ONE_TILE)  # fp32 partial sums
     assert _eff(a100, 128, 128, depth, ONE_TILE) == pytest.approx(1024 / (1024 + k_partial))
