@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from autopar.core.errors import AutoparError
+from autopar.core.layout import ENGINE_STYLES, SPLITS, Style, splittable
 from autopar.core.specs import ParallelConfig, Schedule, TrainSpec
 
 if TYPE_CHECKING:
@@ -264,25 +265,9 @@ def check(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> None:
         raise found[0].error()
 
 
-# ----- a solved plan's layers -----
-STYLE_KIND = {"column": ("linear", 0), "row": ("linear", 1), "vocab": ("embedding", 0)}
-"""A split style -> (the layer kind it applies to, the weight dimension it splits): a column
-split divides ``nn.Linear``'s output features (weight dim 0), a row split its input features
-(dim 1), a vocabulary split ``nn.Embedding``'s rows."""
-
-
-def splittable(kind: str, shape: tuple[int, ...], style: str, tp: int) -> bool:
-    """Whether ``style`` can split a ``kind`` layer of weight ``shape`` over ``tp`` ranks."""
-    want, dim = STYLE_KIND[style]
-    return kind == want and len(shape) > dim and shape[dim] % tp == 0
-
-
+# ----- a solved plan's layers (the styles and splits: ``autopar.core.layout``) -----
 def _matches(pattern: str, name: str) -> bool:
     return re.fullmatch(re.escape(pattern).replace(r"\*", r"\d+"), name) is not None
-
-
-STYLES = frozenset({"column", "row", "vocab", "sequence", "replicated"})
-"""Module styles the engine's tensor-parallel pass applies (``passes/tensor_parallel.py``)."""
 
 
 def _parent(name: str) -> str:
@@ -303,23 +288,23 @@ def layer_problems(facts: ModelFacts, module_strategies: tuple[tuple[str, str], 
         "make the plan with this version (autopar plan / plan_for)")]
     for pattern, style in styles.items():
         where = f"plan.module_strategies[{pattern!r}]"
-        if style not in STYLES:
+        if style not in ENGINE_STYLES:
             out.append(Problem(f"the plan runs module {pattern} as {style!r}, a layout the "
                                "engine's tensor-parallel styles cannot express", where,
                                "re-plan (autopar plan), or plan with split weights "
                                "(autopar.plan_for)"))
             continue
         names = [n for n in facts.layers if _matches(pattern, n)]
-        if not names and style in STYLE_KIND:
+        if not names and style in SPLITS:
             out.append(Problem(f"the plan splits module {pattern}, which this model does not "
                                "have or which is not an nn.Linear/nn.Embedding", where,
                                "verify or export with the model the plan was made for, or "
                                "re-plan this model"))
             continue
-        if tp == 1 or style not in STYLE_KIND:
+        if tp == 1 or style not in SPLITS:
             continue
         kind, shape = facts.layers[names[0]]
-        want, dim = STYLE_KIND[style]
+        want, dim = SPLITS[style]
         if not splittable(kind, shape, style, tp):
             size = shape[dim] if kind == want and len(shape) > dim else None
             out.append(Problem(
@@ -331,11 +316,11 @@ def layer_problems(facts: ModelFacts, module_strategies: tuple[tuple[str, str], 
         parent = _parent(pattern)
         order = list(styles)
         siblings = [p for p in order if _parent(p) == parent and p != pattern]
-        if style == "column" and parent:
-            closed = any(styles[p] == "row" and order.index(p) > order.index(pattern)
+        if style == Style.COLUMN and parent:
+            closed = any(styles[p] == Style.ROW and order.index(p) > order.index(pattern)
                          for p in siblings)
-        elif style == "row":
-            closed = bool(parent) and any(styles[p] == "column" and
+        elif style == Style.ROW:
+            closed = bool(parent) and any(styles[p] == Style.COLUMN and
                                           order.index(p) < order.index(pattern)
                                           for p in siblings)
         else:
@@ -343,7 +328,7 @@ def layer_problems(facts: ModelFacts, module_strategies: tuple[tuple[str, str], 
         if not closed:
             out.append(Problem(
                 f"{pattern} is split by {style}s without a "
-                f"{'row split after it' if style == 'column' else 'column split before it'} "
+                f"{'row split after it' if style == Style.COLUMN else 'column split before it'} "
                 f"in {parent or 'the model root'}: the engine runs a tensor-parallel region "
                 "from column splits to row splits inside one module (attention, MLP), and "
                 "splits nothing else but an embedding by vocabulary and the head by columns",

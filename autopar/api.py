@@ -1,4 +1,6 @@
-"""The public entry points. This module only orchestrates: trace -> workload -> cost model."""
+"""The public entry points. This module only orchestrates: trace -> workload -> strategy solve ->
+cost model; ``estimate``, ``plan_for`` and ``optimize`` price a configuration by one path
+(``search.planner.config_estimate``)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from autopar.workload import build_workload
 
 def workload_of(model: nn.Module | GraphIR, train: TrainSpec, fusions: tuple[str, ...] = ()
                 ) -> Workload:
-    """Trace ``model`` (unless given a ``GraphIR``) and build the cost model's tables."""
+    """Trace ``model`` (unless given a ``GraphIR``) and build the cost model's base tables
+    (tp = 1: ``autopar.workload``); ``estimate`` prices another tp through the strategy
+    solve."""
     graph = model if isinstance(model, GraphIR) else trace(model, train)
     return build_workload(graph, activation_bytes_per_element(train.precision),
                           name=type(model).__name__ if not isinstance(model, GraphIR) else "",
@@ -78,16 +82,37 @@ def estimate(
     config: ParallelConfig,
     *,
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    split_weights: bool = False,
 ) -> Estimate:
-    """Predicted step time and memory of ``model`` on ``cluster`` under ``config``; refuses
-    (``AutoparError``) a configuration that could not run for this model
-    (``autopar.admissibility``)."""
+    """Predicted step time and memory of ``model`` on ``cluster`` under ``config``: the estimate
+    of the plan ``optimize`` returns when every ``ParallelConfig`` field is fixed to
+    ``config``'s, priced by the same path -- the per-op strategies solved for ``config.tp``
+    (with ``split_weights``, as ``plan_for``'s default, every linear layer the engine can split
+    is split), the stages cut as the search cuts them. Refuses (``AutoparError``) a
+    configuration that could not run for this model (``autopar.admissibility``), or whose
+    solved strategies the engine could not run.
+
+    A ``Workload`` (``workload_of``) is priced as given, which holds for tp = 1 only: it records
+    no strategies, so nothing in it divides by tp. With ``config.tp > 1`` it is refused; pass
+    the model or its ``GraphIR`` instead."""
     cluster = as_cluster(cluster)
     # Fail on a configuration that cannot run before spending a trace on it.
     check_world(config, cluster)
-    check(_before_trace(model, train), config, train)
-    work = model if isinstance(model, Workload) else workload_of(model, train, config.fusions)
-    return estimate_step(work, cluster, train, config, efficiency=efficiency)
+    facts = _before_trace(model, train)
+    check(facts, config, train)
+    if isinstance(model, Workload):
+        if config.tp != model.tp:
+            raise AutoparError(
+                f"a Workload is priced as given, and this one records no strategies for "
+                f"tp={config.tp} (it has tp={model.tp})", where="model",
+                fix="pass the model (nn.Module) or its GraphIR: estimate then solves the "
+                    "per-op strategies for the configuration's tp")
+        return estimate_step(model, cluster, train, config, efficiency=efficiency)
+    graph = model if isinstance(model, GraphIR) else trace(model, train)
+    name = graph.model_name or type(model).__name__
+    plan = plan_config(graph, facts, name, cluster, train, config, efficiency=efficiency,
+                       split_weights=split_weights)
+    return plan.estimate
 
 
 def optimize(

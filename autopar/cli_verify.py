@@ -16,7 +16,6 @@ from rich.console import Console
 from autopar.cli_args import config_from_fields, model_spec, read_plan
 from autopar.core.errors import AutoparError
 from autopar.core.specs import TrainSpec
-from autopar.core.model_spec import HF_LLAMA
 
 
 def add_verify_parser(sub: argparse._SubParsersAction, parents: list,
@@ -27,7 +26,8 @@ def add_verify_parser(sub: argparse._SubParsersAction, parents: list,
     g = p.add_argument_group("model and plan")
     g.add_argument("--model", default=None,
                    help="a zoo preset or family (autopar models), FILE.py:FACTORY, a "
-                        f"transformers config (folder or config.json), or {HF_LLAMA}; "
+                        "transformers config (folder or config.json), or a family's shorthand "
+                        "(hf-llama: a tiny transformers Llama); "
                         "default: the model the --plan file records")
     g.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model (or transformers config) field (repeatable)")

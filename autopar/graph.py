@@ -8,8 +8,8 @@ Conventions
 -----------
 * One ``NodeInfo`` per fx node that computes something (placeholders, ``get_attr`` and the
   output node are not listed; parameters are referenced by name in ``NodeInfo.params``).
-* ``op`` is a canonical name shared by the torch.fx and torch.export paths (see
-  ``OP_NAMES`` in ``autopar/tracing.py``): ``linear``, ``matmul``, ``bmm``, ``baddbmm``, ``sdpa``,
+* ``op`` is a canonical name shared by the torch.fx and torch.export paths (the op
+  registry's ``autopar.ops.OP_NAMES``): ``linear``, ``matmul``, ``bmm``, ``baddbmm``, ``sdpa``,
   ``embedding``, ``layer_norm``, ``rms_norm``, ``softmax``, ``dropout``, ``gelu``, ``silu``,
   ``relu``, ``add``, ``mul``, ``sub``, ``div``, ``neg``, ``pow``, ``mean``, ``rsqrt``, ``cat``,
   ``masked_fill``, ``where``, ``topk``, ``cross_entropy``, ``view`` (every op that moves no data:

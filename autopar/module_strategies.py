@@ -5,8 +5,9 @@ parallel styles to modules (``ColwiseParallel`` on an ``nn.Linear``, ``SequenceP
 norm). This module folds the first into the second, once, when the plan is made, so that the
 passes read module names and never need the traced graph.
 
-A module is listed when one of its ops reads a parameter. Its style is the strategy of its
-weight GEMM or embedding (``column``, ``row``, ``vocab``, ``replicated``); for any other module
+A module is listed when one of its ops reads a parameter. Its style (``autopar.core.layout.
+Style``) is the strategy of the op holding its weights (``autopar.ops.is_weight_op``: a linear
+layer's GEMM or an embedding: ``column``, ``row``, ``vocab``, ``replicated``); for any other module
 (a norm, written as one op or as several) ``sequence`` when every op it owns runs over the
 sequence split, ``replicated`` when every op runs whole, and ``mixed`` otherwise (a layout the
 engine's styles cannot express; the pass refuses it). (A tied embedding and head get one
@@ -18,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from autopar.graph import GraphIR, NodeInfo
-from autopar.workload import is_weight_gemm
+from autopar.core.layout import Style
+from autopar.graph import GraphIR
+from autopar.ops import is_weight_op
 
 LOSS = "<loss>"
 """The key of the cross-entropy's strategy (``vocab``: ``loss_parallel``; ``replicated``)."""
@@ -33,10 +35,6 @@ def _pattern(graph: GraphIR, path: str) -> str:
     return path
 
 
-def _decisive(node: NodeInfo, graph: GraphIR) -> bool:
-    return node.op == "embedding" or is_weight_gemm(node, graph)
-
-
 def module_strategies(graph: GraphIR, strategies: Mapping[str, str]
                       ) -> tuple[tuple[str, str], ...]:
     """(module pattern, style) for every module with parameters of block 0 and outside the
@@ -47,15 +45,17 @@ def module_strategies(graph: GraphIR, strategies: Mapping[str, str]
     out: list[tuple[str, str]] = []
     for path in owners:
         owned = [n for n in nodes if n.module_path == path]
-        decisive = [strategies.get(n.name, "replicated") for n in owned if _decisive(n, graph)]
+        decisive = [Style(strategies.get(n.name, Style.REPLICATED)) for n in owned
+                    if is_weight_op(n, graph)]
         if decisive:
             style = decisive[0]
         else:
-            seen = {strategies.get(n.name, "replicated") for n in owned}
-            style = seen.pop() if len(seen) == 1 else "mixed"
-            style = {"width": "mixed"}.get(style, style)
+            seen = {Style(strategies.get(n.name, Style.REPLICATED)) for n in owned}
+            style = seen.pop() if len(seen) == 1 else Style.MIXED
+            style = Style.MIXED if style is Style.WIDTH else style
         out.append((_pattern(graph, path), style))
-    losses = [strategies.get(n.name, "replicated") for n in nodes if n.op == "cross_entropy"]
+    losses = [Style(strategies.get(n.name, Style.REPLICATED)) for n in nodes
+              if n.op == "cross_entropy"]
     if losses:
         out.append((LOSS, losses[-1]))
     return tuple(out)

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.core.estimate import Estimate, checkpoint_text
+from autopar.core.layout import Style
 from autopar.core.plan import Plan
 from autopar.execution import execution_lines
 
@@ -152,7 +153,7 @@ def _execution_table(plan: Plan) -> Table:
     t.add_column()
     for aspect, text in execution_lines(plan.config, plan.train, sum(plan.stage_blocks)):
         t.add_row(aspect, text)
-    split = [(m, s) for m, s in plan.module_strategies if s != "replicated"]
+    split = [(m, s) for m, s in plan.module_strategies if s != Style.REPLICATED]
     if plan.config.tp > 1 and split:
         t.add_row("module styles", ", ".join(f"{m}: {s}" for m, s in split))
     return t

@@ -15,9 +15,10 @@ Steps, each a function below:
    models set to the data-dependent "eager" experts path are switched to "grouped_mm" (static
    shapes, exports) for the trace. If both fail, ``AutoparError`` names the module and line.
 3. ``_build_nodes``: one ``NodeInfo`` per computing node, with the canonical op
-   (``tracing_ops.OP_NAMES``), shapes, FLOPs, bytes, parameters and module path. Parameters and
-   buffers are not nodes: a parameter read through ``get_attr``, a lifted placeholder, or a view
-   of either (``w.t()``) is attributed to the node that consumes it.
+   (``autopar.ops.naming``), shapes, FLOPs and bytes (the op registry, ``autopar.ops``),
+   parameters and module path. Parameters and buffers are not nodes: a parameter read through
+   ``get_attr``, a lifted placeholder, or a view of either (``w.t()``) is attributed to the
+   node that consumes it.
 4. ``tracing_blocks``: the repeated block group and each node's instance.
 
 Cost: linear in the number of nodes, one meta forward, no ``FlopCounterMode``
@@ -50,15 +51,8 @@ from autopar.tracing_errors import (
     quiet_torch_logs,
     untraceable_error,
 )
-from autopar.tracing_ops import (
-    CANONICAL_OPS,
-    OP_NAMES,
-    canonical_op,
-    forward_bytes,
-    forward_flop,
-    is_skipped,
-    unmapped_ops,
-)
+from autopar.ops import CANONICAL_OPS, OP_NAMES, VIEW, forward_bytes, forward_flop
+from autopar.ops.naming import canonical_op, is_skipped, unmapped_ops
 
 __all__ = ["CANONICAL_OPS", "DEFAULT_SEQ_LEN", "OP_NAMES", "trace", "unmapped_ops"]
 
@@ -480,7 +474,7 @@ def _node_info(
     outputs = _tensor_metas(node.meta.get("val"))
     op = canonical_op(raw, operands, outputs, tensor_index=tensor_index and raw == "getitem",
                       first_contiguous=first_contiguous)
-    if op == "view" and n_tensor_args and n_const_args == n_tensor_args and not inputs:
+    if op == VIEW and n_tensor_args and n_const_args == n_tensor_args and not inputs:
         const[node.name] = tuple(params)  # a view of weights: folded into its consumer
         return None
     param_bytes = sum(param_nbytes.get(name, 0) for name in params)

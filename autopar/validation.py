@@ -5,7 +5,9 @@ Used by ``tests/unit/test_published_runs.py`` (which asserts) and
 published configuration: TP, PP, DP = GPUs / (TP * PP), the interleaved schedule and full
 recomputation, mixed precision with fp16 compute. The paper does not give the micro-batch size
 or the number of model chunks per rank; as its authors tuned them, we take the fastest that fits
-among micro-batches of 1, 2, 4 and 8 and every chunk count that divides the stage's layers.
+among micro-batches of 1, 2, 4 and 8 and every chunk count that divides the stage's layers. Each
+configuration is priced as ``autopar.estimate`` and the search price it: the per-op strategies
+solved for its tp (``search.planner.config_estimate``).
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from pathlib import Path
 import torch.nn as nn
 
 from autopar import models
-from autopar.api import workload_of
+from autopar.admissibility import facts_of
 from autopar.costmodel.cluster import ClusterSpec
+from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
 from autopar.core.specs import Optimizer, ParallelConfig, Precision, TrainSpec
-from autopar.costmodel.step import estimate_step
+from autopar.search.planner import config_estimate, strategies_of
+from autopar.tracing import trace
 
 MICRO_BATCHES = (1, 2, 4, 8)
 MEGATRON_FUSIONS = ("scale_mask_softmax", "bias_dropout_add")
@@ -70,7 +74,9 @@ def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g") -> RunCh
     gpus, tp, pp = row["num_gpus"], row["tensor_parallel_size"], row["pipeline_parallel_size"]
     dp = gpus // (tp * pp)
     model, cluster, train = megatron_inputs(row, cluster_preset)
-    work = workload_of(model, train, MEGATRON_FUSIONS)
+    graph = trace(model, train)
+    strategies = strategies_of(graph, facts_of(model), graph.model_name, cluster, train,
+                               efficiency=DEFAULT_EFFICIENCY, fusions=MEGATRON_FUSIONS)
     per_stage = row["num_layers"] // pp
     best: Estimate | None = None
     for mb in MICRO_BATCHES:
@@ -81,7 +87,7 @@ def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g") -> RunCh
                 config = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb,
                                         schedule="interleaved", virtual_stages=v,
                                         checkpoint="full", fusions=MEGATRON_FUSIONS)
-                est = estimate_step(work, cluster, train, config)
+                est = config_estimate(strategies, config)
             except AutoparError:
                 continue
             if est.fits and (best is None or est.step_time_s < best.step_time_s):

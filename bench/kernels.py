@@ -11,7 +11,7 @@ For each op, forward and forward+backward: the median time of ``triton.testing.d
 flushes L2 between runs); the bytes the op must move at the least (each input read once, each
 output written once; the ``*_bytes`` of ``Case``) over that time, in decimal GB/s, and as a
 percentage of the device's copy bandwidth measured here (``x.copy_(y)`` on 1 GiB); and the speedup
-over the eager PyTorch the models run (``models/llama.py``, ``models/gpt.py``, ``lm_loss``) and over
+over the eager PyTorch the models run (``models/llama/``, ``models/gpt/``, ``lm_loss``) and over
 ``torch.compile`` of the same eager code. The fused loss is compute bound, so its GB/s is left
 out; instead its peak memory above the inputs during forward+backward (gradients included, both
 sides produce them) is set against eager's.

@@ -11,12 +11,13 @@ Instances (all synthetic, generated here with fixed seeds):
   layer gives each axis to batch, in-features, out-features or nobody (16 strategies). Compute is a
   roofline (312 TFLOP/s, 2 TB/s) plus the layer's own all-reduces; resharding is all-gather /
   all-to-all on the axis that changes (axis 0 at 25 GB/s, axis 1 at 150 GB/s), forward and
-  backward; memory is 16 bytes per parameter shard (mixed-precision Adam) plus saved inputs.
-  Checkpoint options none / selective / full. "slack" has no memory limit; "binding" puts the limit
-  30 % of the way from the least memory to the memory of the unconstrained optimum.
+  backward.
 * ``synthetic-structured-500`` / ``synthetic-random-500``: the sizes of FINDINGS.md "Solvers":
   500 ops x 8 strategies, 694 edges (a chain plus 195 skips), repeat 1; structured from a 2x4
-  mesh with a binding limit, random costs with a slack one.
+  mesh, random costs.
+
+The ILP has no memory limit or checkpointing (``autopar.search.optimize`` decides those), so every
+instance is solved for time alone.
 """
 
 from __future__ import annotations
@@ -34,17 +35,7 @@ from pathlib import Path
 import ortools
 from machine import machine_lines
 
-from autopar.search.ilp import (
-    NO_CHECKPOINT,
-    Backend,
-    BlockProblem,
-    CheckpointOption,
-    Edge,
-    StrategyTable,
-    evaluate,
-    min_memory,
-    solve,
-)
+from autopar.search.ilp import Backend, BlockProblem, Edge, StrategyTable, evaluate, solve
 
 PEAK_FLOP_PER_S = 312e12
 HBM_BYTES_PER_S = 2.0e12
@@ -62,7 +53,6 @@ class OpSpec:
     in_width: int  # hidden size of the input (linear: in features)
     inputs: tuple[int, ...]  # op indices inside the block; -1 = the block input
     flop_per_elem: float = 1.0
-    saves: bool = True
 
 
 def _layer(base: int, hidden: int, ffn: int, llama: bool, prev: int) -> list[OpSpec]:
@@ -78,7 +68,7 @@ def _layer(base: int, hidden: int, ffn: int, llama: bool, prev: int) -> list[OpS
     h, f = hidden, ffn
     if llama:
         x = add("rms.pow", "elementwise", h, h, (prev,))
-        x = add("rms.mean", "elementwise", h, h, (x,), saves=False)
+        x = add("rms.mean", "elementwise", h, h, (x,))
         x = add("rms.rsqrt", "elementwise", h, h, (x,))
         x = add("rms.mul", "elementwise", h, h, (prev, x))
         n1 = add("rms.weight", "elementwise", h, h, (x,))
@@ -89,9 +79,9 @@ def _layer(base: int, hidden: int, ffn: int, llama: bool, prev: int) -> list[OpS
         k = add("rope.k", "elementwise", h // 4, h // 4, (k,), flop_per_elem=6)
         a = add("attention", "attention", h, h, (q, k, v))
         o = add("o_proj", "linear", h, h, (a,))
-        r1 = add("residual1", "elementwise", h, h, (prev, o), saves=False)
+        r1 = add("residual1", "elementwise", h, h, (prev, o))
         x = add("rms2.pow", "elementwise", h, h, (r1,))
-        x = add("rms2.mean", "elementwise", h, h, (x,), saves=False)
+        x = add("rms2.mean", "elementwise", h, h, (x,))
         x = add("rms2.rsqrt", "elementwise", h, h, (x,))
         x = add("rms2.mul", "elementwise", h, h, (r1, x))
         n2 = add("rms2.weight", "elementwise", h, h, (x,))
@@ -100,29 +90,29 @@ def _layer(base: int, hidden: int, ffn: int, llama: bool, prev: int) -> list[OpS
         g = add("silu", "elementwise", f, f, (g,), flop_per_elem=4)
         m = add("swiglu.mul", "elementwise", f, f, (g, u))
         d = add("down_proj", "linear", h, f, (m,))
-        add("residual2", "elementwise", h, h, (r1, d), saves=False)
+        add("residual2", "elementwise", h, h, (r1, d))
         return ops
     n1 = add("ln1", "elementwise", h, h, (prev,), flop_per_elem=8)
     qkv = add("qkv", "linear", 3 * h, h, (n1,))
-    qkv = add("qkv.bias", "elementwise", 3 * h, 3 * h, (qkv,), saves=False)
-    q = add("q.view", "elementwise", h, 3 * h, (qkv,), flop_per_elem=0, saves=False)
-    k = add("k.view", "elementwise", h, 3 * h, (qkv,), flop_per_elem=0, saves=False)
-    v = add("v.view", "elementwise", h, 3 * h, (qkv,), flop_per_elem=0, saves=False)
+    qkv = add("qkv.bias", "elementwise", 3 * h, 3 * h, (qkv,))
+    q = add("q.view", "elementwise", h, 3 * h, (qkv,), flop_per_elem=0)
+    k = add("k.view", "elementwise", h, 3 * h, (qkv,), flop_per_elem=0)
+    v = add("v.view", "elementwise", h, 3 * h, (qkv,), flop_per_elem=0)
     a = add("attention", "attention", h, h, (q, k, v))
-    a = add("attn.view", "elementwise", h, h, (a,), flop_per_elem=0, saves=False)
+    a = add("attn.view", "elementwise", h, h, (a,), flop_per_elem=0)
     o = add("proj", "linear", h, h, (a,))
-    o = add("proj.bias", "elementwise", h, h, (o,), saves=False)
+    o = add("proj.bias", "elementwise", h, h, (o,))
     o = add("dropout1", "elementwise", h, h, (o,))
-    r1 = add("residual1", "elementwise", h, h, (prev, o), saves=False)
+    r1 = add("residual1", "elementwise", h, h, (prev, o))
     n2 = add("ln2", "elementwise", h, h, (r1,), flop_per_elem=8)
     x = add("fc1", "linear", f, h, (n2,))
-    x = add("fc1.bias", "elementwise", f, f, (x,), saves=False)
+    x = add("fc1.bias", "elementwise", f, f, (x,))
     x = add("gelu", "elementwise", f, f, (x,), flop_per_elem=8)
     x = add("fc2", "linear", h, f, (x,))
-    x = add("fc2.bias", "elementwise", h, h, (x,), saves=False)
+    x = add("fc2.bias", "elementwise", h, h, (x,))
     x = add("dropout2", "elementwise", h, h, (x,))
-    x = add("residual2", "elementwise", h, h, (r1, x), saves=False)
-    add("ln_out.identity", "elementwise", h, h, (x,), flop_per_elem=0, saves=False)
+    x = add("residual2", "elementwise", h, h, (r1, x))
+    add("ln_out.identity", "elementwise", h, h, (x,), flop_per_elem=0)
     return ops
 
 
@@ -178,7 +168,7 @@ def transformer_block(
     out_layout: list[list[tuple[str | None, ...]]] = []  # per op, per strategy
     in_layout: list[list[tuple[str | None, ...]]] = []
     for spec in specs:
-        names, compute, forward, state, act, outs, ins = [], [], [], [], [], [], []
+        names, compute, outs, ins = [], [], [], []
         if spec.kind == "linear":
             for roles in lin_layouts:
                 sb, sk, sn = (_shards(roles, r, mesh) for r in ("B", "K", "N"))
@@ -201,9 +191,6 @@ def transformer_block(
                 )
                 names.append("".join({"B": "b", "K": "k", "N": "n", None: "r"}[r] for r in roles))
                 compute.append(flop / PEAK_FLOP_PER_S + comm)
-                forward.append(flop / 3 / PEAK_FLOP_PER_S)
-                state.append(16.0 * weight)
-                act.append(tokens * spec.in_width * dtype_bytes / (sb * sk))
                 ins.append(tuple({"B": "B", "K": "H"}.get(r) for r in roles))  # type: ignore[arg-type]
                 outs.append(tuple({"B": "B", "N": "H"}.get(r) for r in roles))  # type: ignore[arg-type]
         else:
@@ -213,7 +200,6 @@ def transformer_block(
                 if spec.kind == "attention":
                     flop = 3 * 4.0 * micro_batch * seq * seq * spec.width / (sb * sh)
                     t = flop / PEAK_FLOP_PER_S
-                    saved = 4 * elems * dtype_bytes
                 else:
                     t = (
                         3
@@ -224,7 +210,6 @@ def transformer_block(
                         if spec.flop_per_elem
                         else 0.0
                     )
-                    saved = elems * dtype_bytes if spec.saves else 0.0
                     if (
                         spec.name.startswith(("ln", "rms"))
                         and spec.name.endswith(("1", "2", "mean"))
@@ -233,16 +218,9 @@ def transformer_block(
                         t += LATENCY_S  # statistics all-reduce over a sharded hidden dim
                 names.append("".join({"B": "b", "H": "h", None: "r"}[d] for d in layout))
                 compute.append(t)
-                forward.append(t / 3)
-                state.append(0.0)
-                act.append(saved)
                 ins.append(layout)
                 outs.append(layout)
-        tables.append(
-            StrategyTable(
-                tuple(names), tuple(compute), tuple(state), tuple(act), tuple(forward), op=spec.name
-            )
-        )
+        tables.append(StrategyTable(tuple(names), tuple(compute), op=spec.name))
         out_layout.append(outs)
         in_layout.append(ins)
 
@@ -265,14 +243,7 @@ def transformer_block(
                 boundary.append(edge(last, j, hidden))
             else:
                 edges.append(edge(src, j, width))
-    options = (
-        NO_CHECKPOINT,
-        CheckpointOption("selective", 0.0, 0.75, 0.15),
-        CheckpointOption("full", 0.0, 0.06, 1.0),
-    )
-    return BlockProblem(
-        tuple(tables), tuple(edges), repeat, tuple(boundary), options, fixed_bytes=2e9
-    )
+    return BlockProblem(tuple(tables), tuple(edges), repeat, tuple(boundary))
 
 
 def synthetic_500(structured: bool, seed: int = 0) -> BlockProblem:
@@ -292,7 +263,7 @@ def synthetic_500(structured: bool, seed: int = 0) -> BlockProblem:
         widths = [rng.choice((1024, 4096, 8192)) for _ in range(num_ops)]
         for i in range(num_ops):
             params = rng.choice((0, 0, 8192 * 8192, 8192 * 32768)) / 8
-            compute, state, act = [], [], []
+            compute = []
             for layout in layouts:
                 sb, sh = _shards(layout, "B", mesh), _shards(layout, "H", mesh)
                 flop = 6 * 8192 * params * 8 / (sb * sh) + 8192 * widths[i] * 10 / (sb * sh)
@@ -307,14 +278,10 @@ def synthetic_500(structured: bool, seed: int = 0) -> BlockProblem:
                     if d == "H" and params
                 )
                 compute.append(flop / PEAK_FLOP_PER_S + grad_sync + tp_comm)
-                state.append(16 * params / sh)
-                act.append(8192 * widths[i] * 2 / (sb * sh))
             names = tuple(
                 "".join({"B": "b", "H": "h", None: "r"}[d] for d in layout) for layout in layouts
             )
-            tables.append(
-                StrategyTable(names, tuple(compute), tuple(state), tuple(act), op=f"op{i}")
-            )
+            tables.append(StrategyTable(names, tuple(compute), op=f"op{i}"))
         for i, j in pairs:
             full = 8192 * widths[i] * 2
             edges.append(
@@ -326,15 +293,10 @@ def synthetic_500(structured: bool, seed: int = 0) -> BlockProblem:
             )
     else:
         for i in range(num_ops):
-            tables.append(
-                StrategyTable(
-                    tuple(f"s{k}" for k in range(8)),
-                    tuple(rng.uniform(0.5, 2.0) for _ in range(8)),
-                    tuple(rng.uniform(0, 1e8) for _ in range(8)),
-                    tuple(rng.uniform(0, 1e8) for _ in range(8)),
-                    op=f"op{i}",
-                )
-            )
+            compute = tuple(rng.uniform(0.5, 2.0) for _ in range(8))
+            for _ in range(16):  # the retired state and activation bytes: still drawn, so that
+                rng.random()  # the costs stay those of the instance measured with them
+            tables.append(StrategyTable(tuple(f"s{k}" for k in range(8)), compute, op=f"op{i}"))
         for i, j in pairs:
             edges.append(
                 Edge(
@@ -349,14 +311,7 @@ def synthetic_500(structured: bool, seed: int = 0) -> BlockProblem:
     return BlockProblem(tuple(tables), tuple(edges), 1)
 
 
-def binding_limit(problem: BlockProblem, fraction: float = 0.3) -> float:
-    """The limit ``fraction`` of the way from the least memory to the unconstrained optimum's."""
-    free = solve(problem, math.inf, time_limit_s=120)
-    least = min_memory(problem)[2]
-    return least + fraction * (free.memory_bytes - least)
-
-
-def instances(quick: bool) -> list[tuple[str, BlockProblem, float]]:
+def instances(quick: bool) -> list[tuple[str, BlockProblem]]:
     out = []
     blocks = [
         ("gpt-21ops-2x4-r24", dict(layers=1, llama=False, mesh=(2, 4), repeat=24)),
@@ -365,13 +320,10 @@ def instances(quick: bool) -> list[tuple[str, BlockProblem, float]]:
         ("llama-48ops-4x4-r40", dict(layers=2, llama=True, mesh=(4, 4), repeat=40)),
     ]
     for name, kw in blocks:
-        problem = transformer_block(**kw)  # type: ignore[arg-type]
-        out.append((f"{name}-slack", problem, math.inf))
-        out.append((f"{name}-binding", problem, binding_limit(problem)))
+        out.append((name, transformer_block(**kw)))  # type: ignore[arg-type]
     if not quick:
-        structured = synthetic_500(True)
-        out.append(("synthetic-structured-500", structured, binding_limit(structured)))
-        out.append(("synthetic-random-500", synthetic_500(False), math.inf))
+        out.append(("synthetic-structured-500", synthetic_500(True)))
+        out.append(("synthetic-random-500", synthetic_500(False)))
     return out
 
 
@@ -395,19 +347,19 @@ def main() -> None:
     args = parser.parse_args()
     backends = [Backend(b) for b in args.backends.split(",")]
     rows = []
-    for name, problem, limit in instances(args.quick):
-        limit_text = "none" if math.isinf(limit) else f"{limit / 2**30:.2f} GiB"
-        print(f"{name}: {describe(problem)}, limit {limit_text}", flush=True)
+    problems = instances(args.quick)
+    for name, problem in problems:
+        print(f"{name}: {describe(problem)}", flush=True)
         runs = 1 if name.startswith("synthetic") else args.repeats
         for backend in backends:
             times, solver_times = [], []
             for _ in range(runs):
                 start = time.perf_counter()
-                sol = solve(problem, limit, time_limit_s=args.time_limit_s, backend=backend)
+                sol = solve(problem, time_limit_s=args.time_limit_s, backend=backend)
                 times.append(time.perf_counter() - start)
                 solver_times.append(sol.wall_s)
-                if evaluate(problem, sol.strategy, sol.checkpoint_counts).memory_bytes > limit:
-                    raise RuntimeError(f"{backend} returned a plan over the limit on {name}")
+                if sol.objective_s != evaluate(problem, sol.strategy).time_s:
+                    raise RuntimeError(f"{backend} reported a time the tables disagree with")
             total_s, wall_s = statistics.median(times), statistics.median(solver_times)
             status = sol.status.value
             if status != "optimal":
@@ -440,10 +392,9 @@ def main() -> None:
             f"| {name} | {backend} | {total_s:.2f} | {lo:.2f}-{hi:.2f} | {wall_s:.2f} | "
             f"{obj:.9g} | {status} |"
         )
-    sizes = ["| instance | size | memory limit |", "|---|---|---|"]
-    for name, problem, limit in instances(args.quick):
-        limit_text = "none" if math.isinf(limit) else f"{limit / 2**30:.2f} GiB"
-        sizes.append(f"| {name} | {describe(problem)} | {limit_text} |")
+    sizes = ["| instance | size |", "|---|---|"]
+    for name, problem in problems:
+        sizes.append(f"| {name} | {describe(problem)} |")
     print("\n".join(table))
     if args.quick:
         return
@@ -451,12 +402,11 @@ def main() -> None:
         "# Solver back ends of the per-candidate ILP (`autopar/search/ilp.py`)",
         "",
         *machine_lines("python bench/solver_compare.py", f"OR-Tools {ortools.__version__}"),
-        "- Each solve: `autopar.search.ilp.solve(problem, limit, backend=...)`, num_workers=8,",
+        "- Each solve: `autopar.search.ilp.solve(problem, backend=...)`, num_workers=8,",
         f"  time limit {args.time_limit_s:.0f} s; block instances run {args.repeats} times",
         "  (median and min-max), the 500-op ones once. 'seconds' includes building the model in",
-        "  Python and the closed-form least-memory check; 'solver only' is the back end's own",
-        "  wall time.",
-        "- Instances: see the docstring of `bench/solver_compare.py`; GiB = 2**30 bytes.",
+        "  Python; 'solver only' is the back end's own wall time.",
+        "- Instances: see the docstring of `bench/solver_compare.py`.",
         "",
     ]
     out = Path(__file__).parent / "results" / "solver.md"

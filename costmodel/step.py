@@ -335,9 +335,16 @@ def estimate_step(
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
     partition: StagePartition | None = None,
 ) -> Estimate:
-    """Predict one optimizer step of ``workload`` on ``cluster`` under ``config``."""
+    """Predict one optimizer step of ``workload`` on ``cluster`` under ``config``; the
+    workload's strategies must be solved for ``config.tp`` (``Workload.tp``)."""
     eff = efficiency
     check_world(config, cluster)
+    if workload.tp != config.tp:
+        raise AutoparError(
+            f"the workload records per-op strategies for tp={workload.tp}, the configuration has "
+            f"tp={config.tp}", where="tp",
+            fix="price the model with autopar.estimate (it solves the strategies for the "
+                "configuration's tp), or the planner's workload for this tp")
     m = config.microbatches(train)
     L = workload.num_blocks
     part = partition or even_partition(L, config.pp, config.virtual_stages)

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from enum import Enum, StrEnum
+from enum import Enum
+
+from autopar.core.layout import Shard
+from autopar.core.roofline import OpKind
+
+__all__ = ["LayerCost", "OpCost", "OpKind", "Phase", "SavedTensor", "Shard", "TPCollective",
+           "Workload"]
 
 
 class Phase(Enum):
@@ -22,30 +28,6 @@ class Phase(Enum):
     BACKWARD_ACT = "backward-activation"
     BACKWARD_WEIGHT = "backward-weight"
     OPTIMIZER = "optimizer"
-
-
-class OpKind(StrEnum):
-    """Which roofline an op runs on."""
-
-    MATMUL = "matmul"
-    """Tensor-core GEMM: linear, matmul, bmm."""
-    ATTENTION = "attention"
-    """Fused attention kernel (flash / SDPA)."""
-    MEMORY = "memory"
-    """Memory-bound: elementwise, norms, softmax, dropout, loss, copies."""
-    FREE = "free"
-    """Views and metadata: no kernel."""
-
-
-class Shard(StrEnum):
-    """How an entry divides under tensor (Megatron) parallelism."""
-
-    TP = "tp"
-    """Inside the column->row region (heads, ffn, vocabulary): divided by tp."""
-    SEQ = "seq"
-    """Replicated over the tp ranks; divided by tp only with sequence parallelism."""
-    REPLICATED = "replicated"
-    """Never divided by tp (a router, a tiny op with no rule)."""
 
 
 @dataclass(frozen=True)
@@ -101,11 +83,9 @@ class TPCollective:
     """A tensor-parallel collective over ``elements`` activations per sequence (the full tensor,
     before any split by tp).
 
-    ``kind`` is a ``costmodel.collectives.Collective`` value. The fixed Megatron assignment
-    records all-reduces; under sequence parallelism each of those becomes a reduce-scatter plus an
-    all-gather of the same volume (Korthikanti et al., 2022, section 4.2.2), which the all-reduce
-    price already is. Strategies chosen by the search record the collective their resharding
-    needs (all-gather, reduce-scatter, all-to-all).
+    ``kind`` is a ``costmodel.collectives.Collective`` value: the collective the resharding of
+    the strategies chosen by the solve needs (all-reduce, all-gather, reduce-scatter,
+    all-to-all; ``autopar.search.reshard``).
     """
 
     name: str
@@ -158,6 +138,11 @@ class Workload:
     tied_params: int = 0
     """Parameters held by both the first and the last stage (a tied embedding/head)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    tp: int = 1
+    """The tensor-parallel degree whose per-op strategies the entries record (their ``Shard``,
+    ``params_tp``, ``tp_collectives``; ``autopar.search.tp_solve``). The base workload
+    (``autopar.workload.build_workload``) has 1: nothing divides by tp and no tp collective
+    runs. ``costmodel.step.estimate_step`` prices a workload only at its own degree."""
 
     @property
     def params(self) -> int:

@@ -1,4 +1,4 @@
-"""Fused GELU, tanh form as GPT uses it (``nn.GELU(approximate="tanh")``, ``models/gpt.py``).
+"""Fused GELU, tanh form as GPT uses it (``nn.GELU(approximate="tanh")``, ``models/gpt/``).
 
 ``gelu(x) = 0.5 x (1 + tanh(z))`` with ``z = sqrt(2/pi) (x + 0.044715 x^3)``. Since
 ``0.5 (1 + tanh(z)) = sigmoid(2 z)``, the kernel computes ``x * sigmoid(2 z)``: the same function

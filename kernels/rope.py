@@ -1,6 +1,6 @@
 """Fused rotary position embedding, rotate-half form: ``x * cos + rotate_half(x) * sin``.
 
-As ``apply_rope`` in ``models/llama.py``: q and k are (batch, heads, seq, head_dim), possibly with
+As ``apply_rope`` in ``models/llama/``: q and k are (batch, heads, seq, head_dim), possibly with
 different head counts (grouped-query attention) and in any layout whose last dim is contiguous
 (the models pass ``view(b, s, h, d).transpose(1, 2)``, read in place here, no copy); cos and sin
 are (seq, head_dim) tables, fp32 in the models. With x = [x1, x2] split in halves of head_dim and

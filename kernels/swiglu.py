@@ -1,4 +1,4 @@
-"""Fused SwiGLU activation: ``silu(gate) * up``, the middle of Llama's MLP (``models/llama.py``).
+"""Fused SwiGLU activation: ``silu(gate) * up``, the middle of Llama's MLP (``models/llama/``).
 
 Roofline. Per element the forward does about 5 FLOPs (an exp, a division, two products) and moves
 three elements (read gate and up, write the product): under 1 FLOP/byte in bf16, so the bound is

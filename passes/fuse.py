@@ -3,22 +3,25 @@
 Runs in place, before the pipeline split and any sharding (``passes/program.py`` says why), on
 the repeated blocks and the modules after them (final norm, head). Two kinds of rewrite:
 
-* **Module swaps**, where the pattern is one module call: ``nn.RMSNorm`` and transformers'
-  ``LlamaRMSNorm`` become ``FusedRMSNorm`` (``rms_norm``), ``nn.LayerNorm`` ``FusedLayerNorm``
-  (``layer_norm``), ``nn.GELU(approximate="tanh")`` ``FusedGELU`` (``gelu``), and the head
-  ``LinearCrossEntropyHead`` (``linear_cross_entropy``). A swapped module holds the *same*
-  ``Parameter`` objects under the same names, so state-dict keys and tied weights are unchanged,
-  and it stays a module: ``SequenceParallel`` is applied to a norm by its name as before.
+* **Module swaps**, where the pattern is one module call: ``nn.RMSNorm`` and a family's own
+  RMSNorm class (transformers' ``LlamaRMSNorm``, which ``Family.rms_norm`` of
+  ``autopar/models/hf_llama/`` recognises) become ``FusedRMSNorm`` (``rms_norm``),
+  ``nn.LayerNorm`` ``FusedLayerNorm`` (``layer_norm``), ``nn.GELU(approximate="tanh")``
+  ``FusedGELU`` (``gelu``), and the head ``LinearCrossEntropyHead`` (``linear_cross_entropy``).
+  A swapped module holds the *same* ``Parameter`` objects under the same names, so state-dict
+  keys and tied weights are unchanged, and it stays a module: ``SequenceParallel`` is applied to
+  a norm by its name as before.
 * **torch.fx rewrites**, where the pattern is a few function calls: every module of a block is
   traced with ``torch.fx.symbolic_trace``'s machinery, its own children kept as leaves (so the
   attention and MLP modules, which the tensor-parallel styles hook by name, keep their
   boundaries; tracing the whole block would flatten them away), then ``swiglu``
-  (``F.silu(gate) * up``, with an ``nn.SiLU``-like activation module turned into ``F.silu``
-  first) is rewritten by ``torch.fx.subgraph_rewriter.replace_pattern``, and ``rope`` (``x * cos
-  + rotate_half(x) * sin``, rotate-half by ``chunk``) is found with fx's ``SubgraphMatcher``
-  and the matches on q and k that share ``cos``/``sin`` become one ``rope(q, k, cos, sin)`` call
-  (a pairing ``replace_pattern`` cannot express). A module whose graph changed is replaced, in
-  its parent, by its ``GraphModule``, which keeps the parameter names (checked).
+  (``F.silu(gate) * up``, with an ``nn.SiLU`` or a family's own SiLU module, ``Family.is_silu``,
+  turned into ``F.silu`` first) is rewritten by ``torch.fx.subgraph_rewriter.replace_pattern``,
+  and ``rope`` (``x * cos + rotate_half(x) * sin``, rotate-half by ``chunk``) is found with fx's
+  ``SubgraphMatcher`` and the matches on q and k that share ``cos``/``sin`` become one
+  ``rope(q, k, cos, sin)`` call (a pairing ``replace_pattern`` cannot express). A module whose
+  graph changed is replaced, in its parent, by its ``GraphModule``, which keeps the parameter
+  names (checked).
 
 What fx cannot trace keeps its eager code: a transformers ``LlamaAttention`` (it unpacks the
 ``position_embeddings`` tuple and dispatches attention on tensor shapes), so ``rope`` finds
@@ -50,8 +53,9 @@ from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from autopar import kernels
 from autopar.core.errors import AutoparError
-from autopar.fusion_patterns import PATTERNS
-from autopar.passes.model_parts import ModelParts, parts_of
+from autopar.ops import PATTERNS
+from autopar.models.family import Family
+from autopar.passes.model_parts import ModelParts, model_family
 
 FUSIONS: tuple[str, ...] = kernels.KERNELS
 """The fusions this pass applies: one per kernel, named as the kernel."""
@@ -84,14 +88,15 @@ def apply_fusions(model: nn.Module, fusions: tuple[str, ...] | list[str], tp: in
     if not fusions:
         return []
     register_dtensor_rules()
-    parts = parts_of(model)
+    family = model_family(model)
+    parts = family.parts
     counts = dict.fromkeys(fusions, 0)
     for root in (parts.blocks, *parts.last):
         for name in ("rms_norm", "layer_norm", "gelu"):
             if name in counts:
-                counts[name] += _swap_modules(model, root, _MODULE_SWAPS[name])
+                counts[name] += _swap_modules(model, root, _MODULE_SWAPS[name], family)
         if "swiglu" in counts or "rope" in counts:
-            for name, n in _rewrite_graphs(model, root, fusions).items():
+            for name, n in _rewrite_graphs(model, root, fusions, family).items():
                 counts[name] += n
     if "linear_cross_entropy" in counts:
         counts["linear_cross_entropy"] = _swap_head(model, parts)
@@ -165,30 +170,26 @@ def keep_fused_head_gathered(stage: nn.Module, head: str) -> None:
         stage.set_reshard_after_forward(False, recurse=False)
 
 
-def _rms_norm(m: nn.Module) -> nn.Module | None:
+def _rms_norm(m: nn.Module, family: Family) -> nn.Module | None:
     if isinstance(m, nn.RMSNorm) and m.weight is not None and len(m.normalized_shape) == 1:
         return FusedRMSNorm(m.weight, m.eps)
-    # transformers' LlamaRMSNorm (and its copies in other families): weight, variance_epsilon
-    if type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None),
-                                                           nn.Parameter) \
-            and m.weight.dim() == 1 and isinstance(getattr(m, "variance_epsilon", None), float) \
-            and not list(m.children()):
-        return FusedRMSNorm(m.weight, m.variance_epsilon)
-    return None
+    own = family.rms_norm(m)  # the family's own RMSNorm class (transformers' LlamaRMSNorm)
+    return None if own is None else FusedRMSNorm(*own)
 
 
-def _layer_norm(m: nn.Module) -> nn.Module | None:
+def _layer_norm(m: nn.Module, family: Family) -> nn.Module | None:
     if isinstance(m, nn.LayerNorm) and m.weight is not None and len(m.normalized_shape) == 1:
         return FusedLayerNorm(m.weight, m.bias, m.eps)
     return None
 
 
-def _gelu(m: nn.Module) -> nn.Module | None:
+def _gelu(m: nn.Module, family: Family) -> nn.Module | None:
     return FusedGELU() if isinstance(m, nn.GELU) and m.approximate == "tanh" else None
 
 
 _MODULE_SWAPS = {"rms_norm": _rms_norm, "layer_norm": _layer_norm, "gelu": _gelu}
-"""Fusion -> (module -> its fused replacement, or None where it does not apply)."""
+"""Fusion -> ((module, its model's family) -> its fused replacement, or None where it does not
+apply)."""
 
 
 def _under(model: nn.Module, root: str) -> list[tuple[str, nn.Module]]:
@@ -197,11 +198,11 @@ def _under(model: nn.Module, root: str) -> list[tuple[str, nn.Module]]:
             for name, m in model.get_submodule(root).named_modules()]
 
 
-def _swap_modules(model: nn.Module, root: str, fused_of) -> int:
+def _swap_modules(model: nn.Module, root: str, fused_of, family: Family) -> int:
     """Replace each module at or under ``root`` that ``fused_of`` fuses; the count."""
     count = 0
     for path, m in _under(model, root):
-        fused = fused_of(m)
+        fused = fused_of(m, family)
         if fused is not None:
             _set_submodule(model, path, fused)
             count += 1
@@ -234,8 +235,8 @@ class _ChildrenAsLeaves(fx.Tracer):
         return True
 
 
-def _rewrite_graphs(model: nn.Module, root: str, fusions: tuple[str, ...] | list[str]
-                    ) -> dict[str, int]:
+def _rewrite_graphs(model: nn.Module, root: str, fusions: tuple[str, ...] | list[str],
+                    family: Family) -> dict[str, int]:
     """Trace each module at or under ``root`` that has children, rewrite the function
     patterns, and put back each one whose graph changed; counts per fusion."""
     counts: dict[str, int] = {}
@@ -248,7 +249,7 @@ def _rewrite_graphs(model: nn.Module, root: str, fusions: tuple[str, ...] | list
             continue
         found = {}
         if "swiglu" in fusions:
-            found["swiglu"] = _rewrite_swiglu(graph, module)
+            found["swiglu"] = _rewrite_swiglu(graph, module, family)
         if "rope" in fusions:
             found["rope"] = _rewrite_rope(graph)
         if not any(found.values()):
@@ -269,10 +270,9 @@ def _param_names(m: nn.Module) -> list[str]:
     return sorted(n for n, _ in m.named_parameters(remove_duplicate=False))
 
 
-def _is_silu_module(m: nn.Module) -> bool:
-    # nn.SiLU, or transformers' SiLUActivation (ACT2FN["silu"]), which has no parameters
-    return isinstance(m, nn.SiLU) or (type(m).__name__ == "SiLUActivation"
-                                      and not list(m.parameters()))
+def _is_silu_module(m: nn.Module, family: Family) -> bool:
+    # nn.SiLU, or the family's own (transformers' SiLUActivation, ACT2FN["silu"])
+    return isinstance(m, nn.SiLU) or family.is_silu(m)
 
 
 def _swiglu_pattern(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -283,11 +283,12 @@ def _swiglu_replacement(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.ops.autopar.swiglu(gate, up)
 
 
-def _rewrite_swiglu(graph: fx.Graph, module: nn.Module) -> int:
+def _rewrite_swiglu(graph: fx.Graph, module: nn.Module, family: Family) -> int:
     """``silu(gate) * up`` -> ``swiglu(gate, up)``; an activation module call is made an
     ``F.silu`` call first so that one pattern covers both spellings."""
     for node in graph.nodes:
-        if node.op == "call_module" and _is_silu_module(module.get_submodule(node.target)):
+        if node.op == "call_module" and _is_silu_module(module.get_submodule(node.target),
+                                                        family):
             with graph.inserting_after(node):
                 # as fx records F.silu(x) itself: its torch-function path passes inplace=False
                 call = graph.call_function(F.silu, node.args, {"inplace": False})

@@ -50,8 +50,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from autopar.module_strategies import LOSS
+from autopar.core.layout import Style
 from autopar.core.plan import Plan
+from autopar.module_strategies import LOSS
 from autopar.passes.model_parts import ModelParts
 
 class PrepareBlockInput(PrepareModuleInput):
@@ -77,29 +78,30 @@ def sequence_parallel(plan: Plan) -> bool:
     """Whether the residual stream runs in sequence shards: the plan enables it and some module
     runs over the sequence (a solve may enable it and still keep every op whole)."""
     return plan.config.sequence_parallel and any(
-        style == "sequence" for _, style in plan.module_strategies)
+        style == Style.SEQUENCE for _, style in plan.module_strategies)
 
 
 def loss_is_vocab_parallel(plan: Plan) -> bool:
-    return plan.config.tp > 1 and dict(plan.module_strategies).get(LOSS) == "vocab"
+    return plan.config.tp > 1 and dict(plan.module_strategies).get(LOSS) == Style.VOCAB
 
 
 def _pattern(name: str, parts: ModelParts) -> str:
     return re.sub(rf"^{re.escape(parts.blocks)}\.\d+(?=\.|$)", f"{parts.blocks}.*", name)
 
 
-def _style(name: str, style: str, plan: Plan, parts: ModelParts) -> ParallelStyle | None:
-    """The engine's style for one module; ``parallelize`` has checked the plan's styles
-    against the model first (``autopar.admissibility.layer_problems``: module kinds, divisible
-    dimensions, column splits closed by row splits)."""
-    if style == "replicated":
+def _style(name: str, style: Style, plan: Plan, parts: ModelParts) -> ParallelStyle | None:
+    """The engine's style for one module: the one translation of the plan's ``Style`` to
+    DTensor. ``parallelize`` has checked the plan's styles against the model first
+    (``autopar.admissibility.layer_problems``: module kinds, divisible dimensions, column
+    splits closed by row splits)."""
+    if style == Style.REPLICATED:
         return None
-    if style == "sequence":
+    if style == Style.SEQUENCE:
         return SequenceParallel()
     seq = Shard(1) if sequence_parallel(plan) else Replicate()
-    if style == "vocab":
+    if style == Style.VOCAB:
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
-    if style == "row":
+    if style == Style.ROW:
         return RowwiseParallel(output_layouts=seq)
     if name == parts.head:
         # the logits stay vocabulary shards for loss_parallel, or are gathered whole
@@ -123,16 +125,16 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
             chosen = _style(name, style, plan, parts)
             if chosen is not None:
                 layout[name] = chosen
-            if style == "column" and name != parts.head:
+            if style == Style.COLUMN and name != parts.head:
                 seq = Shard(1) if sequence_parallel(plan) else Replicate()
                 layout[name.rsplit(".", 1)[0]] = PrepareBlockInput(seq)
     if sequence_parallel(plan):
         extra = parts.sequence_parallel_styles()
-        if styles.get(parts.embedding, "replicated") == "replicated":
+        if styles.get(parts.embedding, Style.REPLICATED) == Style.REPLICATED:
             # a whole table's output is sliced to the blocks' sequence shards (no collective)
             extra[parts.embedding] = PrepareModuleOutput(output_layouts=Replicate(),
                                                          desired_output_layouts=Shard(1))
-        if styles.get(parts.head, "replicated") == "replicated":
+        if styles.get(parts.head, Style.REPLICATED) == Style.REPLICATED:
             # a whole head reads the whole sequence: its input is all-gathered from the shards
             extra[parts.head] = PrepareModuleInput(input_layouts=(Shard(1),),
                                                    desired_input_layouts=(Replicate(),),

@@ -14,7 +14,8 @@ every rank, and the reference process of ``verify`` builds the same one. Four ki
   (``{"architecture": "Qwen2ForCausalLM", "config": {...}}``), built with the architecture's
   constructor from ``config_class.from_dict``: no weights are downloaded. On the command line
   ``--model DIR`` (a folder holding a ``config.json``, as ``save_pretrained`` writes it) or
-  ``--model config.json`` gives one, and ``hf-llama`` a tiny ``LlamaForCausalLM``.
+  ``--model config.json`` gives one, and a model family's shorthand another (``hf-llama``, a
+  tiny ``LlamaForCausalLM``: ``autopar/models/hf_llama/``).
 
 The weights a spec builds come from ``seed`` (``torch.manual_seed`` before construction), so
 every rank and the reference draw the same ones.
@@ -34,21 +35,19 @@ from typing import Any
 
 from autopar.core.errors import AutoparError
 
-HF_LLAMA = "hf-llama"
-"""``--model hf-llama``: a transformers ``LlamaForCausalLM`` made from ``HF_LLAMA_TINY``
-(``--model-arg`` sets any ``LlamaConfig`` field)."""
-
-HF_LLAMA_TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                 "max_position_embeddings": 64}
-
 _DROPPED_CONFIG_KEYS = ("transformers_version",)
 """Config keys not recorded: they describe the writer, not the model, and would make two plans
 of one model differ by the library version."""
 
-_MODEL_FIX = ("give --model a zoo preset or family (autopar models), FILE.py:FACTORY, "
-              "package.module:FACTORY, a transformers config (a folder with config.json, or "
-              f"the file), or {HF_LLAMA}")
+
+def _model_fix() -> str:
+    """What ``--model`` takes, with the model families' shorthands (``hf-llama``)."""
+    from autopar.models.family import shorthands
+
+    named = ", ".join(shorthands())
+    return ("give --model a zoo preset or family (autopar models), FILE.py:FACTORY, "
+            "package.module:FACTORY, a transformers config (a folder with config.json, or the "
+            "file)" + (f", or {named}" if named else ""))
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class ModelSpec:
             raise AutoparError(
                 f"a model spec names exactly one of a zoo model, a factory or a transformers "
                 f"config; this one gives {', '.join(given) or 'none'}", where="model spec",
-                fix=_MODEL_FIX)
+                fix=_model_fix())
         if self.overrides and not self.name:
             raise AutoparError("model field overrides apply to a zoo model only",
                                where="model spec overrides",
@@ -80,7 +79,7 @@ class ModelSpec:
             if not isinstance(t, Mapping) or not isinstance(t.get("architecture"), str) \
                     or not isinstance(t.get("config"), Mapping):
                 raise AutoparError("a transformers spec is {\"architecture\": NAME, \"config\": "
-                                   "{...}}", where="model spec transformers", fix=_MODEL_FIX)
+                                   "{...}}", where="model spec transformers", fix=_model_fix())
 
     # ----- construction -----
     @classmethod
@@ -93,8 +92,11 @@ class ModelSpec:
     def parse(cls, model: str, overrides: Mapping[str, Any] | None = None) -> ModelSpec:
         """The spec of a ``--model`` argument with its ``--model-arg`` overrides."""
         overrides = dict(overrides or {})
-        if model == HF_LLAMA:
-            return cls.transformers_config("LlamaForCausalLM", {**HF_LLAMA_TINY, **overrides})
+        from autopar.models.family import shorthand_spec
+
+        named = shorthand_spec(model, overrides)  # a family's shorthand: hf-llama
+        if named is not None:
+            return named
         config_file = _transformers_config_file(model)
         if config_file is not None:
             return _from_config_file(config_file, overrides)
@@ -107,7 +109,7 @@ class ModelSpec:
             source, _, attr = model.rpartition(":")
             if not source or not attr:
                 raise AutoparError(f"--model {model!r} is not FILE.py:FACTORY or "
-                                   "MODULE:FACTORY", where="--model", fix=_MODEL_FIX)
+                                   "MODULE:FACTORY", where="--model", fix=_model_fix())
             if source.endswith(".py"):
                 path = Path(source).expanduser()
                 if not path.is_file():
@@ -121,10 +123,10 @@ class ModelSpec:
     def of(cls, model: object) -> ModelSpec | None:
         """The spec that rebuilds ``model``: a zoo model's family and config, a transformers
         model's architecture and config; ``None`` for anything else."""
-        from autopar.models import ModelConfig
+        from autopar.models.family import config_family
 
         config = getattr(model, "config", None)
-        if isinstance(config, ModelConfig):  # type: ignore[arg-type]
+        if config_family(config) is not None:
             from dataclasses import asdict
 
             from autopar import models
@@ -142,6 +144,13 @@ class ModelSpec:
             if getattr(transformers, name, None) is type(model):
                 return cls.transformers_config(name, model.config.to_diff_dict())
         return None
+
+    @classmethod
+    def zoo(cls, name: str) -> ModelSpec | None:
+        """The spec of the zoo preset or family ``name``, or ``None`` when the zoo has none."""
+        from autopar import models
+
+        return cls(name) if name in models.names() else None
 
     def same_model(self, other: ModelSpec) -> bool:
         """Whether ``other`` builds the same model: zoo specs by their resolved config (a preset
@@ -172,7 +181,7 @@ class ModelSpec:
         """Inverse of ``to_dict``; also reads the ``transformers_llama`` form of version 1."""
         if not isinstance(d, Mapping):
             raise AutoparError(f"a model spec is a JSON object, not {type(d).__name__}",
-                               where=where, fix=_MODEL_FIX)
+                               where=where, fix=_model_fix())
         if d.get("transformers_llama"):
             return cls.transformers_config("LlamaForCausalLM", d["transformers_llama"])
         known = {"name", "overrides", "factory", "transformers", "transformers_llama"}
@@ -229,7 +238,7 @@ def _transformers_config_file(model: str) -> Path | None:
             return path / "config.json"
         raise AutoparError(f"{model} is a folder without a config.json", where="--model",
                            fix="pass a transformers model folder (save_pretrained writes "
-                               "config.json), or " + _MODEL_FIX)
+                               "config.json), or " + _model_fix())
     if model.endswith(".json"):
         if not path.is_file():
             raise AutoparError(f"config file {model} does not exist", where="--model",

@@ -219,16 +219,15 @@ class Plan:
         spec = given or recorded
         if spec is not None:
             return spec
-        from autopar import models
-
-        if self.model not in models.names():
+        spec = ModelSpec.zoo(self.model)
+        if spec is None:
             raise AutoparError(
                 f"the plan records no model spec and its model {self.model!r} is not a zoo "
                 "preset, so autopar does not know how to build it", where="plan.model",
                 fix="re-plan with this version (plan files record their model now), or name "
                     "the model: --model NAME [--model-arg KEY=VALUE ...] (Python: "
                     "model=ModelSpec(...))")
-        return ModelSpec(self.model)
+        return spec
 
     def export(self, folder: str | os.PathLike[str], model: ModelSpec | None = None, *,
                overwrite: bool = False) -> Path:
@@ -248,6 +247,4 @@ neither the report nor the passes; the package's ``__init__`` (the top layer) in
 
 
 def _view(name: str) -> Callable[..., Any]:
-    if name not in VIEWS:
-        import autopar  # noqa: F401 -- the package installs the views when it is imported
-    return VIEWS[name]
+    return VIEWS[name]  # the package is imported before any of its modules, so they are set

@@ -1,49 +1,83 @@
-"""The built-in model zoo: three families (gpt, llama, moe) and the presets in ``presets.py``.
+"""The built-in model zoo and the model families the passes know, one folder each.
 
 >>> model = build("gpt-1.7b")                      # on the meta device: no memory, no init
 >>> model = build("tiny-llama", device="cpu")      # initialised, trains on CPU
 >>> model = build("gpt", num_layers=2, hidden_size=64, num_heads=4, vocab_size=256, seq_len=32)
+>>> family_of(model).name
+'gpt'
 
-Every model has ``forward(tokens, targets=None)`` (logits, or the mean cross-entropy when
+A family is a folder ``<family>/`` holding its model code, its presets and its ``Family``
+(``family.py``): how to recognise its models, where their parts are for the passes and what the
+fusion pass must know of its module classes. The zoo families are ``gpt``, ``llama`` and
+``moe``; ``hf_llama`` describes transformers' Llama-style causal LMs. Each folder registers its
+family when imported, and this package imports every folder it finds, so adding a family, or a
+transformers architecture, touches its own folder only. ``layers.py`` holds the building blocks
+the zoo families share.
+
+Every zoo model has ``forward(tokens, targets=None)`` (logits, or the mean cross-entropy when
 ``targets`` is given), ``tok_emb``, ``layers`` (an ``nn.ModuleList`` of the repeated blocks),
 ``norm_f``, ``head``, ``config`` (the frozen config dataclass) and ``init_weights()`` (to
-initialise after ``to_empty`` from meta). The module docstrings of ``gpt``, ``llama`` and ``moe``
-list the module names the rest of autopar relies on.
+initialise after ``to_empty`` from meta). The docstrings of ``gpt/model.py``, ``llama/model.py``
+and ``moe/model.py`` list the module names the rest of autopar relies on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 
 import torch
 from torch import nn
 
 from autopar.core.errors import AutoparError
+from autopar.models.family import (
+    PRESETS,
+    Family,
+    family_named,
+    family_of,
+    register,
+    registered,
+    unregister,
+)
+from autopar.models.parts import ModelParts
+from autopar.models.presets import Preset
 
-from .gpt import GPT, Attention, GPTBlock, GPTConfig
-from .llama import Llama, LlamaBlock, LlamaConfig
-from .moe import MoEBlock, MoEConfig, MoELayer, MoETransformer, expert_capacity
-from .presets import PRESETS, Preset
+
+def _import_families() -> None:
+    """Import every family folder (sub-package) of this package: each registers itself."""
+    for found in pkgutil.iter_modules(__path__):
+        if found.ispkg:
+            importlib.import_module(f"{__name__}.{found.name}")
+
+
+_import_families()
+
+# the zoo's classes, importable from here as before the families had folders
+from autopar.models.gpt import GPT, Attention, GPTBlock, GPTConfig  # noqa: E402
+from autopar.models.llama import Llama, LlamaBlock, LlamaConfig  # noqa: E402
+from autopar.models.moe import (  # noqa: E402
+    MoEBlock,
+    MoEConfig,
+    MoELayer,
+    MoETransformer,
+    expert_capacity,
+)
 
 ModelConfig = GPTConfig | LlamaConfig | MoEConfig
-"""A config of any family."""
-
-_ConfigClass = type[GPTConfig] | type[LlamaConfig] | type[MoEConfig]
-_FAMILIES: dict[str, tuple[_ConfigClass, type[nn.Module]]] = {
-    "gpt": (GPTConfig, GPT),
-    "llama": (LlamaConfig, Llama),
-    "moe": (MoEConfig, MoETransformer),
-}
+"""A config of any zoo family."""
 
 
 def names() -> list[str]:
-    """Preset names, in the zoo's order (GPT by size, Llama 3, Mixtral, tiny)."""
+    """Preset names, in the zoo's order: families by name, each by size (GPT, Llama 3,
+    Mixtral), then the tiny test shapes."""
     return list(PRESETS)
 
 
 def families() -> list[str]:
-    """Family names that ``build`` accepts with an explicit shape."""
-    return list(_FAMILIES)
+    """Family names that ``build`` accepts with an explicit shape (those with a config class),
+    by name."""
+    return [f.name for f in registered() if f.config_class is not None]
 
 
 def make_config(name: str, **overrides: object) -> ModelConfig:
@@ -51,7 +85,7 @@ def make_config(name: str, **overrides: object) -> ModelConfig:
     if name in PRESETS:
         preset = PRESETS[name]
         family, fields = preset.family, {**preset.fields, **overrides}
-    elif name in _FAMILIES:
+    elif name in families():
         family, fields = name, dict(overrides)
     else:
         raise AutoparError(
@@ -59,7 +93,8 @@ def make_config(name: str, **overrides: object) -> ModelConfig:
             where="name",
             fix=f"use a preset ({', '.join(names())}) or a family ({', '.join(families())})",
         )
-    cls = _FAMILIES[family][0]
+    cls = family_named(family).config_class
+    assert cls is not None  # a preset's family, or one of families(): both have one
     known = {f.name: f for f in dataclasses.fields(cls)}
     for key in fields:
         if key not in known:
@@ -84,7 +119,7 @@ def make_config(name: str, **overrides: object) -> ModelConfig:
     return cls(**fields)  # type: ignore[arg-type]
 
 
-def _check_types(cls: _ConfigClass, fields: dict[str, object], name: str) -> None:
+def _check_types(cls: type, fields: dict[str, object], name: str) -> None:
     """A given field of the wrong type (``num_layers="abc"``) is the error to report, before
     any field that is missing."""
     import types
@@ -146,7 +181,7 @@ def from_config(
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise AutoparError(f"dtype must be a floating torch.dtype, got {dtype!r}", where="dtype",
                            fix="pass e.g. torch.float32 or torch.bfloat16")
-    model_cls = _FAMILIES[config.family][1]
+    model_cls = family_named(config.family).model_class
     with torch.device(device):
         model = model_cls(config)
     model = model.to(dtype=dtype)
@@ -187,6 +222,7 @@ def describe(name: str) -> dict[str, object]:
 
 __all__ = [
     "Attention",
+    "Family",
     "GPT",
     "GPTBlock",
     "GPTConfig",
@@ -198,6 +234,7 @@ __all__ = [
     "MoELayer",
     "MoETransformer",
     "ModelConfig",
+    "ModelParts",
     "PRESETS",
     "Preset",
     "build",
@@ -205,6 +242,11 @@ __all__ = [
     "describe",
     "expert_capacity",
     "families",
+    "family_named",
+    "family_of",
     "from_config",
     "names",
+    "register",
+    "registered",
+    "unregister",
 ]

@@ -23,11 +23,13 @@ from autopar.costmodel.collectives import Collective, Group
 from autopar.costmodel.compute import Split, estimate_op_s
 from autopar.costmodel.efficiency import Efficiency
 from autopar.costmodel.step import tp_collective_s
-from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, Shard, TPCollective
+from autopar.core.layout import Layout, Shard, Strategy, Style, shard_of
+from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, TPCollective
 from autopar.graph import GraphIR, NodeInfo
+from autopar.ops import kept_by_selective, strategies_for
 from autopar.search.ilp_types import BlockProblem, Edge, StrategyTable
 from autopar.search.reshard import conversion
-from autopar.search.strategies import Layout, Strategy, forced_splits, strategies_for
+from autopar.search.forced import forced_splits
 
 IMPOSSIBLE = math.inf
 """Resharding time of a conversion that cannot be done: the solver forbids the pair."""
@@ -48,18 +50,17 @@ class StratOp:
     tensors: tuple[str, ...]
     """The tensor each input reads (the producer node's output)."""
     node: NodeInfo | None = None
-    """The traced node; None for forks, sources and sinks."""
-    known: bool = True
-    """A rule knew the op (else it runs replicated and is reported)."""
+    """The traced node; None for forks, sources and sinks (an op without a strategy rule has
+    the one replicated strategy, and the layer's ``no_rule_ops`` lists it)."""
 
 
 def _fork(name: str, producer: int | None, tensor: str, sp: bool) -> StratOp:
     """A fork of ``tensor`` for its readers; ``producer`` None: the layer's input, joined to the
     previous block's output by a boundary edge."""
     layouts = [Layout.R, Layout.S] + ([Layout.Q] if sp else [])
-    strategies = [Strategy(str(lay), (lay,), lay, divides=False) for lay in layouts]
-    strategies.append(Strategy("R*", (Layout.R_PARTIAL_GRAD,), Layout.R_PARTIAL_GRAD,
-                               divides=False))
+    strategies = [Strategy(lay, (lay,), lay, divides=False) for lay in layouts]
+    rp = Layout.R_PARTIAL_GRAD
+    strategies.append(Strategy(rp, (rp,), rp, divides=False))
     if producer is None:
         return StratOp(name, tuple(strategies), (), ())
     return StratOp(name, tuple(strategies), (producer,), (tensor,))
@@ -68,8 +69,8 @@ def _fork(name: str, producer: int | None, tensor: str, sp: bool) -> StratOp:
 def _pinned(name: str, layout: Layout, producer: int | None = None, tensor: str = ""
             ) -> StratOp:
     if producer is None:  # a source: no input, output in ``layout``
-        return StratOp(name, (Strategy(str(layout), (), layout, divides=False),), (), ())
-    return StratOp(name, (Strategy(str(layout), (layout,), layout, divides=False),),
+        return StratOp(name, (Strategy(layout, (), layout, divides=False),), (), ())
+    return StratOp(name, (Strategy(layout, (layout,), layout, divides=False),),
                    (producer,), (tensor,))
 
 
@@ -95,8 +96,8 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
     previous block's output. ``output_layout`` adds a ``sink`` requiring that layout of the
     layer's output: the output of ``output_tensor`` when given (the tensor the next layer
     reads; a transformers model computes masks and rotary tables after its embedding), else of
-    the layer's last op. ``split_weights`` leaves the weight GEMMs Megatron splits only their
-    split strategies where every one of a module's can take it (``forced_splits``);
+    the layer's last op. ``split_weights`` leaves the linear layers only their split
+    strategies where every one of a module's can take its split (``search.forced``);
     ``fixed`` names the one strategy some ops must take (a table tied to a solved head); only
     splits ``tp`` divides are offered."""
     real = [n for n in nodes if n.out is not None]
@@ -128,13 +129,13 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
             if i in index:
                 producers.append(index[i])
                 tensors.append(i)
-        strategies, known = strategies_for(n, graph, sp, width, tp, forced)
+        strategies = strategies_for(n, graph, sp, width, tp, forced)
         if fixed and n.name in fixed:
             strategies = [st for st in strategies if st.name == fixed[n.name]] or strategies
         # rules see every graph-node input; keep the layouts of the ones inside this layer
         kept = [k for k, i in enumerate(x for x in n.inputs if graph.has_node(x)) if i in index]
         strategies = [replace(s, inputs=tuple(s.inputs[k] for k in kept)) for s in strategies]
-        ops.append(StratOp(n.name, tuple(strategies), tuple(producers), tuple(tensors), n, known))
+        ops.append(StratOp(n.name, tuple(strategies), tuple(producers), tuple(tensors), n))
         index[n.name] = len(ops) - 1
         if readers.get(n.name, 0) > 1:
             ops.append(_fork(f"fork:{n.name}", index[n.name], n.name, sp))
@@ -206,24 +207,23 @@ def edge_s(graph: GraphIR, tensor: str, producer: Layout, consumer: Layout,
 
 
 def _op_time(cost: OpCost | None, s: Strategy, graph: GraphIR, node: NodeInfo | None,
-             pricing: Pricing) -> tuple[float, float]:
-    """(forward + backward, forward) seconds of one op under ``s``."""
-    if cost is None:
-        total = fwd = 0.0
-    else:
+             pricing: Pricing) -> float:
+    """Forward + backward seconds of one op under ``s``, its collectives and its share of the
+    optimizer step included."""
+    total = 0.0
+    if cost is not None:
         op = replace(cost, shard=Shard.TP if s.divides else Shard.REPLICATED)
         t = estimate_op_s(op, pricing.split, pricing.cluster, pricing.eff,
                           expert_scale=pricing.expert_scale)
-        total, fwd = t.forward + t.backward, t.forward
+        total = t.forward + t.backward
     if node is not None and node.params and pricing.param_step_s:
         held = sum(graph.params[p].numel / (pricing.split.tp if _is_split(graph, p, s) else 1)
                    for p in node.params if p in graph.params)
         total += held * pricing.param_step_s
     if s.loss_parallel and node is not None:
-        t = _priced_s(loss_parallel_collectives(graph, node, pricing.split.act_bytes), pricing)
-        total += t
-        fwd += t
-    return total, fwd
+        total += _priced_s(loss_parallel_collectives(graph, node, pricing.split.act_bytes),
+                           pricing)
+    return total
 
 
 def head_node(cost: OpCost) -> str:
@@ -244,13 +244,10 @@ def block_problem(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, pricing: 
     by_node = costs_by_node(layer)
     tables = []
     for op in sg.ops:
-        times = [_op_time(by_node.get(op.name), s, graph, op.node, pricing)
-                 for s in op.strategies]
+        times = tuple(_op_time(by_node.get(op.name), s, graph, op.node, pricing)
+                      for s in op.strategies)
         tables.append(StrategyTable(names=tuple(s.name for s in op.strategies),
-                                    compute_s=tuple(t[0] for t in times),
-                                    state_bytes=(0.0,) * len(times),
-                                    activation_bytes=(0.0,) * len(times),
-                                    forward_s=tuple(t[1] for t in times), op=op.name))
+                                    compute_s=times, op=op.name))
     edges = [Edge(i, j, tuple(tuple(edge_s(graph, tensor, a.output, b.inputs[k], pricing)
                                     for b in op.strategies) for a in sg.ops[i].strategies))
              for j, op in enumerate(sg.ops)
@@ -268,11 +265,7 @@ def block_problem(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, pricing: 
 def _is_split(graph: GraphIR, param: str, s: Strategy) -> bool:
     """Whether ``s`` divides ``param`` over the tp ranks: every weight matrix of a split op, a
     bias only under a column split (a row split adds it once, after the reduction)."""
-    return s.shards_params and (len(graph.params[param].shape) >= 2 or s.name == "column")
-
-
-def _shard(layout: Layout) -> Shard:
-    return Shard.TP if layout in (Layout.S, Layout.Q) else Shard.REPLICATED
+    return s.shards_params and (len(graph.params[param].shape) >= 2 or s.name is Style.COLUMN)
 
 
 @dataclass(frozen=True)
@@ -307,19 +300,41 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
     divides = {op.name: s.divides for op, s in zip(sg.ops, chosen) if op.node is not None}
     ops = tuple(replace(c, shard=Shard.TP if divides.get(head_node(c), False)
                         else Shard.REPLICATED) for c in layer.ops)
-    saved = tuple(_saved_shard(graph, s, layout) for s in layer.saved)
+    rows = {op.name for op, s in zip(sg.ops, chosen) if op.node is not None
+            and s.name is Style.ROW and kept_by_selective(op.node, graph)}
+    saved = _cached_partials(tuple(_saved_shard(graph, s, layout) for s in layer.saved), rows)
     # expert weights (3-d) are divided by ep and tp in the step model already
     split_params = {p for op, s in zip(sg.ops, chosen) if op.node is not None
                     for p in op.node.params if p in graph.params and _is_split(graph, p, s)
                     and len(graph.params[p].shape) != 3}
     params_tp = min(sum(graph.params[p].numel for p in split_params),
                     layer.params - layer.params_expert)
-    no_rule = tuple(sorted({op.node.op for op in sg.ops if op.node is not None and not op.known}))
     solved = replace(layer, ops=ops, saved=saved, params_tp=params_tp,
-                     tp_collectives=tuple(collectives), no_rule_ops=no_rule)
+                     tp_collectives=tuple(collectives))
     strategies = tuple((op.name, s.name) for op, s in zip(sg.ops, chosen) if op.node is not None)
     stream = chosen[sg.stream_in].output if sg.stream_in is not None else None
     return SolvedLayer(solved, strategies, stream, chosen[sg.output].output)
+
+
+def _cached_partials(saved: tuple[SavedTensor, ...], rows: set[str]) -> tuple[SavedTensor, ...]:
+    """The selective policy caches a row-split linear's output before its reduction: a
+    full-size partial sum on every tp rank, divided by neither tp nor SP, and not the reduced
+    tensor a reader may keep for autograd. The mark of each such output (in ``rows``) moves to
+    an entry of its own, ``<node>.partial``."""
+    out: list[SavedTensor] = []
+    added: list[SavedTensor] = []
+    for t in saved:
+        if t.name not in rows or not t.selective:
+            out.append(t)
+            continue
+        partial = replace(t, name=t.name + ".partial", shard=Shard.REPLICATED,
+                          without_checkpoint=False)
+        if t.without_checkpoint:  # autograd keeps the reduced output too
+            out.append(replace(t, selective=False))
+            added.append(partial)
+        else:
+            out.append(partial)
+    return (*out, *added)
 
 
 def _saved_shard(graph: GraphIR, saved: SavedTensor, layout: dict[str, Layout]) -> SavedTensor:
@@ -327,4 +342,4 @@ def _saved_shard(graph: GraphIR, saved: SavedTensor, layout: dict[str, Layout]) 
     if suffix == "logprobs" and graph.has_node(base) and graph.node(base).inputs:
         base = graph.node(base).inputs[0]
     lay = layout.get(base)
-    return replace(saved, shard=_shard(lay) if lay is not None else Shard.REPLICATED)
+    return replace(saved, shard=shard_of(lay) if lay is not None else Shard.REPLICATED)

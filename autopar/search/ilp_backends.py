@@ -5,14 +5,13 @@ module only translates it:
 
 * ``solve_mip``: ``ortools.linear_solver.pywraplp`` with one of the MILP solvers that OR-Tools
   bundles (HiGHS, SCIP, CBC). Float coefficients, continuous variables allowed.
-* ``solve_cp_sat``: ``ortools.sat.python.cp_model``. Every variable must be integer and every
-  coefficient is scaled to an integer: the objective to about 2**40 levels over its range (with the
-  integer tie-break appended below the last level, so it is exactly lexicographic), each row that
-  has non-integer coefficients to about 2**40 levels, rounded so that every integer solution also
-  satisfies the float row (coefficients up, the upper bound down).
+* ``solve_cp_sat``: ``ortools.sat.python.cp_model``. Every variable must be integer, and every
+  row must have integer coefficients and bounds (the rows ``ilp`` builds have: 0, 1 and -1); the
+  objective is scaled to about 2**40 integer levels over its range, with the integer tie-break
+  appended below the last level, so it is exactly lexicographic.
 
 ``LinearProgram.tiebreak`` — small integer weights that decide between solutions of equal cost —
-is exact in CP-SAT and ignored by the deterministic MILP solvers.
+is exact in CP-SAT and ignored by the MILP solvers.
 """
 
 from __future__ import annotations
@@ -38,7 +37,9 @@ class Backend(StrEnum):
 
 class RawStatus(StrEnum):
     OPTIMAL = "optimal"
+    """Proven optimal (to the back end's tolerance)."""
     FEASIBLE = "feasible"
+    """A solution, not proven optimal within the time limit."""
     NO_SOLUTION = "no-solution"
     """No solution found within the time limit (or the program is infeasible)."""
 
@@ -48,21 +49,30 @@ class LinearProgram:
     """min objective·v (then tiebreak·v) s.t. lo <= row·v <= hi and the variable bounds."""
 
     lower: list[float] = field(default_factory=list)
+    """Lower bound of each variable."""
     upper: list[float] = field(default_factory=list)
+    """Upper bound of each variable."""
     integer: list[bool] = field(default_factory=list)
+    """Whether each variable is integer."""
     names: list[str] = field(default_factory=list)
+    """Name of each variable (``x[i,s]``, ``e[i,j][a,b]``)."""
     row_vars: list[list[int]] = field(default_factory=list)
+    """Variables of each row."""
     row_coefs: list[list[float]] = field(default_factory=list)
+    """Coefficients of each row, one per variable of ``row_vars``."""
     row_lo: list[float] = field(default_factory=list)
+    """Lower bound of each row (``-inf`` for none)."""
     row_hi: list[float] = field(default_factory=list)
+    """Upper bound of each row (``inf`` for none)."""
     row_names: list[str] = field(default_factory=list)
+    """Name of each row (``one_strategy[i]``, ``edge_row[i,j][a]``, ...)."""
     objective: dict[int, float] = field(default_factory=dict)
     """Cost coefficients (seconds per unit of the variable)."""
-    objective_offset: float = 0.0
     tiebreak: dict[int, int] = field(default_factory=dict)
     """Non-negative integer weights; among solutions of equal cost the smallest weighted sum wins.
     CP-SAT appends it below the last cost level (its portfolio is not deterministic across
-    worker counts); the MILP back ends, deterministic by themselves, ignore it."""
+    worker counts); the MILP back ends ignore it (HiGHS and CBC are deterministic by themselves,
+    SCIP with one thread)."""
 
     def add_var(self, lo: float, hi: float, integer: bool, name: str) -> int:
         self.lower.append(lo)
@@ -84,27 +94,24 @@ class LinearProgram:
         if cost_s:
             self.objective[var] = self.objective.get(var, 0.0) + cost_s
 
-    @property
-    def num_vars(self) -> int:
-        return len(self.lower)
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.row_lo)
-
 
 @dataclass(frozen=True)
 class RawResult:
+    """What a back end returns, before ``ilp`` decodes it."""
+
     status: RawStatus
+    """Whether the back end proved optimality, found a solution, or found none."""
     values: tuple[float, ...] | None
     """One value per variable, or None when no solution was found."""
     gap: float
     """(objective - best bound) / objective; 0 when optimal, inf without a bound."""
     wall_s: float
+    """Seconds from building the back end's model to its answer."""
 
 
 _OBJECTIVE_LEVELS = 2.0**40
-_ROW_LEVELS = 2.0**40
+"""Integer levels CP-SAT's objective is scaled to over its range (fewer when the tie-break needs
+room below 2**52)."""
 
 
 def _relative_gap(objective: float, bound: float) -> float:
@@ -123,9 +130,10 @@ def solve_mip(
 ) -> RawResult:
     """Solve with ``pywraplp``; ``backend`` is HIGHS, SCIP or CBC.
 
-    These solvers are deterministic (HiGHS checked for 1, 2 and 8 threads), so equal-cost optima
-    resolve the same way on every run without the tie-break, which they ignore: a second
-    lexicographic solve for it cost 2-37x the first one (``bench/results/solver.md``).
+    HiGHS and CBC are deterministic (HiGHS checked for 1, 2 and 8 threads; CBC runs on one
+    thread), so equal-cost optima resolve the same way on every run without the tie-break, which
+    they ignore: a second lexicographic solve for it cost 2-37x the first one
+    (``bench/results/solver.md``). SCIP is deterministic with one thread only.
     """
     from ortools.linear_solver import pywraplp
 
@@ -175,8 +183,11 @@ def solve_mip(
     return RawResult(status, values, gap, time.perf_counter() - start)
 
 
-def _integral_row(coefs: list[float]) -> bool:
-    return all(float(c).is_integer() for c in coefs)
+def _integral_row(coefs: list[float], lo: float, hi: float) -> bool:
+    """Integer coefficients, and bounds integer or infinite."""
+    return all(float(c).is_integer() for c in coefs) and all(
+        math.isinf(b) or float(b).is_integer() for b in (lo, hi)
+    )
 
 
 def solve_cp_sat(
@@ -185,11 +196,10 @@ def solve_cp_sat(
     time_limit_s: float,
     num_workers: int,
     hint: dict[int, int] | None = None,
-    must_fit: dict[int, int] | None = None,
     seed: int = 0,
 ) -> RawResult:
-    """Solve with CP-SAT (every variable must be integer). ``must_fit`` is a solution (every
-    variable) that the rounding of float rows must keep feasible."""
+    """Solve with CP-SAT (every variable integer, every row integral); ``hint`` is a value per
+    variable to start from."""
     from ortools.sat.python import cp_model
 
     start = time.perf_counter()
@@ -202,30 +212,17 @@ def solve_cp_sat(
         model.new_int_var(int(math.ceil(lo)), int(math.floor(hi)), name)
         for lo, hi, name in zip(lp.lower, lp.upper, lp.names)
     ]
-    for js, cs, lo, hi in zip(lp.row_vars, lp.row_coefs, lp.row_lo, lp.row_hi):
-        if _integral_row(cs) and all(math.isinf(b) or float(b).is_integer() for b in (lo, hi)):
-            expr = cp_model.LinearExpr.weighted_sum([vars_[j] for j in js], [int(c) for c in cs])
-            if lo == hi:
-                model.add(expr == int(lo))
-                continue
-            if math.isfinite(lo):
-                model.add(expr >= int(lo))
-            if math.isfinite(hi):
-                model.add(expr <= int(hi))
+    for js, cs, lo, hi, name in zip(lp.row_vars, lp.row_coefs, lp.row_lo, lp.row_hi, lp.row_names):
+        if not _integral_row(cs, lo, hi):
+            raise ValueError(f"CP-SAT needs integral rows; row {name} is not")
+        expr = cp_model.LinearExpr.weighted_sum([vars_[j] for j in js], [int(c) for c in cs])
+        if lo == hi:
+            model.add(expr == int(lo))
             continue
-        # A float row (the memory limit): only "<= hi" is needed; round so that every integer
-        # solution of the scaled row satisfies the float row.
         if math.isfinite(lo):
-            raise ValueError(
-                "float rows with a lower bound are not supported by the CP-SAT back end"
-            )
-        span = max(max(abs(c) * lp.upper[j] for j, c in zip(js, cs)), abs(hi), 1e-300)
-        unit = span / _ROW_LEVELS
-        scaled = [math.ceil(c / unit) for c in cs]
-        bound = math.floor(hi / unit)
-        if must_fit is not None:
-            bound = max(bound, sum(c * must_fit[j] for j, c in zip(js, scaled)))
-        model.add(cp_model.LinearExpr.weighted_sum([vars_[j] for j in js], scaled) <= bound)
+            model.add(expr >= int(lo))
+        if math.isfinite(hi):
+            model.add(expr <= int(hi))
     # cost levels x tie-break levels stay below 2**52, so the scaled objective is exact in the
     # doubles of CP-SAT's LP relaxation too.
     tie_levels = 1 + sum(w * int(lp.upper[j]) for j, w in lp.tiebreak.items())

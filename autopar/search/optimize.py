@@ -87,6 +87,13 @@ WorkloadFor = Callable[[ParallelConfig], Workload]
 """The workload a candidate is priced with: the per-op strategies solved for its tp split."""
 
 
+def stage_partition(work: Workload, config: ParallelConfig, train: TrainSpec,
+                    cluster: ClusterSpec, efficiency: Efficiency) -> StagePartition:
+    """The stage boundaries the search prices ``config`` with (the bound's, ``_bound_s``):
+    ``estimate`` and ``plan_for`` cut a given configuration the same way."""
+    return _bound_s(work, config, train, cluster, efficiency, {})[1]
+
+
 def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
              eff: Efficiency, memo: dict[tuple, float]) -> tuple[float, StagePartition]:
     """Lower bound on the step time: compute and tensor-parallel collectives of the slowest

@@ -21,7 +21,7 @@ from autopar.core.model_spec import ModelSpec
 from autopar.module_strategies import module_strategies
 from autopar.core.plan import Plan, SolverInfo
 from autopar.search.infeasible import infeasible_error
-from autopar.search.optimize import search
+from autopar.search.optimize import search, stage_partition
 from autopar.costmodel.compute import Split
 from autopar.costmodel.memory import state_bytes_per_param
 from autopar.core.specs import ParallelConfig
@@ -30,8 +30,9 @@ from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.search.block_tables import Pricing
 from autopar.search.space import check_constraints
-from autopar.search.strategies import ops_without_rules
 from autopar.search.tp_solve import StrategyResult, StrategySolver
+from autopar.core.layout import Style
+from autopar.ops import ops_without_rules
 from autopar.workload import build_workload
 
 ProgressFn = Callable[[int, int], None]
@@ -86,21 +87,21 @@ class Strategies:
 
 
 def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
-          strategies: Strategies, num_blocks: int,
+          strategies: Strategies,
           alternatives: tuple[Plan, ...] = (), solver: SolverInfo | None = None,
           spec: ModelSpec | None = None) -> Plan:
     c = est.config
     result = strategies.result(c)
     graph = strategies.solver.graph
     ops = result.block_strategies if result is not None else tuple(
-        (n.name, "replicated") for n in graph.block_nodes(0) if n.out is not None)
+        (n.name, Style.REPLICATED) for n in graph.block_nodes(0) if n.out is not None)
     outer = result.outer_strategies if result is not None else ()
     modules = module_strategies(graph, dict(ops + outer))
     return Plan(model=name, cluster=cluster.name, nodes=cluster.nodes,
                 gpus_per_node=cluster.gpus_per_node, train=train, config=c, estimate=est,
                 stage_blocks=tuple(sm.blocks for sm in est.stage_memory), block_strategies=ops,
                 module_strategies=modules,
-                ops_without_rules=ops_without_rules(graph), alternatives=alternatives,
+                ops_without_rules=ops_without_rules(graph.nodes), alternatives=alternatives,
                 solver=solver, model_spec=spec)
 
 
@@ -113,16 +114,37 @@ def _strategies(graph: GraphIR, name: str, cluster: ClusterSpec, train: TrainSpe
     return Strategies(solver, cluster, train, efficiency, facts), work
 
 
+def strategies_of(graph: GraphIR, facts: ModelFacts, name: str, cluster: ClusterSpec,
+                  train: TrainSpec, *, efficiency: Efficiency, fusions: tuple[str, ...] = (),
+                  split_weights: bool = False) -> Strategies:
+    """The workload of every configuration of ``graph`` under the per-op strategies solved for
+    its tp split (memoised per split): what the search and ``plan_config`` price."""
+    return _strategies(graph, name, cluster, train, efficiency, fusions, split_weights,
+                       facts)[0]
+
+
+def config_estimate(strategies: Strategies, config: ParallelConfig) -> Estimate:
+    """``config`` priced as the search prices the candidate: its workload under the strategies
+    solved for its tp split, its pipeline stages cut as the search cuts them (balanced by
+    compute for 1F1B and GPipe, equal chunks for the interleaved schedule). Raises
+    ``AutoparError`` when the solved strategies could not run."""
+    work = strategies(config)
+    cluster, train, eff = strategies.cluster, strategies.train, strategies.efficiency
+    part = stage_partition(work, config, train, cluster, eff) if config.pp > 1 else None
+    return estimate_step(work, cluster, train, config, efficiency=eff, partition=part)
+
+
 def plan_config(graph: GraphIR, facts: ModelFacts, name: str, cluster: ClusterSpec,
                 train: TrainSpec, config: ParallelConfig, *, efficiency: Efficiency,
                 split_weights: bool, spec: ModelSpec | None = None) -> Plan:
     """The plan of one given configuration (no search): its per-op strategies solved, its
-    step priced; it may not fit (``plan.estimate.fits``). Raises ``AutoparError`` when the
-    plan could not run (``admissibility.check_plan``)."""
-    strategies, _ = _strategies(graph, name, cluster, train, efficiency, config.fusions,
-                                split_weights, facts)
-    est = estimate_step(strategies(config), cluster, train, config, efficiency=efficiency)
-    plan = _plan(est, name, cluster, train, strategies, graph.num_blocks, spec=spec)
+    step priced as the search prices that candidate (``config_estimate``); it may not fit
+    (``plan.estimate.fits``). Raises ``AutoparError`` when the plan could not run
+    (``admissibility.check_plan``)."""
+    strategies = strategies_of(graph, facts, name, cluster, train, efficiency=efficiency,
+                               fusions=config.fusions, split_weights=split_weights)
+    est = config_estimate(strategies, config)
+    plan = _plan(est, name, cluster, train, strategies, spec=spec)
     check_plan(facts, plan)
     return plan
 
@@ -148,13 +170,13 @@ def plan_search(graph: GraphIR, facts: ModelFacts, name: str, cluster: ClusterSp
     if not result.best:
         raise infeasible_error(result.smallest, cluster, constraints, train=train, facts=facts,
                                refused=result.stats.refused)
-    alts = tuple(_plan(e, name, cluster, train, strategies, graph.num_blocks)
+    alts = tuple(_plan(e, name, cluster, train, strategies)
                  for e in result.best[1:])
     gap = max([result.gap, *(r.gap for r in strategies.solver.cache.values())])
     info = SolverInfo(status="optimal" if gap == 0 else "feasible", gap=gap,
                       candidates=result.priced, pruned=result.stats.total_pruned,
                       wall_s=result.wall_s)
-    plan = _plan(result.best[0], name, cluster, train, strategies, graph.num_blocks, alts,
+    plan = _plan(result.best[0], name, cluster, train, strategies, alts,
                  info, spec)
     check_plan(facts, plan)
     return plan

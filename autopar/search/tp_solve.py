@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from autopar.core.layout import Layout, Style
 from autopar.costmodel.workload import Workload
 from autopar.graph import GraphIR, NodeInfo
 from autopar.workload import layer_nodes
@@ -29,12 +30,11 @@ from autopar.search.block_tables import (
     strategy_graph,
 )
 from autopar.search.ilp import solve
-from autopar.search.strategies import Layout
 
 SOLVE_TIME_LIMIT_S = 5.0
-_TIED_EMBEDDING = {"column": "vocab", "replicated": "replicated"}
-"""The embedding strategy holding a table the same way as the tied head's GEMM strategy."""
 """Per layer; a hit limit is reported with its gap."""
+_TIED_EMBEDDING = {Style.COLUMN: Style.VOCAB, Style.REPLICATED: Style.REPLICATED}
+"""The embedding strategy holding a table the same way as the tied head's GEMM strategy."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,11 @@ class StrategySolver:
 
     graph: GraphIR
     base: Workload
-    """The workload with the fixed Megatron assignment (its costs per op are reused)."""
+    """The base workload (tp = 1, ``autopar.workload.build_workload``): its costs per op and
+    saved tensors are re-priced under each solve's strategies."""
     act_bytes: float
     split_weights: bool = False
-    """Offer weight GEMMs only their split strategies (``strategies.forced_splits``)."""
+    """Offer the linear layers only their split strategies (``search.forced``)."""
     cache: dict[tuple, StrategyResult] = field(default_factory=dict)
 
     def _solve(self, nodes: list[NodeInfo], layer, pricing: Pricing, sp: bool, *,
@@ -69,7 +70,7 @@ class StrategySolver:
                             output_tensor=output_tensor, fixed=fixed, tp=pricing.split.tp)
         problem = block_problem(self.graph, sg, layer, pricing, repeat=repeat,
                                 boundary=boundary)
-        sol = solve(problem, math.inf, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
+        sol = solve(problem, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
         gap = sol.gap if math.isfinite(sol.gap) else 1.0
         return solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
                             pricing.split.tp), gap, sg.stream_tensor
@@ -106,7 +107,7 @@ class StrategySolver:
         pre, g3, _ = self._solve(pre_nodes, self.base.pre, pricing, sp,
                                  output_layout=block.input_layout, output_tensor=block_input,
                                  fixed=self._tied_tables(pre_nodes, post_nodes, post.strategies))
-        work = replace(self.base, pre=pre.layer, block=block.layer, post=post.layer)
+        work = replace(self.base, pre=pre.layer, block=block.layer, post=post.layer, tp=s.tp)
         result = StrategyResult(work, block.strategies, pre.strategies + post.strategies,
                                 max(g1, g2, g3))
         self.cache[key] = result

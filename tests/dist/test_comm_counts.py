@@ -53,7 +53,7 @@ def _predicted(spec: ModelSpec, train: TrainSpec, config: ParallelConfig) -> Cou
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt", "hf-llama"])
 def test_tp_collectives_match_the_plan(fake_world, sp, model):
-    from autopar.core.model_spec import HF_LLAMA_TINY
+    from autopar.models.hf_llama import HF_LLAMA_TINY
 
     spec = (ModelSpec.transformers_config("LlamaForCausalLM", HF_LLAMA_TINY)
             if model == "hf-llama" else ModelSpec(model))

@@ -20,7 +20,7 @@ import pytest
 
 import autopar
 from autopar import ParallelConfig, TrainSpec
-from autopar.core.model_spec import HF_LLAMA_TINY
+from autopar.models.hf_llama import HF_LLAMA_TINY
 from autopar.training import ModelSpec
 from autopar.verify import process_cluster, verify
 

@@ -6,15 +6,23 @@ import autopar
 from autopar.api import workload_of
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.search.optimize import search
+from autopar.search.planner import strategies_of
 from autopar.admissibility import ModelFacts
 
 
+def _strategies(name: str, cluster: autopar.ClusterSpec, train: autopar.TrainSpec,
+                heads: int):
+    """(each candidate's workload under the strategies solved for its tp split, the facts)."""
+    graph = autopar.trace(autopar.models.build(name, device="meta"), train)
+    facts = ModelFacts(num_blocks=graph.num_blocks, num_heads=heads, layers=graph.layers)
+    return strategies_of(graph, facts, name, cluster, train,
+                         efficiency=DEFAULT_EFFICIENCY), facts
+
+
 def test_search_beats_every_constrained_plan_and_honours_constraints() -> None:
-    model = autopar.models.build("gpt-1.7b", device="meta")
     train = autopar.TrainSpec(global_batch=512, seq_len=2048)
     cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=4)
-    work = workload_of(model, train)
-    shape = ModelFacts(num_blocks=24, num_heads=24)
+    work, shape = _strategies("gpt-1.7b", cluster, train, heads=24)
     free = search(work, shape, cluster, train)
     assert free.best and all(e.fits for e in free.best)
     times = [e.step_time_s for e in free.best]
@@ -28,11 +36,10 @@ def test_search_beats_every_constrained_plan_and_honours_constraints() -> None:
 
 
 def test_nothing_fits_reports_the_smallest_footprint() -> None:
-    model = autopar.models.build("gpt-175b", device="meta")
     train = autopar.TrainSpec(global_batch=8, seq_len=2048)
     cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=1)
-    work = workload_of(model, train)
-    result = search(work, ModelFacts(num_blocks=96, num_heads=96), cluster, train)
+    work, facts = _strategies("gpt-175b", cluster, train, heads=96)
+    result = search(work, facts, cluster, train)
     assert not result.best
     assert result.smallest is not None
     assert result.smallest.peak_memory_bytes > cluster.usable_hbm_bytes

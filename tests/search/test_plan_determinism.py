@@ -8,7 +8,6 @@ times (dp x cp splits of the same tokens), so the tie-breaking is exercised too.
 
 from __future__ import annotations
 
-import inspect
 import os
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import pytest
 
 import autopar
 from autopar import ClusterSpec, Plan, TrainSpec
+from autopar.search import ilp, tp_solve
+from autopar.search.ilp_backends import Backend
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL, CLUSTER, NODES, BATCH, SEQ = "gpt-1.7b", "dgx-a100-80g", 2, 64, 2048
@@ -68,8 +69,23 @@ def test_a_generous_time_limit_does_not_change_the_plan(plan_json: str) -> None:
     assert _optimize(time_limit_s=600.0).to_json() == plan_json
 
 
-@pytest.mark.skipif("num_workers" not in inspect.signature(autopar.optimize).parameters,
-                    reason="autopar.optimize has no worker-count parameter")
-def test_worker_count_does_not_change_the_plan(plan_json: str) -> None:
+@pytest.mark.parametrize("backend", [Backend.HIGHS, Backend.CP_SAT])
+def test_worker_count_does_not_change_the_plan(plan_json: str, backend: Backend,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-op solves run with one worker (``tp_solve``); with 2 or 8 the plan is the same,
+    for the default back end and for CP-SAT's portfolio, whose tie-break makes its optimum
+    unique (``search/ilp.py``, "Determinism")."""
+    plans, calls = {}, []
     for workers in (1, 2, 8):
-        assert _optimize(num_workers=workers).to_json() == plan_json, f"{workers} workers"
+        def solve(problem: ilp.BlockProblem, *, workers: int = workers, **_: object
+                  ) -> ilp.Solution:
+            calls.append(workers)
+            return ilp.solve(problem, num_workers=workers, backend=backend,
+                             time_limit_s=tp_solve.SOLVE_TIME_LIMIT_S)
+
+        monkeypatch.setattr(tp_solve, "solve", solve)
+        plans[workers] = _optimize().to_json()
+    assert sorted(set(calls)) == [1, 2, 8]  # the solves ran with each worker count
+    assert plans[2] == plans[1] and plans[8] == plans[1]
+    if backend is Backend.HIGHS:
+        assert plans[1] == plan_json

@@ -1,4 +1,4 @@
-"""The strategy registry and the per-op solve: Megatron's split is found, not written in."""
+"""The strategy rules and the per-op solve: Megatron's split is found, not written in."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from autopar.costmodel.compute import Split
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.costmodel.step import estimate_step
 from autopar.costmodel.topology import mesh_groups
+from autopar.ops import ops_without_rules
 from autopar.search.block_tables import Pricing
-from autopar.search.strategies import rule_of
 from autopar.search.tp_solve import StrategySolver
 from autopar.workload import build_workload
 
@@ -20,7 +20,7 @@ CLUSTER = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=1)
 TRAIN = autopar.TrainSpec(global_batch=64, seq_len=2048)
 
 
-def _solve(name: str, tp: int, sp: bool):
+def _solve(name: str, tp: int, sp: bool, split_weights: bool = False):
     graph = autopar.trace(autopar.models.build(name), TRAIN)
     base = build_workload(graph, 2.0)
     config = autopar.ParallelConfig(dp=8 // tp, tp=tp, micro_batch=1, zero=1,
@@ -28,7 +28,7 @@ def _solve(name: str, tp: int, sp: bool):
     split = Split(1, tp, 1, sp, 2.0, "bf16")
     pricing = Pricing(split, mesh_groups(config, CLUSTER).tp, CLUSTER, DEFAULT_EFFICIENCY,
                       param_step_s=16 / (CLUSTER.gpu.hbm_bytes_per_s * 0.75))
-    solver = StrategySolver(graph, base, 2.0)
+    solver = StrategySolver(graph, base, 2.0, split_weights=split_weights)
     result = solver.solve(pricing, sp)
     return graph, base, config, result
 
@@ -38,9 +38,7 @@ def test_every_op_of_the_zoo_has_a_rule(name: str) -> None:
     model = autopar.models.build(name)
     seq = min(128, model.config.seq_len)
     graph = autopar.trace(model, autopar.TrainSpec(global_batch=2, seq_len=seq))
-    missing = sorted({n.op for n in graph.nodes if n.out is not None
-                      and rule_of(n, graph) is None})
-    assert missing == []
+    assert ops_without_rules(graph.nodes) == ()
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -75,13 +73,13 @@ def test_llama_projections_split_by_heads_and_ffn() -> None:
 
 @pytest.mark.parametrize("name,sp", [("gpt-1.7b", False), ("gpt-1.7b", True),
                                      ("llama3-8b", True)])
-def test_solved_plan_prices_like_the_megatron_assignment(name: str, sp: bool) -> None:
-    """The solve finds Megatron's split (or one as good): the step model prices it within 1 %
-    of the fixed Megatron assignment, memory at most 2 % above (the solve may keep GPT's small position
-    table whole, as Megatron does, where the fixed assignment splits every embedding; without sequence parallelism it may
-    keep the residual stream split by width, which saves activations)."""
-    _, base, config, result = _solve(name, 8, sp)
-    megatron = estimate_step(base, CLUSTER, TRAIN, config)
+def test_free_solve_prices_like_the_megatron_split(name: str, sp: bool) -> None:
+    """The free solve finds Megatron's split (or one as good): the step model prices it within
+    1 % of the solve with every linear layer forced to split (``split_weights``: Megatron's
+    column->row pairs), memory at most 2 % above."""
+    _, _, config, result = _solve(name, 8, sp)
+    forced = _solve(name, 8, sp, split_weights=True)[3]
+    megatron = estimate_step(forced.workload, CLUSTER, TRAIN, config)
     solved = estimate_step(result.workload, CLUSTER, TRAIN, config)
     assert solved.step_time_s == pytest.approx(megatron.step_time_s, rel=0.01)
     assert solved.peak_memory_bytes <= megatron.peak_memory_bytes * 1.02

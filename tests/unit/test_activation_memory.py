@@ -7,7 +7,9 @@ layer, fp16 activations, dropout everywhere, attention without flash:
   tensor + sequence parallel      s*b*h/t*(34 + 5*a*s/h)
   full recompute                  2*s*b*h (/t with SP)
 Tolerance: the closed forms leave out LayerNorm's fp32 mean and rstd (8 bytes per token per
-norm, 0.25*s*b*h per layer at this shape), so the graph's count may exceed them by that.
+norm, 0.25*s*b*h per layer at this shape), so the graph's count may exceed them by that. With t > 1
+the block is the one the strategy solve prices, every linear layer split (``split_weights``:
+Megatron's column->row pairs; the solve places the rest).
 
 The selective policy is not the paper's (which keeps 34*s*b*h/t, all but the attention core) but
 the one ``passes/checkpointing.py`` runs, held against the executed program by
@@ -21,9 +23,12 @@ from __future__ import annotations
 import pytest
 
 import autopar
+from autopar.admissibility import facts_of
 from autopar.costmodel.compute import Split
+from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.costmodel.memory import saved_bytes
 from autopar.core.specs import Checkpoint
+from autopar.search.planner import strategies_of
 from autopar.workload import build_workload
 
 S, H, A, B = 256, 64, 4, 2
@@ -31,16 +36,25 @@ S, H, A, B = 256, 64, 4, 2
 
 @pytest.fixture(scope="module")
 def block():
+    """The block of (tp, sequence parallel): the base workload's with tp = 1, else the solved."""
     model = autopar.models.build("gpt", num_layers=2, hidden_size=H, num_heads=A, vocab_size=128,
                                  seq_len=S, attention="eager", dropout=0.1, device="meta")
     graph = autopar.trace(model, autopar.TrainSpec(global_batch=B, seq_len=S, precision="fp16"))
-    return build_workload(graph, act_bytes=2.0).block
+    cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=1)
+    train = autopar.TrainSpec(global_batch=64, seq_len=S, precision="fp16")  # for the solve
+    strategies = strategies_of(graph, facts_of(model), "gpt", cluster, train,
+                               efficiency=DEFAULT_EFFICIENCY, split_weights=True)
+
+    def of(t: int, sp: bool = False):
+        config = autopar.ParallelConfig(dp=8 // t, tp=t, micro_batch=1, sequence_parallel=sp)
+        return strategies(config).block
+    return of
 
 
 def _per_sbh(block, t: int, sp: bool, policy: Checkpoint) -> float:
     split = Split(micro_batch=B, tp=t, cp=1, sequence_parallel=sp, act_bytes=2.0,
                   compute_dtype="fp16")
-    return saved_bytes(block, split, policy) / (S * B * H)
+    return saved_bytes(block(t, sp), split, policy) / (S * B * H)
 
 
 NORM_STATS = 2 * 2 * 4 / H  # two norms, mean and rstd in fp32, per element of s*b*h
@@ -74,10 +88,10 @@ def test_flash_attention_keeps_no_s_squared_term() -> None:
                                  seq_len=S, attention="sdpa", dropout=0.0, device="meta")
     graph = autopar.trace(model, autopar.TrainSpec(global_batch=B, seq_len=S))
     flash = build_workload(graph, act_bytes=2.0).block
-    per_sbh = _per_sbh(flash, 1, False, Checkpoint.NONE)
+    per_sbh = _per_sbh(lambda t, sp: flash, 1, False, Checkpoint.NONE)
     # 34 less the two hidden-size dropout masks and the s^2 terms; the softmax statistics (fp32 lse)
     # stay: 4 bytes per head and token.
     assert per_sbh == pytest.approx(32 + NORM_STATS + 4 * A / H)
     # selective also keeps the fused attention's output and statistics
-    selective = _per_sbh(flash, 1, False, Checkpoint.SELECTIVE)
+    selective = _per_sbh(lambda t, sp: flash, 1, False, Checkpoint.SELECTIVE)
     assert selective == pytest.approx(2 + 14 + 4 + 2 + 4 * A / H)

@@ -7,19 +7,18 @@ import pytest
 import autopar
 from autopar import ClusterSpec, ParallelConfig, TrainSpec
 from autopar.api import workload_of
-from autopar.costmodel.step import estimate_step
 
 
 @pytest.fixture(scope="module")
 def gpt():
     model = autopar.models.build("gpt-7.5b", device="meta")
     train = TrainSpec(global_batch=512, seq_len=2048)
-    return workload_of(model, train), train
+    return autopar.trace(model, train), train
 
 
 def _est(gpt, cluster: ClusterSpec, **config):
-    work, train = gpt
-    return estimate_step(work, cluster, train, ParallelConfig(**config))
+    graph, train = gpt
+    return autopar.estimate(graph, cluster, train, ParallelConfig(**config))
 
 
 def test_breakdown_sums_to_step_time_and_flops_agree(gpt) -> None:
@@ -32,8 +31,8 @@ def test_breakdown_sums_to_step_time_and_flops_agree(gpt) -> None:
     # full recompute adds one forward of the blocks: hardware/model FLOPs close to 4/3
     assert 1.25 < est.hardware_flops_per_step / est.model_flops_per_step < 4 / 3
     # 6*N*tokens is the bulk of the model FLOPs
-    work, train = gpt
-    six_n = 6 * work.params * train.tokens_per_step
+    graph, train = gpt
+    six_n = 6 * workload_of(graph, train).params * train.tokens_per_step
     assert 1.0 < est.model_flops_per_step / six_n < 1.2
     assert est.tokens_per_s == pytest.approx(train.tokens_per_step / est.step_time_s)
 
@@ -94,10 +93,10 @@ def test_interleaving_shrinks_the_bubble(gpt) -> None:
 def test_tensor_parallel_across_nodes_costs_more_than_inside() -> None:
     model = autopar.models.build("gpt-1.7b", device="meta")
     train = TrainSpec(global_batch=64, seq_len=2048)
-    work = workload_of(model, train)
+    graph = autopar.trace(model, train)
     a100 = ClusterSpec.preset("dgx-a100-80g", nodes=2)
-    inside = estimate_step(work, a100, train, ParallelConfig(dp=2, tp=8))
-    across = estimate_step(work, a100, train, ParallelConfig(dp=1, tp=16))
+    inside = autopar.estimate(graph, a100, train, ParallelConfig(dp=2, tp=8))
+    across = autopar.estimate(graph, a100, train, ParallelConfig(dp=1, tp=16))
     # the same all-reduces now also cross the network (8 NICs per node share the traffic)
     assert across.time_breakdown["comm_tp"] > 2 * inside.time_breakdown["comm_tp"]
 
@@ -108,18 +107,19 @@ def test_context_and_expert_parallel_are_costed() -> None:
     h100 = ClusterSpec.preset("hgx-h100-80g", nodes=8)
     work = workload_of(moe, train)
     assert work.block.params_expert > 0.9 * work.block.params
-    est = estimate_step(work, h100, train, ParallelConfig(dp=16, tp=4, ep=8, zero=1,
-                                                          checkpoint="full"))
-    assert est.time_breakdown["comm_ep"] > 0
-    no_ep = estimate_step(work, h100, train, ParallelConfig(dp=16, tp=4, zero=1,
+    # the model itself, not its graph: its config says it has experts for ep
+    est = autopar.estimate(moe, h100, train, ParallelConfig(dp=16, tp=4, ep=8, zero=1,
                                                             checkpoint="full"))
+    assert est.time_breakdown["comm_ep"] > 0
+    no_ep = autopar.estimate(moe, h100, train, ParallelConfig(dp=16, tp=4, zero=1,
+                                                              checkpoint="full"))
     assert est.memory_breakdown["params"] < no_ep.memory_breakdown["params"] / 4
     llama = autopar.models.build("llama3-8b", device="meta")
     train8k = TrainSpec(global_batch=8, seq_len=8192)
-    lw = workload_of(llama, train8k)
+    lg = autopar.trace(llama, train8k)
     one = ClusterSpec.preset("hgx-h100-80g", nodes=1)
-    cp = estimate_step(lw, one, train8k, ParallelConfig(dp=2, tp=2, cp=2))
-    no_cp = estimate_step(lw, one, train8k, ParallelConfig(dp=4, tp=2))
+    cp = autopar.estimate(lg, one, train8k, ParallelConfig(dp=2, tp=2, cp=2))
+    no_cp = autopar.estimate(lg, one, train8k, ParallelConfig(dp=4, tp=2))
     assert cp.time_breakdown["comm_cp"] >= 0
     assert cp.memory_breakdown["activations"] < no_cp.memory_breakdown["activations"]
 

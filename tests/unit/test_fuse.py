@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from autopar import kernels
-from autopar.core.model_spec import HF_LLAMA_TINY
 from autopar.core.errors import AutoparError
+from autopar.models.hf_llama import HF_LLAMA_TINY
 from autopar.passes.fuse import FUSIONS, LinearCrossEntropyHead, apply_fusions
 from autopar.training import ModelSpec, logits_of, synthetic_batch, vocab_size
 

@@ -9,7 +9,8 @@ import torch
 
 import autopar
 from autopar import AutoparError, ParallelConfig, Plan, TrainSpec
-from autopar.core.model_spec import HF_LLAMA, HF_LLAMA_TINY, ModelSpec
+from autopar.core.model_spec import ModelSpec
+from autopar.models.hf_llama import HF_LLAMA, HF_LLAMA_TINY
 from autopar.verify import process_cluster
 
 FACTORY = """

@@ -6,9 +6,7 @@ import pytest
 
 import autopar
 from autopar import ClusterSpec, ParallelConfig, TrainSpec
-from autopar.api import workload_of
 from autopar.costmodel.pipeline import even_partition
-from autopar.costmodel.step import estimate_step
 from autopar.core.plan import Plan, SolverInfo
 from autopar.report import diff
 
@@ -18,14 +16,14 @@ def plans() -> tuple[Plan, Plan]:
     model = autopar.models.build("gpt-7.5b", device="meta")
     train = TrainSpec(global_batch=256, seq_len=2048)
     cluster = ClusterSpec.preset("dgx-a100-80g", nodes=2)
-    work = workload_of(model, train)
+    graph = autopar.trace(model, train)
 
     def make(config: ParallelConfig, alternatives=()) -> Plan:
-        est = estimate_step(work, cluster, train, config)
+        est = autopar.estimate(graph, cluster, train, config)
         return Plan(model="gpt-7.5b", cluster=cluster.name, nodes=cluster.nodes,
                     gpus_per_node=cluster.gpus_per_node, train=train, config=config,
                     estimate=est,
-                    stage_blocks=even_partition(work.num_blocks, config.pp).blocks,
+                    stage_blocks=even_partition(graph.num_blocks, config.pp).blocks,
                     block_strategies=(("qkv", "column"), ("proj", "row")),
                     alternatives=tuple(alternatives),
                     solver=SolverInfo("optimal", 0.0, 2, 0, wall_s=0.1))

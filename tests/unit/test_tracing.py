@@ -13,7 +13,8 @@ import autopar.models as zoo
 from autopar import AutoparError, TrainSpec
 from autopar.graph import GraphIR, TensorMeta
 from autopar.tracing import normalise_module_path, trace
-from autopar.tracing_ops import CANONICAL_OPS, OP_NAMES, forward_flop, unmapped_ops
+from autopar.ops import CANONICAL_OPS, OP_NAMES, forward_flop
+from autopar.ops.naming import unmapped_ops
 
 MATMUL_OPS = ("linear", "matmul", "bmm", "baddbmm", "sdpa", "einsum", "grouped_mm")
 

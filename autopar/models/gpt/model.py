@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import (
+from autopar.core.errors import AutoparError
+from autopar.models.layers import (
     check_bool,
     check_divides,
     check_positive_int,
@@ -34,7 +35,6 @@ from .layers import (
     init_transformer_,
     lm_loss,
 )
-from autopar.core.errors import AutoparError
 
 
 class Attention(StrEnum):

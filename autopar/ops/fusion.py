@@ -1,15 +1,17 @@
-"""Named fusion patterns: chains of memory-bound ops that one kernel runs in a single pass.
+"""Finding fusion patterns in a layer: chains of memory-bound ops that one kernel runs in a single
+pass.
 
-A pattern is a chain of canonical op names in which each op reads the previous one's output
+A pattern (``registry.FusionPattern``, declared by the op family it belongs to; all of them in
+``PATTERNS``) is a chain of canonical op names in which each op reads the previous one's output
 (the other inputs may come from anywhere: a mask, the residual stream). A fused chain reads its
 outside inputs and writes its last output once: the intermediate tensors are neither written to
 nor read back from HBM. ``ParallelConfig.fusions`` names the patterns the program applies; the
-workload builder prices each match as one op with the fused bytes.
+workload builder prices each match as one op with the fused bytes (``fused_bytes``).
 
 Two things the traced graphs need: a ``view`` between two ops of a chain moves no data and is
 stepped over (the head's logits are reshaped before the cross-entropy), and a reader that yields
-no tensor (``size()``) does not count as a reader; and a pattern may take in ``SIDE_OPS``: an
-op whose output only the chain's last op reads (RoPE's ``x * cos`` meets ``rotate_half(x) * sin``
+no tensor (``size()``) does not count as a reader; and a pattern may take in side ops: an op
+whose output only the chain's last op reads (RoPE's ``x * cos`` meets ``rotate_half(x) * sin``
 at the add, a diamond no chain spans).
 
 The Megatron-LM patterns (``scale_mask_softmax``, ``bias_dropout_add``) are the fused kernels of
@@ -21,21 +23,7 @@ from __future__ import annotations
 
 from autopar.core.errors import AutoparError
 from autopar.graph import GraphIR, NodeInfo
-
-PATTERNS: dict[str, tuple[str, ...]] = {
-    "scale_mask_softmax": ("mul", "masked_fill", "softmax"),
-    "bias_dropout_add": ("dropout", "add"),
-    "rms_norm": ("rms_norm",),
-    "layer_norm": ("layer_norm",),
-    "gelu": ("gelu",),
-    "swiglu": ("silu", "mul"),
-    "rope": ("neg", "cat", "mul", "add"),
-    "linear_cross_entropy": ("linear", "cross_entropy"),
-}
-
-SIDE_OPS: dict[str, tuple[str, ...]] = {"rope": ("mul",)}
-"""Per pattern, ops that join it as an input of its last op that nothing else reads: RoPE's
-``x * cos``, added to the chain ``neg, cat, mul`` of ``rotate_half(x) * sin``."""
+from autopar.ops.registry import PATTERNS, VIEW
 
 
 def find_fusions(graph: GraphIR, nodes: list[NodeInfo], names: tuple[str, ...]
@@ -53,9 +41,9 @@ def find_fusions(graph: GraphIR, nodes: list[NodeInfo], names: tuple[str, ...]
     found: list[tuple[str, list[NodeInfo]]] = []
     for n in nodes:
         for pname in names:
-            chain = _match(n, PATTERNS[pname], consumers, taken)
+            chain = _match(n, PATTERNS[pname].ops, consumers, taken)
             if chain:
-                chain[-1:-1] = _side_inputs(chain, SIDE_OPS.get(pname, ()), consumers, taken,
+                chain[-1:-1] = _side_inputs(chain, PATTERNS[pname].side_ops, consumers, taken,
                                             {x.name: x for x in nodes})
                 taken.update(c.name for c in chain)
                 found.append((pname, chain))
@@ -66,10 +54,10 @@ def find_fusions(graph: GraphIR, nodes: list[NodeInfo], names: tuple[str, ...]
 def _sole_reader(node: NodeInfo, consumers: dict[str, list[NodeInfo]]) -> NodeInfo | None:
     """The one node reading ``node``'s data, through views; None for none or several."""
     while True:
-        readers = [r for r in consumers.get(node.name, []) if r.op != "view" or r.outputs]
+        readers = [r for r in consumers.get(node.name, []) if r.op != VIEW or r.outputs]
         if len(readers) != 1:
             return None
-        if readers[0].op != "view":
+        if readers[0].op != VIEW:
             return readers[0]
         node = readers[0]
 
@@ -129,6 +117,6 @@ def fused_bytes(graph: GraphIR, chain: list[NodeInfo]) -> float:
 def _storage(graph: GraphIR, name: str) -> str:
     """The node owning the storage ``name`` views."""
     node = graph.node(name)
-    while node.op == "view" and node.inputs and graph.has_node(node.inputs[0]):
+    while node.op == VIEW and node.inputs and graph.has_node(node.inputs[0]):
         node = graph.node(node.inputs[0])
     return node.name

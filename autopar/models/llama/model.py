@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import (
+from autopar.core.errors import AutoparError
+from autopar.models.layers import (
     check_bool,
     check_divides,
     check_positive_float,
@@ -31,7 +32,6 @@ from .layers import (
     init_transformer_,
     lm_loss,
 )
-from autopar.core.errors import AutoparError
 
 
 @dataclass(frozen=True, kw_only=True)

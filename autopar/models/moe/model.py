@@ -1,6 +1,6 @@
 """Mixtral-style mixture-of-experts decoder with static-shape, capacity-based dispatch.
 
-The block is the Llama block (``models.llama``) with the MLP replaced by ``moe``: a bias-free
+The block is the Llama block (``llama/model.py``) with the MLP replaced by ``moe``: a bias-free
 ``router`` (h -> E) computed in fp32 whatever the model's precision (Megatron-LM's
 ``--moe-router-dtype fp32``, DeepSeek-V3's gating: in bf16, two experts' logits within a rounding
 of each other would send a token either way), top-k routing with a softmax over the k chosen
@@ -36,9 +36,9 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import INIT_STD, check_positive_float, check_positive_int
-from .llama import DecoderConfig, DecoderLM, LlamaAttention
 from autopar.core.errors import AutoparError
+from autopar.models.layers import INIT_STD, check_positive_float, check_positive_int
+from autopar.models.llama.model import DecoderConfig, DecoderLM, LlamaAttention
 
 
 @dataclass(frozen=True, kw_only=True)

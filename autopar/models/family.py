@@ -1,0 +1,203 @@
+"""The family registry: what the passes, the search and the model spec ask of a model.
+
+A *family* is one folder ``autopar/models/<family>/`` (torchtitan's ``models/<family>/``): its
+model code, its presets and a ``Family`` saying how to recognise one of its models, where its
+parts are for the passes (``ModelParts``) and what the fusion pass must know of its own module
+classes. The folder's ``__init__`` calls ``register``; ``autopar.models`` imports every
+sub-package it finds, so a new family -- or a new transformers architecture -- is a new folder
+and touches no other file. Callers ask ``family_of(model)`` and never name a model class.
+
+Families are kept in name order, and so are their presets in ``PRESETS`` (each family's in its
+own order, the tiny test shapes after all the full-size ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from autopar.core.errors import AutoparError
+from autopar.core.model_spec import ModelSpec
+from autopar.models.parts import ModelParts
+from autopar.models.presets import Preset
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+def no_rms_norm(module: nn.Module) -> tuple[nn.Parameter, float | None] | None:
+    """A family without an RMSNorm class of its own (``nn.RMSNorm`` the pass knows itself)."""
+    return None
+
+
+def no_silu(module: nn.Module) -> bool:
+    """A family without a SiLU module class of its own (``nn.SiLU`` the pass knows itself)."""
+    return False
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: how to recognise its models and what the passes need to run them."""
+
+    name: str
+    """The family's name: ``"gpt"``; the ``family`` of its presets and its config class."""
+    parts: ModelParts
+    """Where its models' pieces are and how a pipeline stage calls them."""
+    mismatch: Callable[[nn.Module], str | None] | None = None
+    """model -> ``None`` where it is of this family, else why not (a clause of the error
+    ``family_of`` raises); ``None`` here: the models are the instances of ``model_class``."""
+    config_class: type | None = None
+    """The frozen config dataclass ``autopar.models.build`` makes (its ``family`` ClassVar is
+    ``name``); ``None`` for an adapter of models built elsewhere (transformers)."""
+    model_class: type[nn.Module] | None = None
+    """The module built from a ``config_class`` instance (``model_class(config)``)."""
+    presets: tuple[Preset, ...] = ()
+    """Named shapes of ``config_class``, in the order ``autopar models`` lists them."""
+    rms_norm: Callable[[nn.Module], tuple[nn.Parameter, float | None] | None] = no_rms_norm
+    """module -> (weight, eps) where it is an RMSNorm over the last dim of the family's own
+    class (transformers' ``LlamaRMSNorm``), else ``None``: the ``rms_norm`` fusion swaps it."""
+    is_silu: Callable[[nn.Module], bool] = no_silu
+    """module -> whether it is a parameter-free SiLU of the family's own class (transformers'
+    ``SiLUActivation``): the ``swiglu`` fusion reads it as ``F.silu``."""
+    shorthands: Mapping[str, Callable[[Mapping[str, Any]], ModelSpec]] = field(
+        default_factory=dict)
+    """``--model`` names the family answers beside its presets (``hf-llama``): name ->
+    (``--model-arg`` overrides -> the ``ModelSpec`` it stands for)."""
+
+    def __post_init__(self) -> None:
+        where = f"autopar.models.Family({self.name!r})"
+        if self.mismatch is None and self.model_class is None:
+            raise AutoparError("a family recognises its models by a mismatch function or by "
+                               "its model_class; this one has neither", where=where,
+                               fix="pass mismatch=... or model_class=...")
+        if self.config_class is not None:
+            if self.model_class is None:
+                raise AutoparError("a family with a config_class builds it with its "
+                                   "model_class, which is missing", where=where,
+                                   fix="pass model_class=... (the nn.Module taking the config)")
+            if getattr(self.config_class, "family", None) != self.name:
+                raise AutoparError(f"{self.config_class.__name__}.family is not {self.name!r}",
+                                   where=where,
+                                   fix=f"declare family: ClassVar[str] = {self.name!r} on it")
+        if self.presets and self.config_class is None:
+            raise AutoparError("presets are shapes of a config_class, which is missing",
+                               where=where, fix="pass config_class=... or no presets")
+        for preset in self.presets:
+            if preset.family != self.name:
+                raise AutoparError(f"preset {preset.name!r} is of family {preset.family!r}",
+                                   where=f"{where}.presets",
+                                   fix=f"list it in the folder of {preset.family!r}")
+
+    def why_not(self, model: nn.Module) -> str | None:
+        """``None`` where ``model`` is of this family, else why not."""
+        if self.mismatch is not None:
+            return self.mismatch(model)
+        assert self.model_class is not None  # __post_init__ requires one of the two
+        if isinstance(model, self.model_class):
+            return None
+        return f"not a {self.model_class.__name__}"
+
+
+_FAMILIES: dict[str, Family] = {}
+_PRESETS: dict[str, Preset] = {}
+PRESETS: Mapping[str, Preset] = MappingProxyType(_PRESETS)
+"""Every registered family's presets by name, in the zoo's order (a live read-only view)."""
+
+
+def register(family: Family) -> Family:
+    """Add ``family`` to the registry (a family's ``__init__`` does, on import); returns it.
+
+    ``AutoparError`` where its name, a preset's or a shorthand's is another family's already.
+    """
+    where = f"autopar.models.register({family.name!r})"
+    known = _FAMILIES.get(family.name)
+    if known is family:
+        return family
+    if known is not None:
+        raise AutoparError(f"a model family named {family.name!r} is registered already",
+                           where=where, fix="give the new family another name")
+    taken = {n: f.name for f in _FAMILIES.values() for n in (*_names(f), f.name)}
+    for name in (*_names(family), family.name):
+        if name in taken:
+            raise AutoparError(f"the model name {name!r} is family {taken[name]!r}'s already",
+                               where=where, fix="name the preset or shorthand differently")
+    _FAMILIES[family.name] = family
+    _arrange_presets()
+    return family
+
+
+def unregister(name: str) -> Family:
+    """Remove the family ``name`` (and its presets) from the registry; returns it."""
+    family = family_named(name)
+    del _FAMILIES[name]
+    _arrange_presets()
+    return family
+
+
+def _names(family: Family) -> tuple[str, ...]:
+    return (*(p.name for p in family.presets), *family.shorthands)
+
+
+def _arrange_presets() -> None:
+    """``PRESETS`` in the zoo's order: families by name, the tiny shapes last."""
+    ordered = [p for tiny in (False, True) for f in registered() for p in f.presets
+               if p.tiny == tiny]
+    _PRESETS.clear()
+    _PRESETS.update((p.name, p) for p in ordered)
+
+
+def registered() -> list[Family]:
+    """Every registered family, by name."""
+    return [_FAMILIES[name] for name in sorted(_FAMILIES)]
+
+
+def family_named(name: str) -> Family:
+    """The registered family ``name``; ``AutoparError`` for another name."""
+    family = _FAMILIES.get(name)
+    if family is None:
+        raise AutoparError(f"no model family named {name!r}", where="model family",
+                           fix=f"use one of {', '.join(sorted(_FAMILIES))}")
+    return family
+
+
+def family_of(model: nn.Module) -> Family:
+    """The family ``model`` is of (the first, by name, that recognises it); ``AutoparError``
+    naming each family's reason where none does."""
+    reasons = []
+    for family in registered():
+        why = family.why_not(model)
+        if why is None:
+            return family
+        reasons.append(f"{family.name}: {why}")
+    raise AutoparError(
+        f"no model family describes a {type(model).__name__} ({'; '.join(reasons)})",
+        where="autopar.models.family_of",
+        fix="use a built-in model (autopar.models.build) or a transformers Llama-style causal "
+            "LM, or register a Family for it (a folder under autopar/models/); planning and "
+            "estimates work for any model")
+
+
+def config_family(config: object) -> Family | None:
+    """The family whose ``config_class`` ``config`` is an instance of; ``None`` for another
+    object (a transformers config)."""
+    for family in registered():
+        if family.config_class is not None and isinstance(config, family.config_class):
+            return family
+    return None
+
+
+def shorthands() -> list[str]:
+    """Every family's shorthand ``--model`` names (``hf-llama``), by family."""
+    return [name for family in registered() for name in family.shorthands]
+
+
+def shorthand_spec(name: str, overrides: Mapping[str, Any]) -> ModelSpec | None:
+    """The spec the shorthand ``name`` stands for, with ``overrides``; ``None`` where no family
+    has that shorthand."""
+    for family in registered():
+        make = family.shorthands.get(name)
+        if make is not None:
+            return make(overrides)
+    return None

@@ -1,0 +1,63 @@
+"""Where a transformers Llama-style causal LM's pieces are for the passes (``ModelParts``).
+
+The layout of ``LlamaForCausalLM`` and the architectures written like it (Qwen2, Mistral):
+``model.embed_tokens``, the blocks ``model.layers``, ``model.norm``, ``lm_head``, and the rotary
+embedding ``model.rotary_emb``, which every stage keeps and calls to make the (cos, sin) the
+blocks take by keyword. ``mismatch`` recognises a model by that layout, not by its class.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from autopar.models.parts import ModelParts
+
+LAYOUT = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
+"""The submodules a model of this family has."""
+
+
+def mismatch(model: nn.Module) -> str | None:
+    """``None`` for a model with every module of ``LAYOUT``, else the ones it lacks."""
+    missing = [path for path in LAYOUT if not _has(model, path)]
+    return f"it has no {', '.join(missing)}" if missing else None
+
+
+def _has(model: nn.Module, path: str) -> bool:
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def _block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
+    positions = torch.arange(seq_len, device=x.device).unsqueeze(0)
+    cos, sin = root.model.rotary_emb(x, position_ids=positions)
+    mask = None
+    if getattr(root.config, "_attn_implementation", "sdpa") != "sdpa":
+        # eager attention gets no causal mask when none is passed: build the additive one
+        mask = torch.full((seq_len, seq_len), float("-inf"), device=x.device,
+                          dtype=cos.dtype).triu(1)
+        mask = mask[None, None]
+    return (cos, sin), positions, mask
+
+
+def _call_block(block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor:
+    (cos, sin), positions, mask = extra
+    out = block(x, attention_mask=mask, position_ids=positions, position_embeddings=(cos, sin))
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    return root.model.embed_tokens(tokens)
+
+
+def _finish(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return root.lm_head(root.model.norm(x))
+
+
+HF_LLAMA_PARTS = ModelParts(
+    blocks="model.layers", first=("model.embed_tokens",), last=("model.norm", "lm_head"),
+    head="lm_head", embedding="model.embed_tokens", embed=_embed, finish=_finish,
+    block_args=_block_args, call_block=_call_block, shared=("model.rotary_emb",))

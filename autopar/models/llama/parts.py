@@ -1,0 +1,34 @@
+"""Where a Llama-style decoder's pieces are for the passes (``ModelParts``); the ``moe`` family
+shares it.
+
+Before the blocks: ``tok_emb``; every block is called ``layers[i](x, cos, sin)`` with the first
+``seq_len`` rows of the model's RoPE tables (the root's buffers ``rope_cos``/``rope_sin``, which
+every stage keeps); after them ``norm_f`` and ``head``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autopar.models.parts import ModelParts
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def _embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    return root.tok_emb(tokens)
+
+
+def _rope(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
+    return root.rope_cos.narrow(0, 0, seq_len), root.rope_sin.narrow(0, 0, seq_len)
+
+
+def _finish(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return root.head(root.norm_f(x))
+
+
+DECODER_PARTS = ModelParts(
+    blocks="layers", first=("tok_emb",), last=("norm_f", "head"), head="head",
+    embedding="tok_emb", embed=_embed, finish=_finish, block_args=_rope)

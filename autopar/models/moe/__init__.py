@@ -1,0 +1,23 @@
+"""The ``moe`` family: the Mixtral-style mixture-of-experts decoder (``model.py``), its presets
+(``presets.py``) and the Llama layout for the passes (``llama/parts.py``: the blocks differ in
+their MLP only), registered on import."""
+
+from __future__ import annotations
+
+from autopar.models.family import Family, register
+from autopar.models.llama.parts import DECODER_PARTS
+from autopar.models.moe.model import (
+    Experts,
+    MoEBlock,
+    MoEConfig,
+    MoELayer,
+    MoETransformer,
+    expert_capacity,
+)
+from autopar.models.moe.presets import PRESETS
+
+FAMILY = register(Family(name="moe", parts=DECODER_PARTS, config_class=MoEConfig,
+                         model_class=MoETransformer, presets=PRESETS))
+
+__all__ = ["Experts", "FAMILY", "MoEBlock", "MoEConfig", "MoELayer", "MoETransformer",
+           "expert_capacity"]

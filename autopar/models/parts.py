@@ -1,0 +1,66 @@
+"""``ModelParts``: where a model's pieces are and how a pipeline stage calls them.
+
+The passes split a model into pipeline stages and run each stage's blocks one by one (to
+checkpoint them as planned), so they need the modules before the blocks, the block list, the
+modules after it, and how each is called. Each family describes its own layout in
+``autopar/models/<family>/parts.py``; the passes get it from the family registry
+(``autopar.models.family_of(model).parts``) and never name a model class.
+
+Every callable takes the *stage root*: a module that holds the model's submodules under their
+original names (``passes/stage.py``), so ``root.tok_emb`` is the model's ``tok_emb``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+
+def no_block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
+    """Blocks that take the activations only."""
+    return ()
+
+
+def call_positional(block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor:
+    """``block(x, *extra)``: a block whose extra arguments are positional."""
+    return block(x, *extra)
+
+
+def no_styles() -> dict[str, ParallelStyle]:
+    """No family-specific styles under sequence parallelism."""
+    return {}
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """One family's layout and calling convention (module paths are relative to the model)."""
+
+    blocks: str
+    """Path of the ``nn.ModuleList`` of repeated blocks (``layers``, ``model.layers``)."""
+    first: tuple[str, ...]
+    """Modules the first stage runs before the blocks."""
+    last: tuple[str, ...]
+    """Modules the last stage runs after the blocks (final norm, head)."""
+    head: str
+    """The module whose output is the logits."""
+    embedding: str
+    """The token embedding (its whole output is sliced to sequence shards under sequence
+    parallelism when the plan keeps the table whole)."""
+    embed: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    """(root, tokens) -> the first block's input."""
+    finish: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    """(root, last block's output) -> logits."""
+    block_args: Callable[[nn.Module, torch.Tensor, int], tuple] = no_block_args
+    """(root, activations, seq_len) -> the extra arguments every block takes."""
+    call_block: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor] = call_positional
+    """(block, x, extra) -> the block's output."""
+    shared: tuple[str, ...] = ()
+    """Modules every stage keeps (rotary tables)."""
+    sequence_parallel_styles: Callable[[], dict[str, ParallelStyle]] = no_styles
+    """The family's own extra styles under sequence parallelism (module path -> style)."""

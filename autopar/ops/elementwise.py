@@ -1,0 +1,68 @@
+"""Elementwise ops: arithmetic, products, comparisons and selects, casts and copies.
+
+* FLOPs: 1 per output element for the arithmetic, products, ``where`` and ``masked_fill``;
+  comparisons, casts and copies move data only.
+* Saved: a product (``mul``, ``div``) of two activations keeps both, and one by a parameter
+  (a norm's weight) keeps its input; everything else keeps nothing.
+* Strategies: any split passes through (``elementwise_rule``).
+* Fusions: ``rope`` (``x * cos + rotate_half(x) * sin``: the chain ``neg, cat, mul, add`` with
+  ``x * cos`` joining the add), the kernel of ``autopar.kernels``, which saves only the cos and
+  sin buffers.
+"""
+
+from __future__ import annotations
+
+from autopar.core.layout import Layout, Strategy
+from autopar.graph import NodeInfo
+from autopar.ops.registry import VIEW, FusionPattern, OpFamily, Saver, register, saves_nothing
+from autopar.ops.rules import RuleContext, follow, seq
+
+
+def elementwise_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
+    """Elementwise ops and views keep any split (a view keeps the heads/width split because the
+    space only lets tp divide the heads). Without sequence parallelism, compute on the residual
+    stream (its width, not a view) stays whole: splitting it by width would be sequence
+    parallelism under another name (a reduce-scatter and an all-gather around the norms) and
+    would cut fused bias-dropout-add kernels across a layout change."""
+    view = node.op == VIEW
+    stream = (not ctx.sequence_parallel and not view and node.out is not None
+              and len(node.out.shape) <= 3 and ctx.stream_width is not None
+              and node.out.shape[-1] == ctx.stream_width)
+    # a view (expand included) has one activation input and keeps its split dim: it has no
+    # small operand to broadcast, though expand's output has more elements than its input
+    return follow(node, ctx, [Layout.R, *([] if stream else [Layout.S]), *seq(ctx)],
+                  broadcasts=not view)
+
+
+def product_saves(node: NodeInfo, saver: Saver) -> None:
+    """A product keeps its factors: both activations, or the activation scaled by a weight."""
+    if len(node.inputs) >= 2 or node.params:
+        for i in node.inputs:
+            saver.keep(i)
+
+
+ARITHMETIC = register(OpFamily(
+    "arithmetic", ops=("add", "sub", "neg"),
+    aliases={"iadd": "add", "add_": "add", "isub": "sub", "rsub": "sub"},
+    flop_per_element={"add": 1, "sub": 1, "neg": 1}, saves=saves_nothing,
+    rule=elementwise_rule,
+    fusions=(FusionPattern("rope", ("neg", "cat", "mul", "add"), side_ops=("mul",),
+                           kernel_saves=lambda chain, saver: None),)))
+
+PRODUCT = register(OpFamily(
+    "product", ops=("mul", "div"),
+    aliases={"imul": "mul", "mul_": "mul", "truediv": "div", "div_": "div"},
+    flop_per_element={"mul": 1, "div": 1}, saves=product_saves, rule=elementwise_rule))
+
+SELECT = register(OpFamily(
+    "select", ops=("masked_fill", "where", "clamp", "floor", "ceil", "eq", "ne", "lt", "gt",
+                   "le", "ge"),
+    aliases={"masked_fill_": "masked_fill"},
+    flop_per_element={"masked_fill": 1, "where": 1}, saves=saves_nothing, rule=elementwise_rule))
+
+CAST = register(OpFamily(
+    "cast", ops=("cast", "contiguous", "copy", "fill", "bool", "long"),
+    # a cast to the same dtype and a copy of a contiguous tensor are views (``naming``)
+    aliases={"to": "cast", "_to_copy": "cast", "type_as": "cast", "float": "cast",
+             "half": "cast", "bfloat16": "cast", "type": "cast", "clone": "contiguous"},
+    saves=saves_nothing, rule=elementwise_rule))
