@@ -100,13 +100,7 @@ def estimate(
     check_world(config, cluster)
     facts = _before_trace(model, train)
     check(facts, config, train)
-    if isinstance(model, Workload):
-        if config.tp != model.tp:
-            raise AutoparError(
-                f"a Workload is priced as given, and this one records no strategies for "
-                f"tp={config.tp} (it has tp={model.tp})", where="model",
-                fix="pass the model (nn.Module) or its GraphIR: estimate then solves the "
-                    "per-op strategies for the configuration's tp")
+    if isinstance(model, Workload):  # estimate_step refuses one solved for another tp
         return estimate_step(model, cluster, train, config, efficiency=efficiency)
     graph = model if isinstance(model, GraphIR) else trace(model, train)
     name = graph.model_name or type(model).__name__

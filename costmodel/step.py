@@ -343,8 +343,8 @@ def estimate_step(
         raise AutoparError(
             f"the workload records per-op strategies for tp={workload.tp}, the configuration has "
             f"tp={config.tp}", where="tp",
-            fix="price the model with autopar.estimate (it solves the strategies for the "
-                "configuration's tp), or the planner's workload for this tp")
+            fix="pass the model (nn.Module) or its GraphIR to autopar.estimate: it solves the "
+                "per-op strategies for the configuration's tp")
     m = config.microbatches(train)
     L = workload.num_blocks
     part = partition or even_partition(L, config.pp, config.virtual_stages)

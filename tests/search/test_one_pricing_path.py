@@ -46,5 +46,5 @@ def test_a_workload_is_priced_as_given_with_tp_1_and_refused_with_more() -> None
     config = ParallelConfig(dp=8, micro_batch=1)
     assert autopar.estimate(work, CLUSTER, train, config) == \
         autopar.estimate(model, CLUSTER, train, config)
-    with pytest.raises(autopar.AutoparError, match="records no strategies for tp=2"):
+    with pytest.raises(autopar.AutoparError, match="strategies for tp=1, the configuration has tp=2"):
         autopar.estimate(work, CLUSTER, train, ParallelConfig(dp=4, tp=2))

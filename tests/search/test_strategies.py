@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.nn as nn
 
 import autopar
 from autopar.costmodel.compute import Split
@@ -83,38 +81,3 @@ def test_free_solve_prices_like_the_megatron_split(name: str, sp: bool) -> None:
     solved = estimate_step(result.workload, CLUSTER, TRAIN, config)
     assert solved.step_time_s == pytest.approx(megatron.step_time_s, rel=0.01)
     assert solved.peak_memory_bytes <= megatron.peak_memory_bytes * 1.02
-
-
-class _Odd(nn.Module):
-    def __init__(self, h: int) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(torch.special.erf(self.fc1(x)))
-
-
-class _OddModel(nn.Module):
-    def __init__(self, h: int = 256, vocab: int = 512) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, h)
-        self.layers = nn.ModuleList([_Odd(h) for _ in range(4)])
-        self.head = nn.Linear(h, vocab, bias=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.emb(idx)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-
-def test_an_op_without_a_rule_runs_replicated_and_is_reported() -> None:
-    with torch.device("meta"):
-        model = _OddModel()
-    train = autopar.TrainSpec(global_batch=16, seq_len=128)
-    plan = autopar.optimize(model, CLUSTER, train, constraints={"tp": 2})
-    assert "special_erf" in plan.ops_without_rules
-    strategies = dict(plan.block_strategies)
-    erf = next(k for k in strategies if "erf" in k)
-    assert strategies[erf] == "replicated"
-    assert "erf" in plan.report()

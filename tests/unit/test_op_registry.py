@@ -12,24 +12,9 @@ import autopar
 from autopar import ClusterSpec, ParallelConfig, TrainSpec
 from autopar.core.layout import Layout
 from autopar.graph import TensorMeta
-from autopar.ops import (
-    CANONICAL_OPS,
-    FAMILIES,
-    OP_NAMES,
-    PATTERNS,
-    VIEW,
-    FusionPattern,
-    OpFamily,
-    family_of,
-    find_fusions,
-    has_rule,
-    is_known,
-    kind_of,
-    ops_without_rules,
-    register,
-    strategies_for,
-    unregister,
-)
+from autopar.ops import (CANONICAL_OPS, FAMILIES, OP_NAMES, PATTERNS, VIEW, FusionPattern,
+                         OpFamily, family_of, find_fusions, has_rule, is_known, kind_of,
+                         ops_without_rules, register, strategies_for, unregister)
 from autopar.ops.elementwise import elementwise_rule
 from autopar.ops.naming import canonical_op, unmapped_ops
 from autopar.workload import saved_tensors
@@ -90,6 +75,15 @@ class _ErfModel(nn.Module):
 def _erf_model() -> nn.Module:
     with torch.device("meta"):
         return _ErfModel()
+
+
+def test_an_op_without_a_rule_runs_replicated_and_is_reported() -> None:
+    plan = autopar.optimize(_erf_model(), CLUSTER, TRAIN, constraints={"tp": 2})
+    assert "special_erf" in plan.ops_without_rules
+    strategies = dict(plan.block_strategies)
+    erf = next(k for k in strategies if "erf" in k)
+    assert strategies[erf] == "replicated"
+    assert "erf" in plan.report()
 
 
 def test_ops_without_a_rule_have_one_answer() -> None:

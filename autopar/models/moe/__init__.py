@@ -6,14 +6,8 @@ from __future__ import annotations
 
 from autopar.models.family import Family, register
 from autopar.models.llama.parts import DECODER_PARTS
-from autopar.models.moe.model import (
-    Experts,
-    MoEBlock,
-    MoEConfig,
-    MoELayer,
-    MoETransformer,
-    expert_capacity,
-)
+from autopar.models.moe.model import (Experts, MoEBlock, MoEConfig, MoELayer, MoETransformer,
+                                       expert_capacity)
 from autopar.models.moe.presets import PRESETS
 
 FAMILY = register(Family(name="moe", parts=DECODER_PARTS, config_class=MoEConfig,
