@@ -9,28 +9,6 @@ from importlib import import_module
 
 from autopar.core import plan as _plan
 
-__all__ = [
-    "AutoparError",
-    "Checkpoint",
-    "ClusterSpec",
-    "Estimate",
-    "GraphIR",
-    "ParallelProgram",
-    "ParallelConfig",
-    "Plan",
-    "Precision",
-    "Schedule",
-    "TrainSpec",
-    "device_mesh",
-    "diff",
-    "estimate",
-    "models",
-    "optimize",
-    "parallelize",
-    "plan_for",
-    "trace",
-    "workload_of",
-]
 __version__ = "0.1.0"
 
 _OWNERS = {
@@ -57,6 +35,7 @@ _OWNERS = {
     "parallelize": "autopar.passes",
 }
 """Where each public name is defined."""
+__all__ = sorted([*_OWNERS, "models"])
 
 
 def __getattr__(name: str) -> object:

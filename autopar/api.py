@@ -1,6 +1,6 @@
 """The public entry points. This module only orchestrates: trace -> workload -> strategy solve ->
 cost model; ``estimate``, ``plan_for`` and ``optimize`` price a configuration by one path
-(``search.planner.config_estimate``)."""
+(``search.planner.config_estimate``): ``estimate`` is ``plan_for``'s estimate."""
 
 from __future__ import annotations
 
@@ -87,26 +87,21 @@ def estimate(
     """Predicted step time and memory of ``model`` on ``cluster`` under ``config``: the estimate
     of the plan ``optimize`` returns when every ``ParallelConfig`` field is fixed to
     ``config``'s, priced by the same path -- the per-op strategies solved for ``config.tp``
-    (with ``split_weights``, as ``plan_for``'s default, every linear layer the engine can split
-    is split), the stages cut as the search cuts them. Refuses (``AutoparError``) a
+    (with ``split_weights``, ``plan_for``'s default, every linear layer the engine can split is
+    split), the stages cut as the search cuts them: ``plan_for(...).estimate``. Refuses (``AutoparError``) a
     configuration that could not run for this model (``autopar.admissibility``), or whose
     solved strategies the engine could not run.
 
     A ``Workload`` (``workload_of``) is priced as given, which holds for tp = 1 only: it records
     no strategies, so nothing in it divides by tp. With ``config.tp > 1`` it is refused; pass
     the model or its ``GraphIR`` instead."""
+    if not isinstance(model, Workload):
+        return plan_for(model, cluster, train, config, efficiency=efficiency,
+                        split_weights=split_weights).estimate
     cluster = as_cluster(cluster)
-    # Fail on a configuration that cannot run before spending a trace on it.
     check_world(config, cluster)
-    facts = _before_trace(model, train)
-    check(facts, config, train)
-    if isinstance(model, Workload):  # estimate_step refuses one solved for another tp
-        return estimate_step(model, cluster, train, config, efficiency=efficiency)
-    graph = model if isinstance(model, GraphIR) else trace(model, train)
-    name = graph.model_name or type(model).__name__
-    plan = plan_config(graph, facts, name, cluster, train, config, efficiency=efficiency,
-                       split_weights=split_weights)
-    return plan.estimate
+    check(_before_trace(model, train), config, train)
+    return estimate_step(model, cluster, train, config, efficiency=efficiency)  # refuses tp > 1
 
 
 def optimize(

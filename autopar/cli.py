@@ -7,6 +7,7 @@ Errors a person can act on (``AutoparError``) print one paragraph and exit with 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import sys
@@ -19,16 +20,14 @@ from rich.progress import TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from autopar.costmodel.cluster import ClusterSpec, preset_names
+from autopar.costmodel.cluster import CLUSTER_FILE_SUFFIXES, ClusterSpec, preset_names
 from autopar.core.errors import AutoparError
 from autopar.cli_args import config_from_fields, model_spec
 from autopar.cli_export import add_export_parser, cmd_export
 from autopar.cli_verify import add_verify_parser
 from autopar.core.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
 
-CONFIG_FLAGS = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "num_microbatches",
-                "schedule", "virtual_stages", "sequence_parallel", "checkpoint", "offload",
-                "fusions")
+CONFIG_FLAGS = tuple(f.name for f in dataclasses.fields(ParallelConfig))
 """Every ``ParallelConfig`` field, each a flag of ``estimate`` and ``plan``."""
 
 
@@ -84,9 +83,6 @@ def _model(args: argparse.Namespace):
     """(``ModelSpec``, the model built on the meta device) of ``--model``/``--model-arg``."""
     spec = model_spec(args)
     return spec, spec.build("meta")
-
-
-CLUSTER_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 def _cluster(args: argparse.Namespace) -> ClusterSpec:

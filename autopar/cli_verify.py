@@ -53,7 +53,7 @@ def add_verify_parser(sub: argparse._SubParsersAction, parents: list,
 def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model):
     from autopar.api import plan_for
     from autopar.tracing import resolve_seq_len
-    from autopar.verify import process_cluster
+    from autopar.costmodel.cluster import process_cluster
 
     config = config_from_fields(fields, args.nproc, "--nproc")
     if args.nproc is not None and args.nproc != config.world_size:

@@ -141,8 +141,7 @@ def plan_report(plan: Plan, width: int = 110) -> str:
         extra.append(f"search: {plan.solver.candidates} candidates priced, "
                      f"{plan.solver.pruned} pruned, {plan.solver.status}"
                      + (f" (gap {plan.solver.gap:.2%})" if plan.solver.gap else ""))
-    if extra:
-        console.print(Group(*extra))
+    console.print(Group(*extra))
     return buf.getvalue()
 
 

@@ -19,33 +19,27 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from autopar.admissibility import facts_of
-from autopar.costmodel.cluster import ClusterSpec
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Precision
 from autopar.core.model_spec import ModelSpec
-from autopar.passes.export import build_model
-from autopar.passes.mesh import check_executable
+from autopar.passes.mesh import executable_spec
 from autopar.core.plan import Plan
 from autopar.training import OPTIMIZER
 from autopar.verify_measures import (
     TOLERANCES,
     Diff,
-    Measure,
-    Tolerance,
     VerifyResult,
     compare,
     measure_run,
 )
-from autopar.verify_reference import Run, microbatches, reference
+from autopar.verify_reference import reference
 
-__all__ = ["TOLERANCES", "Diff", "Measure", "Run", "Tolerance", "VerifyResult", "compare",
-           "microbatches", "process_cluster", "reference", "verify"]
+__all__ = ["TOLERANCES", "Diff", "ProgramFailed", "VerifyResult", "compare", "reference",
+           "verify"]
 
 
 def _free_port() -> int:
@@ -100,6 +94,10 @@ def _kill(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+class ProgramFailed(AutoparError):
+    """The sharded program started and a rank failed or hung: a finding, not a refusal."""
+
+
 def _raise_failure(folder: Path, nproc: int, errors: list[Path], timeout_s: float) -> None:
     if errors:
         # the first rank to fail is the cause; the others mostly lost a peer
@@ -110,7 +108,7 @@ def _raise_failure(folder: Path, nproc: int, errors: list[Path], timeout_s: floa
         logs = [(folder / f"rank{r}.log").read_text()[-600:] for r in range(nproc)]
         detail = (f"not every rank finished within {timeout_s:.0f} s; last output: "
                   + " | ".join(line for line in logs if line))
-    raise AutoparError(f"the sharded program did not run: {detail}",
+    raise ProgramFailed(f"the sharded program did not run: {detail}",
                        where=f"autopar verify (logs in {folder})",
                        fix="run again with --debug; if the plan came from an older version, "
                            "re-plan it")
@@ -126,8 +124,7 @@ def verify(spec: ModelSpec | None, plan: Plan, *, steps: int = 3, seed: int = 0,
     (``passes.mesh.check_executable``)."""
     if steps < 1:
         raise AutoparError(f"steps={steps}", where="--steps", fix="run at least one step")
-    spec = plan.spec_for(spec)
-    check_executable(plan, facts_of(build_model(spec)))
+    spec = executable_spec(plan, spec)
     nproc = plan.config.world_size
     start = time.monotonic()
     keep = folder is not None
@@ -163,10 +160,3 @@ def verify(spec: ModelSpec | None, plan: Plan, *, steps: int = 3, seed: int = 0,
         plan=plan, model=spec.label, nproc=nproc, steps=steps, reference_losses=refs[0].losses,
         losses=losses, loss=loss, grads=grad, params=param, tolerance=TOLERANCES[precision],
         wall_s=time.monotonic() - start, missing=sorted(set(refs[0].params) - set(params)))
-
-
-def process_cluster(nproc: int, like: str = "hgx-h100-80g") -> ClusterSpec:
-    """A one-node cluster of ``nproc`` GPUs of preset ``like``: what a plan given as flags is
-    priced on when it is verified on ``nproc`` CPU processes."""
-    base = ClusterSpec.preset(like, nodes=1)
-    return replace(base, name=f"{like}-{nproc}gpu", gpus_per_node=nproc)

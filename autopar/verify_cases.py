@@ -161,7 +161,7 @@ def plan_case(case: Case):
     ``AutoparError`` for a configuration the admissibility check refuses."""
     import autopar
     from autopar.core.specs import ParallelConfig, TrainSpec
-    from autopar.verify import process_cluster
+    from autopar.costmodel.cluster import process_cluster
 
     config = ParallelConfig(**case.fields)
     train = TrainSpec(global_batch=case.global_batch, seq_len=case.seq_len,
@@ -172,7 +172,7 @@ def plan_case(case: Case):
 
 def run_case(case: Case, *, steps: int = 2, timeout_s: float = 240.0) -> Result:
     """Plan and verify ``case``; never raises for what the case does (see ``Outcome``)."""
-    from autopar.verify import verify
+    from autopar.verify import ProgramFailed, verify
 
     start = time.monotonic()
     try:
@@ -185,8 +185,8 @@ def run_case(case: Case, *, steps: int = 2, timeout_s: float = 240.0) -> Result:
     try:
         result = verify(None, plan, steps=steps, timeout_s=timeout_s)
     except AutoparError as err:
-        started = "the sharded program did not run" in err.what
-        return Result(case, Outcome.CRASHED if started else Outcome.REFUSED, err.paragraph(),
+        crashed = isinstance(err, ProgramFailed)
+        return Result(case, Outcome.CRASHED if crashed else Outcome.REFUSED, err.paragraph(),
                       time.monotonic() - start)
     except Exception as err:  # noqa: BLE001 - a crash of verify is a finding
         return Result(case, Outcome.CRASHED, f"verify: {type(err).__name__}: {err}",

@@ -37,28 +37,15 @@ from autopar.costmodel.workload import (
 from autopar.graph import GraphIR, NodeInfo
 from autopar.ops import (
     PATTERNS,
-    VIEW,
     find_fusions,
     fused_bytes,
     is_expert_gemm,
     kept_by_selective,
     kind_of,
     ops_without_rules,
-    returns_input,
     save,
+    storage_of,
 )
-
-
-def _base(graph: GraphIR, name: str, inside: frozenset[str] = frozenset()) -> str:
-    """The node owning the storage of ``name``'s output (through views, and through the ops
-    among ``inside`` that return their input itself: no-op dropouts, p = 0)."""
-    while graph.has_node(name):
-        node = graph.node(name)
-        alias = node.op == VIEW or (name in inside and returns_input(node))
-        if not alias or not node.inputs:
-            return name
-        name = node.inputs[0]
-    return name
 
 
 @dataclass
@@ -79,7 +66,7 @@ class _Saver:
         return SavedTensor(name, src.out.numel / self.graph.batch, Shard.REPLICATED)
 
     def keep(self, name: str) -> None:
-        base = _base(self.graph, name, self.inside)
+        base = storage_of(self.graph, name, self.inside)
         if base not in self.seen and (t := self.activation(base)) is not None:
             self.seen[base] = t
 
@@ -91,7 +78,7 @@ class _Saver:
                                      per_token=per_token)
 
     def base(self, name: str) -> str:
-        return _base(self.graph, name)
+        return storage_of(self.graph, name)
 
     def __len__(self) -> int:
         return len(self.seen)
@@ -134,7 +121,7 @@ def _mark_selective(graph: GraphIR, nodes: list[NodeInfo], saver: _Saver) -> Non
     names = {n.name for n in nodes}
     external = [i for n in nodes for i in n.inputs if i not in names]
     if external:
-        mark(_base(graph, external[0]))
+        mark(storage_of(graph, external[0]))
     for n in nodes:
         if kept_by_selective(n, graph):
             mark(n.name)
@@ -193,7 +180,7 @@ def _fused_loss_costs(graph: GraphIR, chain: list[NodeInfo], act_bytes: float
     per_seq = 1.0 / graph.batch
     logits = head.out
     scale = act_bytes / logits.dtype.itemsize
-    hidden = graph.node(_base(graph, head.inputs[0])).out
+    hidden = graph.node(storage_of(graph, head.inputs[0])).out
     weight = sum(graph.params[p].numel for p in head.params if p in graph.params)
     gemm = OpCost(name=head.name, op=head.op, kind=OpKind.MATMUL, flop=head.fwd_flop * per_seq,
                   bytes=head.fwd_bytes * per_seq * scale, shard=Shard.REPLICATED,

@@ -35,7 +35,7 @@ from pathlib import Path
 import ortools
 from machine import machine_lines
 
-from autopar.search.ilp import Backend, BlockProblem, Edge, StrategyTable, evaluate, solve
+from autopar.search.ilp import Backend, BlockProblem, Edge, StrategyTable, solve
 
 PEAK_FLOP_PER_S = 312e12
 HBM_BYTES_PER_S = 2.0e12
@@ -358,8 +358,6 @@ def main() -> None:
                 sol = solve(problem, time_limit_s=args.time_limit_s, backend=backend)
                 times.append(time.perf_counter() - start)
                 solver_times.append(sol.wall_s)
-                if sol.objective_s != evaluate(problem, sol.strategy).time_s:
-                    raise RuntimeError(f"{backend} reported a time the tables disagree with")
             total_s, wall_s = statistics.median(times), statistics.median(solver_times)
             status = sol.status.value
             if status != "optimal":

@@ -42,6 +42,8 @@ semantics"), NCCL buffers (NCCL_BUFFSIZE is 4 MiB per channel and peer, a few hu
 dp/tp/pp communicators), memory the driver keeps (nvidia-smi shows 81559 of 81920 MiB on an H100
 80GB) and caching-allocator fragmentation (1-2 GiB)."""
 
+CLUSTER_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+"""The extensions of a cluster file (YAML or JSON)."""
 _LINKS = ("intra_node", "inter_node", "host_link")
 _TOP_KEYS = ("name", "base", "nodes", "gpus_per_node", "gpu", *_LINKS, "host_memory_bytes",
              "hbm_reserved_bytes")
@@ -126,7 +128,7 @@ class ClusterSpec:
         """Read a cluster from a ``.yaml``/``.yml`` or ``.json`` file; see ``from_dict``."""
         p = Path(path)
         kind = p.suffix.lower()
-        if kind not in (".yaml", ".yml", ".json"):
+        if kind not in CLUSTER_FILE_SUFFIXES:
             raise AutoparError(f"cannot tell the format of {p.name!r} from its extension",
                                where=str(p), fix="name the file *.yaml, *.yml or *.json")
         try:
@@ -199,6 +201,13 @@ class ClusterSpec:
                                 f"direction, {lk.latency_s * 1e6:.3g} us"))
         rows.append(("Host memory", f"{format_bytes(self.host_memory_bytes)} per node"))
         return rows
+
+
+def process_cluster(nproc: int, like: str = "hgx-h100-80g") -> ClusterSpec:
+    """A one-node cluster of ``nproc`` GPUs of preset ``like``: what a plan given as flags is
+    priced on when it is verified on ``nproc`` CPU processes."""
+    base = ClusterSpec.preset(like, nodes=1)
+    return replace(base, name=f"{like}-{nproc}gpu", gpus_per_node=nproc)
 
 
 def preset_names() -> list[str]:

@@ -46,10 +46,9 @@ def mesh_groups(config: ParallelConfig, cluster: ClusterSpec) -> MeshGroups:
     (``autopar.core.mesh``): a group whose ranks fit inside a node talks over NVLink."""
     stride = mesh_strides(config)
     gpn = cluster.gpus_per_node
-    dp_stride = min(stride[MeshAxis.DP_REPLICATE], stride[MeshAxis.DP_SHARD])
     tp = _group(config.tp, stride[MeshAxis.TP], gpn)
     cp = _group(config.cp, stride[MeshAxis.CP], gpn)
-    dp = _group(config.dp, dp_stride, gpn)
+    dp = _group(config.dp, stride[MeshAxis.DP_SHARD], gpn)  # dp_shard inside dp_replicate
     pp = _group(config.pp, stride[MeshAxis.PP], gpn)
     # cp and dp are adjacent in the order; their union is contiguous from cp's stride.
     inner = stride[MeshAxis.CP]

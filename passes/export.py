@@ -24,10 +24,9 @@ import stat
 from dataclasses import replace
 from pathlib import Path
 
-from autopar.admissibility import facts_of
 from autopar.core.errors import AutoparError
 from autopar.core.model_spec import ModelSpec
-from autopar.passes.mesh import check_executable
+from autopar.passes.mesh import executable_spec
 from autopar.core.plan import Plan
 
 TEMPLATE = Path(__file__).with_name("train_template.py")
@@ -44,8 +43,7 @@ def export_plan(plan: Plan, folder: str | os.PathLike[str], model_spec: ModelSpe
     plan that records none, and must agree with it otherwise. Refuses a folder that already
     holds files unless ``overwrite`` (which replaces the files above and leaves the others,
     checkpoints included, alone)."""
-    spec = plan.spec_for(model_spec)
-    check_executable(plan, facts_of(build_model(spec)))
+    spec = executable_spec(plan, model_spec)
     out = Path(folder)
     if out.exists() and not out.is_dir():
         raise AutoparError(f"{out} is a file", where="the export folder",
@@ -71,17 +69,6 @@ def export_plan(plan: Plan, folder: str | os.PathLike[str], model_spec: ModelSpe
                            f"({err.filename})", where="the export folder",
                            fix="pass a folder you can create and write to") from None
     return out
-
-
-def build_model(spec: ModelSpec):
-    """``spec``'s model on the meta device, as the admissibility check reads it."""
-    try:
-        return spec.build("meta")
-    except AutoparError:
-        raise
-    except (TypeError, ValueError, ImportError) as err:
-        raise AutoparError(f"cannot build {spec.label}: {err}", where="the model",
-                           fix="check the model name and its --model-arg fields") from None
 
 
 def _copy_model_file(spec: ModelSpec, out: Path) -> ModelSpec:

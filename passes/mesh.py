@@ -10,9 +10,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from autopar.admissibility import ModelFacts, check_plan, microbatch_problem
+from autopar.admissibility import ModelFacts, check_plan, facts_of, microbatch_problem
 from autopar.core.errors import AutoparError
 from autopar.core.mesh import DATA_PARALLEL, ORDER, MeshAxis, mesh_sizes
+from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 
 
@@ -43,6 +44,15 @@ def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
                 f"{'context' if axis == 'cp' else 'expert'} parallelism",
                 where=f"plan.config.{axis}",
                 fix=f"re-plan with the constraint {axis}=1 (autopar plan --{axis} 1)")
+
+
+def executable_spec(plan: Plan, given: ModelSpec | None = None) -> ModelSpec:
+    """The model to run ``plan`` with (``Plan.spec_for``), built on the meta device and the plan
+    checked against it (``check_executable``): what ``verify`` and ``export`` check before any
+    process starts or file is written."""
+    spec = plan.spec_for(given)
+    check_executable(plan, facts_of(spec.build("meta")))
+    return spec
 
 
 def mesh_shape(plan: Plan) -> tuple[int, ...]:

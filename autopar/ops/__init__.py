@@ -43,7 +43,7 @@ from autopar.ops import (
     view,
 )
 from autopar.ops.fusion import find_fusions, fused_bytes
-from autopar.ops.gemm import is_expert_gemm, is_linear, is_weight_gemm
+from autopar.ops.gemm import is_expert_gemm, is_weight_gemm
 from autopar.ops.registry import (
     CANONICAL_OPS,
     FAMILIES,
@@ -64,14 +64,11 @@ from autopar.ops.registry import (
     ops_without_rules,
     register,
     returns_input,
-    rule_of,
     save,
-    saves_inputs,
-    saves_nothing,
+    storage_of,
     strategies_for,
     unregister,
 )
-from autopar.ops.rules import RuleContext
 
 FAMILY_MODULES = (gemm, attention, norm, activation, elementwise, dropout, view, reduction, index,
                   constant, loss)
@@ -79,9 +76,9 @@ FAMILY_MODULES = (gemm, attention, norm, activation, elementwise, dropout, view,
 
 __all__ = [
     "CANONICAL_OPS", "FAMILIES", "OP_NAMES", "PATTERNS", "VIEW", "FusionPattern", "OpFamily",
-    "RuleContext", "Saver", "family_of", "find_fusions", "forward_bytes", "forward_flop",
-    "fused_bytes", "has_rule", "is_expert_gemm", "is_known", "is_linear", "is_weight_gemm",
+    "Saver", "family_of", "find_fusions", "forward_bytes", "forward_flop",
+    "fused_bytes", "has_rule", "is_expert_gemm", "is_known", "is_weight_gemm",
     "is_weight_op", "kept_by_selective", "kind_of", "ops_without_rules", "register",
-    "returns_input", "rule_of", "save", "saves_inputs", "saves_nothing", "strategies_for",
+    "returns_input", "save", "storage_of", "strategies_for",
     "unregister",
 ]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from autopar.core.errors import AutoparError
 from autopar.graph import GraphIR, NodeInfo
-from autopar.ops.registry import PATTERNS, VIEW
+from autopar.ops.registry import PATTERNS, VIEW, storage_of
 
 
 def find_fusions(graph: GraphIR, nodes: list[NodeInfo], names: tuple[str, ...]
@@ -105,18 +105,10 @@ def fused_bytes(graph: GraphIR, chain: list[NodeInfo]) -> float:
         for name in n.inputs:
             if name in inside or not graph.has_node(name) or graph.node(name).out is None:
                 continue
-            base = _storage(graph, name)
+            base = storage_of(graph, name)
             reads[base] = reads.get(base, 0.0) + graph.node(name).out.nbytes
     for base, read in reads.items():
-        whole = graph.node(base).out
+        whole = graph.node(base).out if graph.has_node(base) else None
         if whole is not None:
             total -= max(0.0, read - whole.nbytes)
     return max(total, 0.0)
-
-
-def _storage(graph: GraphIR, name: str) -> str:
-    """The node owning the storage ``name`` views."""
-    node = graph.node(name)
-    while node.op == VIEW and node.inputs and graph.has_node(node.inputs[0]):
-        node = graph.node(node.inputs[0])
-    return node.name

@@ -232,6 +232,18 @@ def returns_input(node: NodeInfo) -> bool:
         and family.returns_input(node)
 
 
+def storage_of(graph: GraphIR, name: str, inside: frozenset[str] = frozenset()) -> str:
+    """The node owning the storage of ``name``'s output: through views, and through the ops
+    among ``inside`` that return their input itself (no-op dropouts, p = 0)."""
+    while graph.has_node(name):
+        node = graph.node(name)
+        alias = node.op == VIEW or (name in inside and returns_input(node))
+        if not alias or not node.inputs:
+            return name
+        name = node.inputs[0]
+    return name
+
+
 def save(node: NodeInfo, saver: Saver) -> None:
     """Record what ``node`` keeps for the backward pass; an op the registry does not know keeps
     its inputs (the conservative guess)."""

@@ -49,7 +49,8 @@ class Strategies:
     efficiency: Efficiency
     facts: ModelFacts | None = None
     """When given, a candidate whose solved strategies the engine cannot run is refused."""
-    _checked: dict[int, str] = field(default_factory=dict)
+    _styles: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    _problem: dict[int, str] = field(default_factory=dict)
 
     def result(self, config: ParallelConfig) -> StrategyResult | None:
         """The solved strategies (None with tp = 1: every op runs whole on its GPU)."""
@@ -68,19 +69,25 @@ class Strategies:
                           param_step_s=param_s)
         return self.solver.solve(pricing, config.sequence_parallel)
 
+    def module_styles(self, result: StrategyResult) -> tuple[tuple[str, str], ...]:
+        """The per-module styles of ``result`` (``module_strategies``), folded once per result
+        (results are memoised by the solver)."""
+        if id(result) not in self._styles:
+            self._styles[id(result)] = module_strategies(self.solver.graph, dict(
+                result.block_strategies + result.outer_strategies))
+        return self._styles[id(result)]
+
     def __call__(self, config: ParallelConfig) -> Workload:
         """The candidate's workload; ``AutoparError`` when its strategies cannot run."""
         result = self.result(config)
         if result is None:
             return self.solver.base
         if self.facts is not None:
-            if id(result) not in self._checked:  # results are memoised: check each once
-                styles = module_strategies(self.solver.graph, dict(
-                    result.block_strategies + result.outer_strategies))
-                found = layer_problems(self.facts, styles, config.tp)
-                self._checked[id(result)] = found[0].what if found else ""
-            if self._checked[id(result)]:
-                raise AutoparError(self._checked[id(result)], where="the strategy solve",
+            if id(result) not in self._problem:
+                found = layer_problems(self.facts, self.module_styles(result), config.tp)
+                self._problem[id(result)] = found[0].what if found else ""
+            if self._problem[id(result)]:
+                raise AutoparError(self._problem[id(result)], where="the strategy solve",
                                    fix="report this plan: the solve chose a layout the engine "
                                        "cannot run")
         return result.workload
@@ -95,8 +102,8 @@ def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
     graph = strategies.solver.graph
     ops = result.block_strategies if result is not None else tuple(
         (n.name, Style.REPLICATED) for n in graph.block_nodes(0) if n.out is not None)
-    outer = result.outer_strategies if result is not None else ()
-    modules = module_strategies(graph, dict(ops + outer))
+    modules = strategies.module_styles(result) if result is not None else module_strategies(
+        graph, dict(ops))
     return Plan(model=name, cluster=cluster.name, nodes=cluster.nodes,
                 gpus_per_node=cluster.gpus_per_node, train=train, config=c, estimate=est,
                 stage_blocks=tuple(sm.blocks for sm in est.stage_memory), block_strategies=ops,
@@ -105,22 +112,18 @@ def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
                 solver=solver, model_spec=spec)
 
 
-def _strategies(graph: GraphIR, name: str, cluster: ClusterSpec, train: TrainSpec,
-                efficiency: Efficiency, fusions: tuple[str, ...], split_weights: bool,
-                facts: ModelFacts) -> tuple[Strategies, Workload]:
-    act = activation_bytes_per_element(train.precision)
-    work = build_workload(graph, act, name=name, fusions=fusions)
-    solver = StrategySolver(graph, work, act, split_weights=split_weights)
-    return Strategies(solver, cluster, train, efficiency, facts), work
-
-
 def strategies_of(graph: GraphIR, facts: ModelFacts, name: str, cluster: ClusterSpec,
                   train: TrainSpec, *, efficiency: Efficiency, fusions: tuple[str, ...] = (),
                   split_weights: bool = False) -> Strategies:
     """The workload of every configuration of ``graph`` under the per-op strategies solved for
     its tp split (memoised per split): what the search and ``plan_config`` price."""
-    return _strategies(graph, name, cluster, train, efficiency, fusions, split_weights,
-                       facts)[0]
+    act = activation_bytes_per_element(train.precision)
+    work = build_workload(graph, act, name=name, fusions=fusions)
+    solver = StrategySolver(graph, work, act, split_weights=split_weights)
+    # context parallelism rings the K/V of a fused attention op: the traced graph says whether
+    # there is one, which the module tree alone (``facts_of``) cannot
+    ring = any(op.kv_elements > 0 for op in work.block.ops)
+    return Strategies(solver, cluster, train, efficiency, replace(facts, ring_attention=ring))
 
 
 def config_estimate(strategies: Strategies, config: ParallelConfig) -> Estimate:
@@ -145,7 +148,7 @@ def plan_config(graph: GraphIR, facts: ModelFacts, name: str, cluster: ClusterSp
                                fusions=config.fusions, split_weights=split_weights)
     est = config_estimate(strategies, config)
     plan = _plan(est, name, cluster, train, strategies, spec=spec)
-    check_plan(facts, plan)
+    check_plan(strategies.facts, plan)
     return plan
 
 
@@ -160,11 +163,9 @@ def plan_search(graph: GraphIR, facts: ModelFacts, name: str, cluster: ClusterSp
     constraints = dict(constraints)
     check_constraints(constraints)
     fusions = tuple(constraints.get("fusions", ()) or ())  # type: ignore[arg-type]
-    strategies, work = _strategies(graph, name, cluster, train, efficiency, fusions,
-                                   split_weights, facts)
-    ring = any(op.kv_elements > 0 for op in work.block.ops)
-    facts = replace(facts, ring_attention=ring)
-    strategies.facts = facts
+    strategies = strategies_of(graph, facts, name, cluster, train, efficiency=efficiency,
+                               fusions=fusions, split_weights=split_weights)
+    facts = strategies.facts
     result = search(strategies, facts, cluster, train, constraints, keep=keep,
                     efficiency=efficiency, progress=progress, time_limit_s=time_limit_s)
     if not result.best:

@@ -23,7 +23,7 @@ from autopar import ParallelConfig, TrainSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.search.planner import _strategies
 from autopar.training import ModelSpec
-from autopar.verify import process_cluster
+from autopar.costmodel.cluster import process_cluster
 
 KIND = {"c10d_functional.all_reduce": "all-reduce",
         "c10d_functional.all_gather_into_tensor": "all-gather",

@@ -23,7 +23,8 @@ from launching import events, launch, losses_of
 import autopar
 from autopar import ParallelConfig, TrainSpec
 from autopar.training import ModelSpec
-from autopar.verify import process_cluster, reference
+from autopar.costmodel.cluster import process_cluster
+from autopar.verify import reference
 
 TRAIN = TrainSpec(global_batch=8, seq_len=32, precision="fp32")
 PLAN_A = ParallelConfig(dp=2, tp=2, micro_batch=2, zero=1)

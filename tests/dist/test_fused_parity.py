@@ -17,7 +17,8 @@ import pytest
 import autopar
 from autopar import ParallelConfig, TrainSpec, kernels
 from autopar.training import ModelSpec
-from autopar.verify import process_cluster, verify
+from autopar.costmodel.cluster import process_cluster
+from autopar.verify import verify
 
 pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason="the kernels need CUDA or TRITON_INTERPRET=1")

@@ -22,7 +22,8 @@ import autopar
 from autopar import ParallelConfig, TrainSpec
 from autopar.models.hf_llama import HF_LLAMA_TINY
 from autopar.training import ModelSpec
-from autopar.verify import process_cluster, verify
+from autopar.costmodel.cluster import process_cluster
+from autopar.verify import verify
 
 LLAMA = ModelSpec("tiny-llama")
 GPT = ModelSpec("tiny-gpt")  # tied embedding and head, biases, LayerNorm, GELU

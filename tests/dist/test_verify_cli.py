@@ -47,7 +47,8 @@ def test_a_rank_that_fails_is_reported_and_the_others_stopped(tmp_path):
     import autopar
     from autopar import AutoparError, ParallelConfig, TrainSpec
     from autopar.core.model_spec import ModelSpec
-    from autopar.verify import process_cluster, verify
+    from autopar.costmodel.cluster import process_cluster
+    from autopar.verify import verify
 
     (tmp_path / "flaky.py").write_text(FLAKY)
     spec = ModelSpec.parse(f"{tmp_path / 'flaky.py'}:make")

@@ -18,7 +18,7 @@ from autopar.admissibility import (
     plan_problems,
     problems,
 )
-from autopar.verify import process_cluster
+from autopar.costmodel.cluster import process_cluster
 
 TRAIN = TrainSpec(global_batch=8, seq_len=32, precision="fp32")
 

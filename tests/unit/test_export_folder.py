@@ -17,7 +17,7 @@ from autopar.cli import main
 from autopar.passes import train_template
 from autopar.passes.export import FILES, TEMPLATE, export_plan
 from autopar.training import ModelSpec
-from autopar.verify import process_cluster
+from autopar.costmodel.cluster import process_cluster
 
 TRAIN = TrainSpec(global_batch=8, seq_len=32, precision="fp32")
 

@@ -11,7 +11,7 @@ import autopar
 from autopar import AutoparError, ParallelConfig, Plan, TrainSpec
 from autopar.core.model_spec import ModelSpec
 from autopar.models.hf_llama import HF_LLAMA, HF_LLAMA_TINY
-from autopar.verify import process_cluster
+from autopar.costmodel.cluster import process_cluster
 
 FACTORY = """
 import torch

@@ -13,7 +13,7 @@ import autopar
 from autopar import ParallelConfig, TrainSpec
 from autopar.execution import execution_lines
 from autopar.report import estimate_tables
-from autopar.verify import process_cluster
+from autopar.costmodel.cluster import process_cluster
 
 TRAIN = TrainSpec(global_batch=4, seq_len=32, precision="fp32")
 

@@ -11,7 +11,8 @@ import autopar
 from autopar import ParallelConfig, TrainSpec
 from autopar.cli import main
 from autopar.module_strategies import LOSS
-from autopar.verify import TOLERANCES, Diff, VerifyResult, compare, process_cluster
+from autopar.costmodel.cluster import process_cluster
+from autopar.verify import TOLERANCES, Diff, VerifyResult, compare
 
 
 def _plan(name: str, **fields):
