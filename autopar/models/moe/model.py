@@ -96,6 +96,17 @@ class Experts(nn.Module):
         return torch.bmm(hidden, self.w_down)
 
 
+class Fp32Linear(nn.Linear):
+    """A linear layer computed in fp32 whatever its input's and weight's dtype: the router
+    (Megatron-LM's ``--moe-router-dtype fp32``, DeepSeek-V3's gating; in bf16 two experts'
+    logits a rounding apart would send a token either way). A module of its own, so the
+    trace and the plan see the router GEMM under ``router``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return F.linear(x.float(), self.weight.float(), bias)
+
+
 class MoELayer(nn.Module):
     """Top-k routed SwiGLU experts with capacity-based dispatch (see the module docstring)."""
 
@@ -104,7 +115,7 @@ class MoELayer(nn.Module):
         self.num_experts = config.num_experts
         self.top_k = config.top_k
         self.capacity_factor = float(config.capacity_factor)
-        self.router = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.router = Fp32Linear(config.hidden_size, config.num_experts, bias=False)
         self.experts = Experts(config.num_experts, config.hidden_size, config.ffn_hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -112,9 +123,7 @@ class MoELayer(nn.Module):
         e, k = self.num_experts, self.top_k
         tokens = x.reshape(-1, h)  # (T, h)
         num_tokens = tokens.size(0)
-        # the router in fp32 (Megatron-LM's --moe-router-dtype fp32, DeepSeek-V3's gating): in
-        # bf16 two experts' logits a rounding apart would send a token either way
-        logits = F.linear(tokens.float(), self.router.weight.float())
+        logits = self.router(tokens)
         top_logits, top_experts = torch.topk(logits, k, dim=-1)  # (T, k)
         weights = torch.softmax(top_logits, dim=-1).to(x.dtype)  # Mixtral: over the top k
         capacity = expert_capacity(num_tokens, e, k, self.capacity_factor)
