@@ -31,6 +31,8 @@ _OWNERS = {
     # the execution API imports torch.distributed's pipelining and DTensor machinery and the
     # Triton kernels, about 0.9 s that planning does not need
     "ParallelProgram": "autopar.passes",
+    "dry_run": "autopar.dry_run",
+    "DryRun": "autopar.dry_run",
     "device_mesh": "autopar.passes",
     "parallelize": "autopar.passes",
 }

@@ -4,8 +4,10 @@ Schedules (Narayanan et al., SC'21; Korthikanti et al., 2022):
 
 * GPipe runs every forward, then every backward: each stage keeps all ``m`` micro-batches.
 * 1F1B: stage ``i`` of ``p`` keeps ``min(p - i, m)`` micro-batches in flight.
-* Interleaved 1F1B with ``v`` model chunks per rank: the first stage keeps
-  ``p * (1 + (p - 1) / (p * v))`` micro-batches' worth of its layers.
+* Interleaved 1F1B with ``v`` model chunks per rank: rank ``i`` keeps
+  ``((v - 1) * p + 2 * (p - 1 - i) + 1) / v`` micro-batches' worth of its layers, at most
+  ``m`` (torch's ``ScheduleInterleaved1F1B``; ``p * (1 + (p - 1) / (p * v))`` on the first
+  stage, as Narayanan et al. give it).
 
 The bubble is ``(p - 1) / v`` stage-times of a micro-batch (v = 1 without interleaving).
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Schedule
+from autopar.core.stages import rank_blocks
 
 
 @dataclass(frozen=True)
@@ -34,21 +37,23 @@ class StagePartition:
 
 def even_partition(num_blocks: int, pp: int, virtual_stages: int = 1) -> StagePartition:
     """Split ``num_blocks`` over ``pp`` stages as evenly as possible; the remainder goes to the
-    middle stages, since the first and last also carry the embedding and the head."""
+    middle stages, since the first and last also carry the embedding and the head. Under the
+    interleaved schedule (``virtual_stages`` > 1) each rank's blocks are those of its chunks as
+    the engine cuts them (``autopar.core.stages``), uneven when ``pp * virtual_stages`` does not
+    divide the blocks."""
     if pp > num_blocks:
         raise AutoparError(
             f"pp={pp} pipeline stages for a model of {num_blocks} blocks",
             where="pp",
             fix=f"use at most {num_blocks} stages",
         )
-    chunks = pp * virtual_stages
-    if virtual_stages > 1 and num_blocks % chunks:
-        raise AutoparError(
-            f"{num_blocks} blocks do not split into pp={pp} x virtual_stages={virtual_stages} "
-            "equal chunks",
-            where="virtual_stages",
-            fix=f"choose pp*virtual_stages among the divisors of {num_blocks}",
-        )
+    if virtual_stages > 1:
+        if pp * virtual_stages > num_blocks:
+            raise AutoparError(
+                f"pp={pp} x virtual_stages={virtual_stages} chunks for a model of {num_blocks} "
+                "blocks", where="virtual_stages",
+                fix=f"keep pp*virtual_stages at most {num_blocks}")
+        return StagePartition(tuple(rank_blocks(num_blocks, pp, virtual_stages)))
     base, rest = divmod(num_blocks, pp)
     blocks = [base] * pp
     order = sorted(range(pp), key=lambda i: (i in (0, pp - 1), abs(i - (pp - 1) / 2)))
@@ -64,8 +69,14 @@ def in_flight_microbatches(schedule: Schedule, stage: int, pp: int, m: int, v: i
         return float(m)
     if schedule is Schedule.ONE_F_ONE_B:
         return float(min(pp - stage, m))
-    base = min(pp - stage, m)
-    return min(float(m), base * (1.0 + (pp - 1) / (pp * v)))
+    # torch's ScheduleInterleaved1F1B (``_get_warmup_ops``): rank r runs
+    # (v - 1) * per_round + 2 * (pp - 1 - r) chunk forwards before its first backward, at most
+    # all m * v of them, and one more before that backward frees one; a chunk holds 1/v of the
+    # rank's blocks. For rank 0 and m a multiple of pp this is Narayanan et al.'s
+    # pp * (1 + (pp - 1) / (pp * v)).
+    per_round = m // max(1, m // pp)
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - stage), m * v)
+    return min(warmup + 1, m * v) / v
 
 
 def bubble_fraction(schedule: Schedule, pp: int, m: int, v: int) -> float:

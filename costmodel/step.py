@@ -21,6 +21,7 @@ from autopar.core.estimate import Estimate, StageMemory
 from .memory import (
     StateBytes,
     activation_bytes_per_element,
+    engine_state_bytes,
     model_state_bytes,
     recompute_working_bytes,
     saved_bytes,
@@ -378,7 +379,7 @@ def estimate_step(
                                      expert_dp=g.expert_dp.size, offload=False)
             offloaded = max(offloaded, held.optimizer)
         stage_mem.append(_stage_memory(workload, part, s, split, policies, config, m, v,
-                                       dense, expert, sb, g, sized))
+                                       dense, expert, train, g, sized))
 
     comm = {k: m * val for k, val in times[slow].comm.items()}
     comm["comm_dp"] = dp_exposed
@@ -427,15 +428,24 @@ def estimate_step(
 def _stage_memory(
     workload: Workload, part: StagePartition, stage: int, split: Split,
     policies: tuple[Checkpoint, ...], config: ParallelConfig, m: int, v: int,
-    dense: float, expert: float, sb, g: MeshGroups,
+    dense: float, expert: float, train: TrainSpec, g: MeshGroups,
     memo: dict[tuple[str, Checkpoint], tuple[float, float]],
 ) -> StageMemory:
-    states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
-                               expert_dp=g.expert_dp.size, offload=config.offload)
-    kept = 0.0
-    working = 0.0
     groups = _stage_groups(workload, part, stage, policies)
     layers = [(layer, None) for layer, _, _ in groups]
+    unit = max(layer.params_tp / config.tp + layer.params - layer.params_tp
+               for layer, _ in layers)  # the largest FSDP unit: a block, or the embedding
+    if config.offload:
+        states = model_state_bytes(dense, expert, state_bytes_per_param(
+            train.precision, train.optimizer), zero=config.zero, dp=g.dp_cp.size,
+            expert_dp=g.expert_dp.size, offload=True)
+    else:
+        states = engine_state_bytes(dense, expert, train.precision, train.optimizer,
+                                    zero=config.zero, dp=g.dp_cp.size,
+                                    expert_dp=g.expert_dp.size, pipelined=config.pp > 1,
+                                    microbatches=m, unit_params=unit)
+    kept = 0.0
+    working = 0.0
     for layer, policy, n in groups:
         key = (layer.name, policy)
         if key not in memo:  # every block costs the same: size it once
@@ -446,11 +456,7 @@ def _stage_memory(
         working = max(working, memo[key][1])
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
     activations = in_flight * kept + working
-    buffers = float(COMM_BUCKET_BYTES)
-    if config.zero == 3:
-        biggest = max(layer.params_tp / config.tp + layer.params - layer.params_tp
-                      for layer, _ in layers)
-        buffers += 2 * biggest * sb.weights  # the gathered layer and the prefetched next one
+    buffers = 0.0  # FSDP2's gather and reduce buffers are the gathered copies themselves
     return StageMemory(
         stage=stage,
         blocks=part.blocks[stage],

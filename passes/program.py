@@ -24,7 +24,7 @@ steps the caller's optimizers (through the scaler for fp16, which may skip the s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -46,7 +46,7 @@ from autopar.passes.loss_scaling import grad_scaler, quiet_found_inf
 from autopar.core.mesh import MeshAxis
 from autopar.passes.mesh import check_executable, dp_rank
 from autopar.passes.model_parts import ModelParts, parts_of
-from autopar.passes.pipeline import build_schedule
+from autopar.passes.pipeline import StageShapes, build_schedule
 from autopar.passes.stage import StageModule, build_stages, stage_layout
 from autopar.passes.tensor_parallel import (
     apply_tensor_parallel,
@@ -174,7 +174,10 @@ class ParallelProgram:
             args = (tokens,) if self.holds_first else ()
             kwargs = {"target": targets, "losses": losses} if self.holds_last else {}
             with self._loss_context():
-                self.schedule.step(*args, **kwargs)  # type: ignore[attr-defined]
+                # return_outputs=False: the last stage would otherwise keep every micro-batch's
+                # output (the logits) until the step ends, to concatenate them for the caller
+                self.schedule.step(*args, return_outputs=False,  # type: ignore[attr-defined]
+                                   **kwargs)
             self.tied.sync()
             if not self.holds_last:
                 return None
@@ -200,16 +203,18 @@ def _plain(loss: torch.Tensor) -> torch.Tensor:
 
 
 def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
-                device: torch.device | str | None = None) -> ParallelProgram:
+                device: torch.device | str | None = None, *,
+                stage_shapes: Callable[[list[tuple[int, StageModule]]], StageShapes]
+                | None = None) -> ParallelProgram:
     """Rewrite ``model`` (built whole on this rank, weights initialised) into this rank's
     program under ``plan`` on ``mesh`` (``autopar.device_mesh(plan)``). The passes' order is
-    the module docstring's."""
+    the module docstring's. ``stage_shapes`` (the dry run's) gives the pipeline stages their
+    micro-batch shapes once they are sharded (``passes/pipeline.py:build_schedule``)."""
     check_executable(plan, facts_of(model))
     device = torch.device(device or mesh.device_type)
     parts = parts_of(model)
-    model = model.to(device)
-    if plan.train.precision is Precision.BF16_PURE:
-        model = model.to(torch.bfloat16)
+    dtype = torch.bfloat16 if plan.train.precision is Precision.BF16_PURE else None
+    _move(model, device, dtype)
     # Fusion after the cast (the fused modules hold the cast weights) and before the split
     # and sharding, which find the fused modules under the model's names.
     apply_fusions(model, plan.config.fusions, tp=plan.config.tp)
@@ -227,9 +232,22 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     program = ParallelProgram(plan, mesh, parts, stages, num_stages, device, tied,
                               scaler=grad_scaler(plan.train, device))
     if plan.config.pp > 1:
+        shapes = stage_shapes(stages) if stage_shapes is not None else None
         program.schedule = build_schedule(stages, num_stages, plan, mesh, device,
-                                          program._scaled_loss)
+                                          program._scaled_loss, shapes)
     return program
+
+
+def _move(model: nn.Module, device: torch.device, dtype: torch.dtype | None) -> None:
+    """``model.to(device, dtype)`` where some tensor is elsewhere or of another floating dtype:
+    a model already in place (built by ``materialize`` or on fake tensors, for the dry run)
+    is left as it is -- ``Module.to`` would swap every fake parameter with itself, which
+    fails."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if any(t.device != device for t in tensors):
+        model.to(device)
+    if dtype is not None and any(t.is_floating_point() and t.dtype != dtype for t in tensors):
+        model.to(dtype)
 
 
 def _tied_across_stages(model: nn.Module, plan: Plan) -> list[str]:

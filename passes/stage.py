@@ -20,6 +20,7 @@ from torch import nn
 
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Checkpoint, Schedule
+from autopar.core.stages import chunk_sizes
 from autopar.core.plan import Plan
 from autopar.passes.checkpointing import run_block
 from autopar.passes.model_parts import ModelParts
@@ -88,8 +89,7 @@ def stage_layout(plan: Plan, num_blocks: int) -> list[range]:
                 f"the interleaved schedule needs {chunks} chunks (pp {c.pp} x virtual stages "
                 f"{c.virtual_stages}), the model has {num_blocks} blocks",
                 where="plan.config.virtual_stages", fix="lower virtual_stages or pp")
-        sizes = [num_blocks // chunks + (1 if i < num_blocks % chunks else 0)
-                 for i in range(chunks)]
+        sizes = chunk_sizes(num_blocks, chunks)
     else:
         sizes = list(plan.stage_blocks)
     out, start = [], 0

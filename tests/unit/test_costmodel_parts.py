@@ -94,8 +94,11 @@ def test_bubble_shrinks_with_interleaving() -> None:
 def test_even_partition_gives_the_remainder_to_middle_stages() -> None:
     assert even_partition(10, 4).blocks == (2, 3, 3, 2)
     assert sum(even_partition(126, 16).blocks) == 126
+    # interleaved: each rank's chunks as the engine cuts them, uneven when they must be
+    assert even_partition(10, 4, 2).blocks == (3, 3, 2, 2)
+    assert sum(even_partition(126, 16, 2).blocks) == 126
     with pytest.raises(AutoparError, match="virtual_stages"):
-        even_partition(10, 4, 2)
+        even_partition(10, 4, 3)
     with pytest.raises(AutoparError, match="pp"):
         even_partition(4, 8)
 

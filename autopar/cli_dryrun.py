@@ -1,0 +1,93 @@
+"""``autopar dryrun --plan PLAN.json``: every rank role of a plan, one step on fake tensors.
+
+Registered by ``autopar/cli.py``; the run is ``autopar.dry_run``'s. Prints, per pipeline rank,
+the predicted and the dry-run peak memory by kind and the collectives issued; ``--json``
+writes the same. Exit status 0 when every role's dry-run peak fits in the cluster's usable
+memory, 1 when one does not, 2 for an error a person can act on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+from rich.progress import TimeElapsedColumn
+from rich.table import Table
+
+from autopar.cli_args import model_spec, read_plan
+from autopar.core.errors import AutoparError
+
+GIB = 2**30
+
+
+def add_dryrun_parser(sub: argparse._SubParsersAction,
+                      parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "dryrun", parents=parents,
+        help="run one step of every rank role of a plan on fake tensors: peak memory and "
+             "collectives",
+        description=__doc__.splitlines()[0])
+    p.add_argument("--plan", required=True, metavar="F", help="a plan file (autopar plan --json F)")
+    p.add_argument("--model", default=None,
+                   help="the model, for a plan file that records none (default: the plan's)")
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a field of --model (repeatable)")
+    p.add_argument("--pp-rank", type=int, action="append", default=None, metavar="R",
+                   help="run only this pipeline rank's role (repeatable; default: every role)")
+    p.add_argument("--json", default=None, metavar="F", help="also write the result as JSON")
+    return p
+
+
+def cmd_dryrun(args: argparse.Namespace, console: Console) -> int:
+    from autopar.dry_run import dry_run
+
+    plan = read_plan(args.plan, where="--plan")
+    if args.model_arg and not args.model:
+        raise AutoparError("--model-arg without --model", where="--model-arg",
+                           fix="name --model only for a plan file that records none")
+    spec = model_spec(args) if args.model else None
+    console.print(f"dry run of {plan.summary()} on {plan.config.world_size} ranks "
+                  f"(fake process group, fake tensors)", highlight=False)
+    stderr = Console(stderr=True)
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn(), console=stderr, transient=True,
+                   disable=not stderr.is_terminal)
+    with bar:
+        task = bar.add_task("rank roles", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, description=f"dry run: {what}", completed=done, total=total)
+
+        result = dry_run(plan, spec, progress=progress, pp_ranks=args.pp_rank)
+    console.print(dry_run_table(result))
+    console.print(f"peak {result.peak_bytes / GIB:.2f} GiB of {plan.estimate.usable_memory_bytes / GIB:.2f}"
+                  f" GiB usable: {'fits' if result.fits else 'DOES NOT FIT'}; "
+                  f"{len(result.roles)} roles in {result.wall_s:.1f} s", highlight=False)
+    if args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(result.to_dict(), f, indent=2)
+        except OSError as err:
+            raise AutoparError(f"cannot write {args.json}: {err.strerror}", where="--json",
+                               fix="pass a path in a folder that exists") from None
+    return 0 if result.fits else 1
+
+
+def dry_run_table(result) -> Table:
+    """Per pipeline rank: predicted and dry-run peak (GiB), the dry run's kinds, collectives."""
+    from autopar.memory_account import KINDS
+
+    table = Table(title="memory per rank role: predicted (plan) and dry run (emitted program)")
+    for col in ("pp rank", "stages", "blocks", "predicted", "dry run", "error",
+                *KINDS, "collectives"):
+        table.add_column(col, justify="left" if col in ("stages", "collectives") else "right")
+    for r in result.roles:
+        pred = "-" if r.predicted_bytes is None else f"{r.predicted_bytes / GIB:.2f}"
+        err = "-" if r.error is None else f"{r.error:+.1%}"
+        comm = ", ".join(f"{k} {v}" for k, v in r.collectives.items() if k != "wait_tensor")
+        table.add_row(str(r.pp_rank), ",".join(map(str, r.stages)), str(r.blocks), pred,
+                      f"{r.peak_bytes / GIB:.2f}", err,
+                      *(f"{r.peak_breakdown[k] / GIB:.2f}" for k in KINDS), comm)
+    return table

@@ -1,0 +1,386 @@
+"""``dry_run(plan)``: the emitted program of every rank role, run for one step on fake tensors.
+
+For each distinct role of the plan -- a pipeline rank: which stages it holds, where it sits
+in the schedule; ranks that differ only in their data- or tensor-parallel coordinate run the
+same program on shards of the same size -- the dry run, in this one process:
+
+1. joins a process group of the plan's world size as a rank of that role, on torch's
+   ``"fake"`` backend (``FakeStore``: collectives complete at once and move no data);
+2. builds the model on the meta device and gives it fake tensors (``FakeTensorMode``: shapes,
+   dtypes and devices, no memory), then applies the plan with the passes the real run uses
+   (``autopar.parallelize``: tensor parallelism, FSDP2, pipeline stages and schedule,
+   checkpointing, fusions);
+3. runs one full training step -- every micro-batch of the rank's share of the global batch
+   through the plan's real schedule, backward, the optimizer step -- as any step after the
+   first runs it (the optimizer's states, which the first step makes, exist already), under ``MemoryAccount`` (every byte by kind, and the peak) and
+   counting the collectives issued.
+
+What a tensor account cannot see -- the CUDA context, NCCL's workspaces, the caching
+allocator's fragmentation -- is not in the dry run; the memory model names it
+(``costmodel/memory.py``).
+
+Two things of a real run the fake world cannot do, done here instead: the pipeline stages get
+their micro-batch shapes given (the first stage's output, from a forward of one micro-batch
+before the step), since the schedule would otherwise receive them from the neighbour rank;
+and the stages' start-up vote on those shapes (a value sent around the ring, which a fake
+tensor does not hold) is skipped. fp16's gradient scaler decides to skip a step from the
+values of the gradients; the dry run unscales them and steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import wraps
+
+import torch
+import torch.distributed as dist
+
+from autopar.core.errors import AutoparError
+from autopar.core.estimate import StageMemory
+from autopar.core.model_spec import ModelSpec
+from autopar.core.plan import Plan
+from autopar.core.specs import Precision
+from autopar.memory_account import KINDS, MemoryAccount
+
+ProgressFn = Callable[[int, int, str], None]
+"""(roles done, roles in all, what runs now)."""
+
+COLLECTIVE_NAMES = {
+    "all_gather_into_tensor": "all_gather", "_allgather_base_": "all_gather",
+    "allgather_": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reducescatter_": "reduce_scatter",
+    "all_reduce": "all_reduce", "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+    "all_to_all_single": "all_to_all", "alltoall_base_": "all_to_all", "alltoall_": "all_to_all",
+    "send": "send", "recv_": "recv", "broadcast_": "broadcast", "broadcast": "broadcast",
+}
+"""Collective op names (functional and process-group) by what they do."""
+
+
+@dataclass(frozen=True)
+class RoleRun:
+    """One rank role's step: its peak memory by kind and the collectives it issued."""
+
+    pp_rank: int
+    rank: int
+    """The global rank the role ran as (data- and tensor-parallel coordinates 0)."""
+    stages: tuple[int, ...]
+    """The pipeline stages this role holds (several under the interleaved schedule)."""
+    blocks: int
+    peak_bytes: float
+    peak_breakdown: dict[str, float]
+    """Bytes by kind (``memory_account.KINDS``) at the moment of the peak."""
+    collectives: dict[str, int]
+    """Collectives issued in the step, by kind (``all_gather``, ``reduce_scatter``, ...)."""
+    predicted: StageMemory | None
+    """The plan's estimate for this pipeline rank."""
+    seconds: float
+
+    @property
+    def predicted_bytes(self) -> float | None:
+        return None if self.predicted is None else self.predicted.peak_bytes
+
+    @property
+    def error(self) -> float | None:
+        """(predicted - dry run) / dry run."""
+        p = self.predicted_bytes
+        return None if p is None or self.peak_bytes == 0 else (p - self.peak_bytes) / self.peak_bytes
+
+    def to_dict(self) -> dict[str, object]:
+        return {"pp_rank": self.pp_rank, "rank": self.rank, "stages": list(self.stages),
+                "blocks": self.blocks, "peak_bytes": self.peak_bytes,
+                "peak_breakdown": dict(self.peak_breakdown),
+                "collectives": dict(self.collectives),
+                "predicted_bytes": self.predicted_bytes, "error": self.error,
+                "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """Every rank role of a plan, run for one step on fake tensors."""
+
+    plan: Plan
+    roles: tuple[RoleRun, ...]
+    wall_s: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def peak_bytes(self) -> float:
+        return max(r.peak_bytes for r in self.roles)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.plan.estimate.usable_memory_bytes
+
+    def to_dict(self) -> dict[str, object]:
+        return {"plan": self.plan.summary(), "world_size": self.plan.config.world_size,
+                "peak_bytes": self.peak_bytes, "usable_bytes":
+                    self.plan.estimate.usable_memory_bytes, "fits": self.fits,
+                "roles": [r.to_dict() for r in self.roles], "wall_s": self.wall_s,
+                "notes": list(self.notes)}
+
+
+def dry_run(plan: Plan, model: ModelSpec | None = None, *,
+            progress: ProgressFn | None = None,
+            pp_ranks: Sequence[int] | None = None) -> DryRun:
+    """Run one step of every rank role of ``plan`` on fake tensors (see the module docstring).
+
+    ``model`` names the model when the plan does not record one (``Plan.spec_for``). Refuses
+    (``AutoparError``) a plan the passes cannot run, and runs only where no process group is
+    initialised (it makes its own, of the plan's world size). ``pp_ranks`` runs only those
+    pipeline ranks' roles (all by default)."""
+    from autopar.passes.mesh import executable_spec
+
+    if dist.is_initialized():
+        raise AutoparError("a process group is already initialised in this process",
+                           where="autopar.dry_run",
+                           fix="run the dry run in a process of its own, not under torchrun")
+    spec = executable_spec(plan, model)
+    start = time.perf_counter()
+    c = plan.config
+    wanted = sorted(set(range(c.pp) if pp_ranks is None else pp_ranks))
+    if not wanted or not all(0 <= r < c.pp for r in wanted):
+        raise AutoparError(f"pipeline ranks {list(pp_ranks or [])} are not all in 0..{c.pp - 1}",
+                           where="pp_ranks", fix=f"name pipeline ranks from 0 to {c.pp - 1}")
+    roles = []
+    shapes: dict[str, torch.Tensor] = {}
+    if c.pp > 1 and wanted[0] != 0:  # the stages' shapes come from the first stage
+        _run_role(plan, spec, 0, shapes, step=False)
+    for done, pp_rank in enumerate(wanted):
+        if progress is not None:
+            progress(done, len(wanted), f"pipeline rank {pp_rank}")
+        roles.append(_run_role(plan, spec, pp_rank, shapes))
+    if progress is not None:
+        progress(len(wanted), len(wanted), "done")
+    notes = ("fake tensors on the CPU: attention runs the CPU kernels, whose saved tensors "
+             "match the fused GPU kernels' in size but for their small statistics",)
+    return DryRun(plan, tuple(roles), time.perf_counter() - start, notes)
+
+
+def role_rank(plan: Plan, pp_rank: int) -> int:
+    """The global rank of pipeline rank ``pp_rank`` at data- and tensor-parallel coordinate 0
+    (``pp`` is the outermost mesh axis, ``autopar.core.mesh.ORDER``)."""
+    return pp_rank * (plan.config.world_size // plan.config.pp)
+
+
+def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch.Tensor],
+              step: bool = True) -> RoleRun | None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from autopar.passes import device_mesh, parallelize
+    from autopar.training import optimizer, vocab_size
+
+    began = time.perf_counter()
+    c, train = plan.config, plan.train
+    rank = role_rank(plan, pp_rank)
+    with _fake_world(rank, c.world_size), _mesh_tensors_real():
+        mesh = device_mesh(plan, "cpu")
+        model = spec.build("meta")
+        if train.precision is Precision.BF16_PURE:
+            model.to(torch.bfloat16)
+        vocab = vocab_size(model)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device="cpu")
+            micro = torch.randint(vocab, (c.micro_batch, train.seq_len))
+            program = parallelize(model, plan, mesh, "cpu",
+                                  stage_shapes=_shape_finder(micro, shapes))
+            del model
+            if not step:
+                return None
+            _skip_pipeline_vote(program)
+            opt = optimizer(program.parameters())
+            _allocate_states(opt)
+            rows = train.global_batch // c.dp
+            tokens = torch.randint(vocab, (rows, train.seq_len))
+            account = MemoryAccount(lambda: _holders(program, opt))
+            opt.register_step_pre_hook(lambda *_: setattr(account, "in_optimizer", True))
+            opt.register_step_post_hook(lambda *_: setattr(account, "in_optimizer", False))
+            with account:
+                for kind in ("parameters", "optimizer"):  # what exists before the step
+                    account.track((t for k, t in _holders(program, opt) if k == kind), kind)
+                account.track(_buffers(program), "parameters")
+                program.step(tokens, tokens)
+                if program.scaler is not None:  # fp16: see the module docstring
+                    program.unscale_([opt])
+                    program.scaler = None
+                program.optimizer_step([opt])
+    stages = tuple(i for i, _ in program.stages)
+    predicted = (plan.estimate.stage_memory[pp_rank]
+                 if pp_rank < len(plan.estimate.stage_memory) else None)
+    return RoleRun(
+        pp_rank=pp_rank, rank=rank, stages=stages,
+        blocks=sum(len(m.block_ids) for m in program.modules),
+        peak_bytes=float(account.peak),
+        peak_breakdown={k: float(account.peak_breakdown[k]) for k in KINDS},
+        collectives=_collectives(account.collectives), predicted=predicted,
+        seconds=time.perf_counter() - began)
+
+
+def _shape_finder(micro: torch.Tensor, shapes: dict[str, torch.Tensor]):
+    """The pipeline stages' micro-batch shapes: the first stage's input is a micro-batch of
+    tokens; every later stage's input is the first stage's output (the blocks keep the shape
+    of what flows between them), found once by a forward of the first stage, which pipeline
+    rank 0 holds and runs first; a stage's output by a forward of the stage."""
+    from torch.distributed.fsdp import FSDPModule
+
+    def find(stages):
+        out = {}
+        for index, stage in stages:
+            x = micro if index == 0 else shapes["boundary"]
+            with torch.no_grad():
+                y = stage(x)
+            for m in stage.modules():  # as the schedule's own shape inference leaves them
+                if isinstance(m, FSDPModule):
+                    m.reshard()
+            y = _differentiable(y)
+            if index == 0:
+                shapes["boundary"] = y
+            out[index] = (x, y)
+        return out
+
+    return find
+
+
+def _allocate_states(opt: torch.optim.Optimizer) -> None:
+    """Make the optimizer's states, as its first step does (a step over zero gradients,
+    before the account starts): the step the dry run accounts is then any later one, when the
+    states exist from its first op."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _differentiable(t: torch.Tensor) -> torch.Tensor:
+    """An example of what flows between stages in training: activations carry gradients (the
+    schedule gives a stage a gradient buffer only for an output that requires one)."""
+    t = t.detach()
+    return t.requires_grad_(True) if t.is_floating_point() else t
+
+
+def _skip_pipeline_vote(program) -> None:
+    if program.schedule is None:
+        return
+    from torch.distributed.pipelining.stage import InferenceMode
+
+    schedule = program.schedule
+    if not hasattr(schedule, "_warmup_p2p"):
+        raise AutoparError(
+            f"this torch ({torch.__version__}) has no pipeline start-up vote the dry run knows "
+            "how to stand in for", where="torch.distributed.pipelining",
+            fix="run the dry run with torch 2.13")
+
+    def static(stages, has_backward, p2p_done):
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedule._warmup_p2p = static
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t._local_tensor if isinstance(t, DTensor) else t  # to_local() is an autograd op
+
+
+def _holders(program, opt: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:
+    """What the rank holds, by kind: parameters (shards, and FSDP's gathered copies while they
+    exist), their gradients (sharded and whole), the optimizer's states."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in program.modules:
+        for p in module.parameters():
+            yield "parameters", _local(p)
+            if p.grad is not None:
+                yield "gradients", _local(p.grad)
+        for m in module.modules():
+            if not isinstance(m, FSDPModule):
+                continue
+            group = m._get_fsdp_state()._fsdp_param_group
+            for fp in (group.fsdp_params if group is not None else ()):
+                whole = getattr(fp, "_unsharded_param", None)
+                if whole is not None:
+                    yield "parameters", _local(whole)
+                    if whole.grad is not None:
+                        yield "gradients", _local(whole.grad)
+                accumulated = getattr(fp, "unsharded_accumulated_grad", None)
+                if accumulated is not None:
+                    yield "gradients", _local(accumulated)
+                sharded = fp.sharded_param
+                if sharded.grad is not None:
+                    yield "gradients", _local(sharded.grad)
+    for state in opt.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                yield "optimizer", _local(v)
+
+
+def _buffers(program) -> Iterator[torch.Tensor]:
+    for module in program.modules:
+        for b in module.buffers():
+            yield _local(b)
+
+
+def _collectives(counts: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, n in counts.items():
+        kind = COLLECTIVE_NAMES.get(name, name)
+        out[kind] = out.get(kind, 0) + int(n)
+    return dict(sorted(out.items()))
+
+
+@contextmanager
+def _fake_world(rank: int, world: int) -> Iterator[None]:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        _forget_meshes()
+
+
+def _forget_meshes() -> None:
+    """Drop DTensor's cache of sharding decisions: it is keyed by meshes compared by value, so
+    the next role's mesh (equal, with new process groups) would find outputs placed on the
+    last role's, whose groups are gone."""
+    from torch.distributed.tensor import DTensor
+
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's own
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for cached in (propagator.propagate_op_sharding, propagator._propagate_tensor_meta_cached):
+        clear = getattr(cached, "cache_clear", None)
+        if clear is not None:
+            clear()
+
+
+@contextmanager
+def _mesh_tensors_real() -> Iterator[None]:
+    """``DeviceMesh`` keeps its rank layout in small integer tensors, which FSDP and DTensor
+    build again while the program is made; under ``FakeTensorMode`` those would be fake and
+    the mesh could not read them. Here they are made real (a few bytes per rank; not part of
+    the program's memory)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    def real(fn):
+        @wraps(fn)
+        def run(*args, **kwargs):
+            with unset_fake_temporarily():
+                return fn(*args, **kwargs)
+        return run
+
+    init, mesh = DeviceMesh.__init__, DeviceMesh.mesh
+    DeviceMesh.__init__ = real(init)  # type: ignore[method-assign]
+    DeviceMesh.mesh = property(real(mesh.fget))  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__ = init  # type: ignore[method-assign]
+        DeviceMesh.mesh = mesh  # type: ignore[method-assign]

@@ -1,0 +1,121 @@
+"""The dry run: the emitted program of every rank role, one step on fake tensors, accounted.
+
+The account is checked on real tensors where the bytes are known; the dry run on small plans
+of the tiny models (every role runs, the kinds add up to the peak, the collectives are the
+plan's), and from the command line.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import autopar
+from autopar.cli import main
+from autopar.core.errors import AutoparError
+from autopar.core.model_spec import ModelSpec
+from autopar.core.specs import ParallelConfig, TrainSpec
+from autopar.memory_account import KINDS, MemoryAccount
+
+
+def _plan(model: str, seq: int = 32, batch: int = 8, **config):
+    spec = ModelSpec.zoo(model)
+    config = ParallelConfig(**config)
+    cluster = autopar.ClusterSpec.preset("hgx-h100-80g", nodes=max(1, config.world_size // 8))
+    if config.world_size < 8:
+        from autopar.costmodel.cluster import process_cluster
+
+        cluster = process_cluster(config.world_size, "hgx-h100-80g")
+    return autopar.plan_for(spec.build("meta"), cluster,
+                            TrainSpec(global_batch=batch, seq_len=seq), config, model_spec=spec)
+
+
+def test_the_account_counts_each_storage_once_until_it_is_freed() -> None:
+    with MemoryAccount(lambda: ()) as account:
+        a = torch.empty(1000)                      # 4000 bytes, made outside autograd
+        view = a[10:]                              # same storage: not counted again
+        b = torch.empty(250, dtype=torch.float64)  # 2000 bytes
+        assert account.total == 6000
+        del a, view
+        assert account.total == 2000
+        del b
+    assert account.peak == 6000
+    assert account.peak_breakdown["activations"] == 6000
+    assert account.total == 0
+
+
+def test_holders_take_precedence_at_the_peak() -> None:
+    weight = torch.nn.Parameter(torch.zeros(100))
+
+    def holders():
+        yield "parameters", weight
+        if weight.grad is not None:
+            yield "gradients", weight.grad
+
+    with MemoryAccount(holders) as account:
+        account.track([weight], "parameters")
+        weight.grad = torch.full((100,), 2.0)      # made outside autograd: "activations"...
+        torch.empty(10)                            # ...until a new peak looks at the holders
+    assert account.peak == 400 + 400 + 40
+    assert account.peak_breakdown["parameters"] == 400
+    assert account.peak_breakdown["gradients"] == 400
+    assert account.peak_breakdown["activations"] == 40
+
+
+def test_every_role_of_a_pipelined_plan_runs_and_its_kinds_add_up() -> None:
+    plan = _plan("tiny-llama", dp=2, tp=2, pp=2, zero=3, micro_batch=1,
+                 sequence_parallel=True)
+    seen: list[tuple[int, int]] = []
+    run = autopar.dry_run(plan, progress=lambda done, total, what: seen.append((done, total)))
+    assert [r.pp_rank for r in run.roles] == [0, 1]
+    assert seen[-1] == (2, 2)
+    for role in run.roles:
+        assert role.peak_bytes > 0
+        assert sum(role.peak_breakdown.values()) == pytest.approx(role.peak_bytes)
+        assert set(role.peak_breakdown) == set(KINDS)
+        assert role.peak_breakdown["parameters"] > 0 and role.peak_breakdown["optimizer"] > 0
+        # the schedule's point-to-point traffic: one activation and one gradient per micro-batch
+        m = plan.config.microbatches(plan.train)
+        assert role.collectives["send"] == m and role.collectives["recv"] == m
+        assert role.collectives["all_gather"] > 0 and role.collectives["reduce_scatter"] > 0
+    assert run.roles[0].stages == (0,) and run.roles[1].stages == (1,)
+    assert json.loads(json.dumps(run.to_dict()))["roles"][1]["pp_rank"] == 1
+
+
+def test_a_plan_without_data_parallelism_issues_no_fsdp_collectives() -> None:
+    plan = _plan("tiny-gpt", tp=2, micro_batch=2, batch=4)
+    run = autopar.dry_run(plan)
+    (role,) = run.roles
+    assert "reduce_scatter" not in role.collectives and "send" not in role.collectives
+    assert role.collectives.get("all_reduce", 0) > 0   # tensor parallelism's row outputs
+
+
+def test_the_dry_run_refuses_a_role_that_does_not_exist() -> None:
+    plan = _plan("tiny-llama", dp=2, pp=2, micro_batch=1)
+    with pytest.raises(AutoparError, match="pipeline ranks"):
+        autopar.dry_run(plan, pp_ranks=[5])
+
+
+def test_a_later_role_alone_learns_its_shapes_from_the_first_stage() -> None:
+    plan = _plan("tiny-llama", dp=2, pp=2, micro_batch=1)
+    (role,) = autopar.dry_run(plan, pp_ranks=[1]).roles
+    assert role.pp_rank == 1 and role.peak_bytes > 0
+
+
+def test_the_command_line_prints_a_table_per_role(tmp_path, capsys) -> None:
+    plan = _plan("tiny-llama", dp=2, pp=2, micro_batch=1)
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    out_json = tmp_path / "dry.json"
+    code = main(["dryrun", "--plan", str(path), "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "memory per rank role" in out and "fits" in out
+    assert len(json.loads(out_json.read_text())["roles"]) == 2
+
+
+def test_the_command_line_refuses_a_missing_plan(tmp_path, capsys) -> None:
+    assert main(["dryrun", "--plan", str(tmp_path / "nope.json")]) == 2
+    assert "error" in capsys.readouterr().err
