@@ -35,8 +35,6 @@ from .workload import LayerCost, OpKind, Phase, Shard, TPCollective, Workload
 
 BUCKET_BYTES = 25 * 2**20
 """One gradient bucket: DDP's default ``bucket_cap_mb`` of 25 MiB."""
-COMM_BUCKET_BYTES = 2 * BUCKET_BYTES
-"""Two buckets in flight: one being filled, one being reduced."""
 
 COMPUTE_DTYPE = {
     Precision.BF16: "bf16",
@@ -379,7 +377,7 @@ def estimate_step(
                                      expert_dp=g.expert_dp.size, offload=False)
             offloaded = max(offloaded, held.optimizer)
         stage_mem.append(_stage_memory(workload, part, s, split, policies, config, m, v,
-                                       dense, expert, train, g, sized))
+                                       dense, expert, train, sb, g, sized))
 
     comm = {k: m * val for k, val in times[slow].comm.items()}
     comm["comm_dp"] = dp_exposed
@@ -428,17 +426,15 @@ def estimate_step(
 def _stage_memory(
     workload: Workload, part: StagePartition, stage: int, split: Split,
     policies: tuple[Checkpoint, ...], config: ParallelConfig, m: int, v: int,
-    dense: float, expert: float, train: TrainSpec, g: MeshGroups,
+    dense: float, expert: float, train: TrainSpec, sb: StateBytes, g: MeshGroups,
     memo: dict[tuple[str, Checkpoint], tuple[float, float]],
 ) -> StageMemory:
     groups = _stage_groups(workload, part, stage, policies)
-    layers = [(layer, None) for layer, _, _ in groups]
     unit = max(layer.params_tp / config.tp + layer.params - layer.params_tp
-               for layer, _ in layers)  # the largest FSDP unit: a block, or the embedding
+               for layer, _, _ in groups)  # the largest FSDP unit: a block, or the embedding
     if config.offload:
-        states = model_state_bytes(dense, expert, state_bytes_per_param(
-            train.precision, train.optimizer), zero=config.zero, dp=g.dp_cp.size,
-            expert_dp=g.expert_dp.size, offload=True)
+        states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
+                                   expert_dp=g.expert_dp.size, offload=True)
     else:
         states = engine_state_bytes(dense, expert, train.precision, train.optimizer,
                                     zero=config.zero, dp=g.dp_cp.size,
