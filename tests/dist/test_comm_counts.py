@@ -21,7 +21,7 @@ import autopar
 from autopar.admissibility import facts_of
 from autopar import ParallelConfig, TrainSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
-from autopar.search.planner import _strategies
+from autopar.search.planner import strategies_of
 from autopar.training import ModelSpec
 from autopar.costmodel.cluster import process_cluster
 
@@ -40,8 +40,8 @@ def fake_world():
 def _predicted(spec: ModelSpec, train: TrainSpec, config: ParallelConfig) -> Counter:
     model = spec.build("meta")
     graph = autopar.trace(model, train)
-    strategies, _ = _strategies(graph, spec.label, process_cluster(config.world_size), train,
-                                DEFAULT_EFFICIENCY, (), True, facts_of(model))
+    strategies = strategies_of(graph, facts_of(model), spec.label, process_cluster(config.world_size),
+                               train, efficiency=DEFAULT_EFFICIENCY, split_weights=True)
     work = strategies(config)
     counts: Counter = Counter()
     for layer, times in ((work.pre, 1), (work.block, work.num_blocks), (work.post, 1)):
