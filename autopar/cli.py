@@ -44,6 +44,9 @@ def _add_model_cluster_train(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cluster-file", default=None, help="a YAML/JSON cluster file")
     g.add_argument("--nodes", type=int, default=None,
                    help="nodes (default: one node of a preset, a file's own count)")
+    g.add_argument("--memory-headroom", type=float, default=None, metavar="F",
+                   help="fraction of usable HBM a plan leaves free for what the memory model "
+                        "can miss (default: the cluster's, 0.05 for presets; 0 fills it)")
     g.add_argument("--global-batch", type=int, required=True, help="sequences per step")
     g.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the model's)")
@@ -88,7 +91,18 @@ def _model(args: argparse.Namespace):
 
 def _cluster(args: argparse.Namespace) -> ClusterSpec:
     """``--cluster`` (a preset name, or a cluster file) or ``--cluster-file``, with
-    ``--nodes`` (default: the file's nodes, one node of a preset)."""
+    ``--nodes`` (default: the file's nodes, one node of a preset) and ``--memory-headroom``."""
+    cluster = _cluster_of(args)
+    if getattr(args, "memory_headroom", None) is None:
+        return cluster
+    try:
+        return dataclasses.replace(cluster, memory_headroom=args.memory_headroom)
+    except AutoparError as err:
+        raise AutoparError(f"--memory-headroom {args.memory_headroom}: {err.what}",
+                           where="--memory-headroom", fix=err.fix) from None
+
+
+def _cluster_of(args: argparse.Namespace) -> ClusterSpec:
     if args.cluster and args.cluster_file:
         raise AutoparError(f"both --cluster {args.cluster} and --cluster-file "
                            f"{args.cluster_file} given", where="--cluster / --cluster-file",

@@ -24,7 +24,9 @@ their micro-batch shapes given (the first stage's output, from a forward of one 
 before the step), since the schedule would otherwise receive them from the neighbour rank;
 and the stages' start-up vote on those shapes (a value sent around the ring, which a fake
 tensor does not hold) is skipped. fp16's gradient scaler decides to skip a step from the
-values of the gradients; the dry run unscales them and steps.
+values of the gradients; the dry run unscales them and steps. Where the CPU build decomposes
+an op the GPU runs as one kernel, the step keeps what the GPU kernel keeps
+(``autopar/gpu_kernels.py``: RMSNorm).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from autopar.core.estimate import StageMemory
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.core.specs import Precision
+from autopar.gpu_kernels import gpu_saved_tensors
 from autopar.memory_account import KINDS, MemoryAccount
 
 ProgressFn = Callable[[int, int, str], None]
@@ -199,7 +202,7 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
             account = MemoryAccount(lambda: _holders(program, opt))
             opt.register_step_pre_hook(lambda *_: setattr(account, "in_optimizer", True))
             opt.register_step_post_hook(lambda *_: setattr(account, "in_optimizer", False))
-            with account:
+            with account, gpu_saved_tensors():
                 for kind in ("parameters", "optimizer"):  # what exists before the step
                     account.track((t for k, t in _holders(program, opt) if k == kind), kind)
                 account.track(_buffers(program), "parameters")

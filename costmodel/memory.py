@@ -1,6 +1,8 @@
 """Memory per GPU: model states by ZeRO stage and precision, activations by checkpoint policy.
 
-Model states follow Rajbhandari et al. (ZeRO, SC'20): with mixed precision each parameter costs
+What one GPU of a stage holds at its peak -- FSDP2's states at the moment the peak occurs --
+is ``peak.py``'s; this module sizes the parts. ``model_state_bytes`` follows Rajbhandari et
+al. (ZeRO, SC'20): with mixed precision each parameter costs
 2 bytes of weights, 2 of gradients and K = 12 of optimizer state (fp32 master weights, Adam
 momentum and variance); stage 1 shards the optimizer state over the data-parallel ranks, stage 2
 also the gradients, stage 3 also the weights.
@@ -146,72 +148,3 @@ def recompute_working_bytes(layer: LayerCost, split: Split, policy: Checkpoint) 
     if policy is Checkpoint.SELECTIVE:
         return _bytes(layer, split, lambda t: t.without_checkpoint and not t.selective)
     return saved_bytes(layer, split, Checkpoint.NONE) - saved_bytes(layer, split, policy)
-
-
-@dataclass(frozen=True)
-class EngineStates:
-    """Bytes of model state on one GPU as autopar's engine (FSDP2) holds them at the step's
-    peak, by kind: ``params`` the shards it steps on (fp32 master weights under a
-    mixed-precision policy) plus the gathered copies the forward and backward read,
-    ``grads`` the sharded gradients plus the whole ones it accumulates over micro-batches,
-    ``optimizer`` the optimizer's moments."""
-
-    params: float
-    grads: float
-    optimizer: float
-
-
-def engine_state_bytes(params: float, expert_params: float, precision: Precision,
-                       optimizer: Optimizer, *, zero: int, dp: int, expert_dp: int,
-                       pipelined: bool, microbatches: int, unit_params: float
-                       ) -> EngineStates:
-    """What ``passes/data_parallel.py`` holds for ``params`` dense and ``expert_params`` expert
-    parameters on one GPU (``autopar.execution.ENGINE_ZERO`` says it in words), as the dry run
-    of the emitted program measures it (``bench/results/memory_grid.md``):
-
-    * the sharded parameters the optimizer steps on, in the master dtype (fp32 under bf16/fp16
-      mixed precision: ``MixedPrecisionPolicy(param_dtype=low)`` keeps the fp32 shards and
-      casts when gathering), sharded over ``dp`` from ZeRO-1 up; ZeRO-0 runs FSDP2 with shard
-      groups of one, so its "shards" are whole;
-    * the gathered copies in the compute dtype: kept whole through the step for ZeRO 0-2
-      (``reshard_after_forward=False``) and, under pipelining, for ZeRO-3 too (the schedule
-      turns resharding after backward off until the last micro-batch); otherwise one FSDP unit
-      (``unit_params``) and the next, prefetched;
-    * the optimizer's moments in the master dtype, sharded like the master weights;
-    * gradients: the sharded ones in the master dtype (FSDP2 reduces in fp32 and keeps the
-      reduced shard), and, where gradients accumulate unreduced over micro-batches -- ZeRO 0
-      and 1 with more than one micro-batch, every ZeRO stage under pipelining -- the whole
-      accumulated gradient in the reduce dtype (fp32), next to the compute-dtype gradient of
-      the unit whose backward runs.
-
-    Offloaded plans are not sized here: ``model_state_bytes(..., offload=True)`` keeps the
-    weights and gradients on the GPU and the optimizer states on the host (FSDP2's
-    ``CPUOffloadPolicy`` keeps less on the GPU; the dry run does not yet hold offload to it).
-    """
-    master, low, moments = _dtype_bytes(precision, optimizer)
-    sharded = _sharded(params, expert_params, zero, dp, expert_dp)
-    whole = params + expert_params
-    if zero <= 2 or pipelined:
-        gathered = whole * low
-    else:
-        gathered = 2 * min(unit_params, params) * low + expert_params * low
-    accumulates = pipelined or (zero <= 1 and microbatches > 1)
-    grads = sharded * master + (whole * 4.0 + min(unit_params, whole) * low
-                                if accumulates else min(unit_params, whole) * low)
-    return EngineStates(params=sharded * master + gathered, grads=grads,
-                        optimizer=sharded * moments)
-
-
-def _dtype_bytes(precision: Precision, optimizer: Optimizer) -> tuple[float, float, float]:
-    """Bytes per parameter of the master copy, the compute copy and the optimizer's moments."""
-    master = 2.0 if precision is Precision.BF16_PURE else 4.0
-    low = 4.0 if precision is Precision.FP32 else 2.0
-    return master, low, (1 if optimizer is Optimizer.SGD else 2) * master
-
-
-def _sharded(params: float, expert_params: float, zero: int, dp: int, expert_dp: int) -> float:
-    """Parameters of this GPU's shard: sharded over the data-parallel ranks from ZeRO-1 up."""
-    if zero == 0:
-        return params + expert_params
-    return params / dp + expert_params / expert_dp
-

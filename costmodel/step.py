@@ -21,13 +21,13 @@ from autopar.core.estimate import Estimate, StageMemory
 from .memory import (
     StateBytes,
     activation_bytes_per_element,
-    engine_state_bytes,
     model_state_bytes,
     recompute_working_bytes,
     saved_bytes,
     state_bytes_per_param,
     transient_bytes,
 )
+from .peak import StageActivations, StageParams, stage_peak
 from .pipeline import StagePartition, bubble_fraction, even_partition, in_flight_microbatches
 from autopar.core.specs import Checkpoint, ParallelConfig, Precision, Schedule, TrainSpec
 from .topology import MeshGroups, mesh_groups
@@ -430,16 +430,8 @@ def _stage_memory(
     memo: dict[tuple[str, Checkpoint], tuple[float, float]],
 ) -> StageMemory:
     groups = _stage_groups(workload, part, stage, policies)
-    unit = max(layer.params_tp / config.tp + layer.params - layer.params_tp
-               for layer, _, _ in groups)  # the largest FSDP unit: a block, or the embedding
-    if config.offload:
-        states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
-                                   expert_dp=g.expert_dp.size, offload=True)
-    else:
-        states = engine_state_bytes(dense, expert, train.precision, train.optimizer,
-                                    zero=config.zero, dp=g.dp_cp.size,
-                                    expert_dp=g.expert_dp.size, pipelined=config.pp > 1,
-                                    microbatches=m, unit_params=unit)
+    per_gpu = [(layer, n, layer.params_tp / config.tp + layer.params - layer.params_tp)
+               for layer, _, n in groups]
     kept = 0.0
     working = 0.0
     for layer, policy, n in groups:
@@ -451,12 +443,30 @@ def _stage_memory(
         kept += n * memo[key][0]
         working = max(working, memo[key][1])
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
-    activations = in_flight * kept + working
-    buffers = 0.0  # FSDP2's gather and reduce buffers are the gathered copies themselves
+    if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet
+        states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
+                                   expert_dp=g.expert_dp.size, offload=True)
+        breakdown = {"params": states.params, "grads": states.grads,
+                     "optimizer": states.optimizer,
+                     "activations": in_flight * kept + working, "buffers": 0.0}
+    else:
+        holds_embedding = stage == 0
+        root = sum(size for layer, _, size in per_gpu if layer is not workload.block)
+        params = StageParams(
+            whole=dense + expert,
+            sharded=dense + expert if config.zero == 0 else
+            dense / g.dp_cp.size + expert / g.expert_dp.size,
+            root=root,
+            block=workload.block.params_tp / config.tp + workload.block.params
+            - workload.block.params_tp,
+            embedding_extra=workload.pre.params_tp * (1.0 - 1.0 / config.tp))
+        _, breakdown = stage_peak(params, StageActivations(in_flight, kept, working),
+                                  train.precision, train.optimizer, zero=config.zero,
+                                  pipelined=config.pp > 1, microbatches=m,
+                                  holds_embedding=holds_embedding,
+                                  holds_loss=stage == config.pp - 1)
     return StageMemory(
         stage=stage,
         blocks=part.blocks[stage],
-        breakdown={"params": states.params, "grads": states.grads,
-                   "optimizer": states.optimizer, "activations": activations,
-                   "buffers": buffers},
+        breakdown=breakdown,
     )

@@ -4,7 +4,12 @@
 * Saved: the program upcasts the logits and keeps log_softmax's fp32 output; its backward holds
   that, the fp32 gradient of the log-probabilities and the one of the logits at once: 8 bytes
   per logit beyond what is kept, while the loss runs (``transient``).
-* Strategies: replicated, or over vocabulary-split logits (``loss_parallel``).
+* Strategies: replicated, or over vocabulary-split logits (``loss_parallel``). Its forward
+  peaks above the eager backward: torch's ``loss_parallel`` log-softmax
+  (``torch.distributed.tensor.parallel.loss._log_softmax``) holds the compute-dtype logits,
+  their fp32 copy, the shifted logits and the log-probabilities at once, and the dry run
+  shows one more compute-dtype copy beside them: 12 bytes per local logit beyond the kept
+  log-probabilities (``LOSS_PARALLEL_TRANSIENT_BYTES``, ``bench/results/memory_grid.md``).
 * Fusions: ``linear_cross_entropy`` (the head's GEMM and the loss), the kernel of
   ``autopar.kernels`` (``linear_cross_entropy_saves``).
 """
@@ -19,13 +24,20 @@ from autopar.ops.registry import FusionPattern, OpFamily, Saver, register
 from autopar.ops.rules import RuleContext, replicated
 
 
+EAGER_TRANSIENT_BYTES = 8.0
+"""Bytes per logit the eager loss holds beyond the kept log-probabilities while it runs."""
+LOSS_PARALLEL_TRANSIENT_BYTES = 12.0
+"""The same for the vocabulary-parallel loss, per local logit (see the module docstring)."""
+
+
 def loss_saves(node: NodeInfo, saver: Saver) -> None:
     if not node.inputs or not saver.graph.has_node(node.inputs[0]):
         return
     logits = saver.graph.node(node.inputs[0]).out
     if logits is not None:
         saver.extra(node.name + ".logprobs", logits.numel, 4.0)
-        saver.extra(saver.base(node.inputs[0]) + ".grad", logits.numel, 8.0, transient=True)
+        saver.extra(saver.base(node.inputs[0]) + ".grad", logits.numel, EAGER_TRANSIENT_BYTES,
+                    transient=True)
 
 
 def loss_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:

@@ -27,6 +27,7 @@ from autopar.core.layout import Layout, Shard, Strategy, Style, shard_of
 from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, TPCollective
 from autopar.graph import GraphIR, NodeInfo
 from autopar.ops import kept_by_selective, strategies_for
+from autopar.ops.loss import LOSS_PARALLEL_TRANSIENT_BYTES
 from autopar.search.ilp_types import BlockProblem, Edge, StrategyTable
 from autopar.search.reshard import conversion
 from autopar.search.forced import forced_splits
@@ -342,4 +343,8 @@ def _saved_shard(graph: GraphIR, saved: SavedTensor, layout: dict[str, Layout]) 
     if suffix == "logprobs" and graph.has_node(base) and graph.node(base).inputs:
         base = graph.node(base).inputs[0]
     lay = layout.get(base)
-    return replace(saved, shard=shard_of(lay) if lay is not None else Shard.REPLICATED)
+    shard = shard_of(lay) if lay is not None else Shard.REPLICATED
+    if suffix == "grad" and saved.transient and shard is Shard.TP:
+        # the loss over vocabulary-split logits: loss_parallel's working set (ops/loss.py)
+        return replace(saved, shard=shard, bytes_per_element=LOSS_PARALLEL_TRANSIENT_BYTES)
+    return replace(saved, shard=shard)

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from autopar.costmodel import hardware
-from autopar.costmodel.cluster import DEFAULT_HBM_RESERVED_BYTES, ClusterSpec, preset_names
+from autopar.costmodel.cluster import (DEFAULT_HBM_RESERVED_BYTES, DEFAULT_MEMORY_HEADROOM,
+                                       ClusterSpec, preset_names)
 from autopar.core.errors import AutoparError
 from autopar.costmodel.hardware import GiB, GPUSpec, LinkSpec
 
@@ -74,7 +75,8 @@ def test_usable_hbm_is_total_minus_reserved() -> None:
     for name in preset_names():
         c = ClusterSpec.preset(name)
         assert 0 < c.usable_hbm_bytes < c.gpu.hbm_bytes
-        assert c.usable_hbm_bytes == c.gpu.hbm_bytes - DEFAULT_HBM_RESERVED_BYTES
+        assert c.usable_hbm_bytes == int((c.gpu.hbm_bytes - DEFAULT_HBM_RESERVED_BYTES)
+                                         * (1 - DEFAULT_MEMORY_HEADROOM))
 
 
 def test_with_nodes_keeps_everything_else() -> None:
@@ -85,7 +87,7 @@ def test_with_nodes_keeps_everything_else() -> None:
 def test_describe_rows_say_units() -> None:
     rows = dict(ClusterSpec.preset("dgx-a100-80g", nodes=2).describe())
     assert rows["HBM"] == "80 GiB, 2.039 TB/s"
-    assert rows["HBM usable"] == "76 GiB (4 GiB reserved)"
+    assert rows["HBM usable"] == "72.2 GiB (4 GiB reserved, 5% headroom)"
     assert "300 GB/s" in rows["Intra-node"] and "1 x" not in rows["Cluster"]
     assert "141 GB" in dict(ClusterSpec.preset("hgx-h200").describe())["HBM"]
 
@@ -164,7 +166,7 @@ def test_base_overrides_only_what_is_given(tmp_path: Path) -> None:
     assert c.gpu.peak("bf16") == 800e12 and c.gpu.peak("fp8") == 1979e12
     assert str(path) in c.gpu.source  # overridden numbers say where they came from
     assert c.inter_node == hardware.ROCE_400G and c.intra_node == base.intra_node
-    assert c.usable_hbm_bytes == base.gpu.hbm_bytes - 2 * GiB
+    assert c.usable_hbm_bytes == int((base.gpu.hbm_bytes - 2 * GiB) * (1 - c.memory_headroom))
 
 
 def test_numbers_may_be_strings_ints_or_floats(tmp_path: Path) -> None:
@@ -333,7 +335,7 @@ def test_unusual_but_real_cluster_is_accepted(tmp_path: Path) -> None:
                              "host_memory_bytes": 64 * GiB, "hbm_reserved_bytes": 0})
     c = ClusterSpec.from_file(path)
     assert c.inter_node.bytes_per_s == 1.25e9 / 4 and c.gpu.hbm_bytes == 24 * GiB
-    assert c.usable_hbm_bytes == 24 * GiB  # 0 reserved: allowed
+    assert c.usable_hbm_bytes == int(24 * GiB * 0.95)  # 0 reserved: allowed
     # one 10 GbE port shared by 8 GPUs, a 2 GiB-host edge box, an old card's fp64
     assert LinkSpec("10GbE/8", 1.25e9 / 8, 100e-6).bytes_per_s == 1.5625e8
     assert ClusterSpec(**{**vars(c), "host_memory_bytes": 2 * GiB}).host_memory_bytes == 2 * GiB
@@ -360,3 +362,13 @@ def test_unknown_extension_and_unknown_presets(tmp_path: Path) -> None:
     assert e.where.endswith("base") and "hgx-h100-80g" in e.fix
     e = _error(tmp_path, {"base": "hgx-h100-80g", "inter_node": "IB-NDR"})
     assert e.where.endswith("inter_node") and "IB-NDR-400G" in e.fix
+
+
+def test_memory_headroom_comes_from_the_file_and_is_checked(tmp_path: Path) -> None:
+    base = ClusterSpec.preset("hgx-h100-80g")
+    path = _write(tmp_path, {"base": "hgx-h100-80g", "memory_headroom": 0})
+    c = ClusterSpec.from_file(path)
+    assert c.usable_hbm_bytes == base.gpu.hbm_bytes - base.hbm_reserved_bytes
+    assert ClusterSpec.from_dict(c.to_dict()) == c
+    with pytest.raises(AutoparError, match="memory_headroom must be a fraction"):
+        ClusterSpec.from_file(_write(tmp_path, {"base": "hgx-h100-80g", "memory_headroom": 0.6}))

@@ -1,0 +1,118 @@
+"""The peak memory of one GPU of a pipeline stage: the largest of the moments where it occurs.
+
+A sum of each kind's largest size is not the peak: FSDP2 (``passes/data_parallel.py``) frees
+and re-gathers parameters, turns gradients into fp32 accumulators and reduced shards, at
+different moments than the activations come and go. The dry run of the emitted program
+(``autopar.dry_run``, ``bench/results/memory_grid.md``) shows where each rank peaks; these are
+the moments priced here, each with what the engine holds then:
+
+* ``backward start``: the backward of a micro-batch begins with the most micro-batches in
+  flight (on the last stage, the loss's backward, with its working set). Parameters are held
+  gathered where the engine keeps them (ZeRO 0-2, and every stage under pipelining) and are
+  not yet re-gathered otherwise (ZeRO-3 resharded every unit after its forward). Gradients are
+  the fp32 accumulators where micro-batches accumulate unreduced, plus the compute-dtype
+  gradient of the block whose backward runs (none yet on the last stage, where the loss's
+  backward comes first); else the reduced fp32 shards of the earlier
+  micro-batches; none in a step of one micro-batch.
+* ``end of backward`` (a stage holding the embedding): the embedding's backward of a
+  micro-batch. Under pipelining every micro-batch's end of backward but the last keeps the
+  others in flight and every unit gathered; without, the units have been resharded after
+  their backward but the stage's root unit (embedding, final norm, head). DTensor's backward
+  of a vocabulary-sharded embedding (``RowwiseParallel``) makes the gradient of the whole
+  table on every tensor-parallel rank, and FSDP2 accumulates it whole: the embedding's
+  gradient is priced whole, not divided by tp. The last reduce-scatter's input (the last
+  block's gradient in the reduce dtype) is alive until the next.
+* ``optimizer``: the step, over the reduced fp32 gradient shards.
+
+Model states are FSDP2's: fp32 master shards under mixed precision
+(``MixedPrecisionPolicy(param_dtype=low)``), the gathered compute-dtype copies, fp32 moments,
+fp32 reduced gradient shards (the reduce dtype) -- sharded over ``dp`` from ZeRO-1 up;
+ZeRO-0 runs FSDP2 with shard groups of one, so its shards are whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.core.specs import Optimizer, Precision
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters one GPU of a stage holds (after tensor and expert parallelism), by role."""
+
+    whole: float
+    """All of the stage's, gathered."""
+    sharded: float
+    """The master shard the optimizer steps on (``whole`` for ZeRO-0)."""
+    block: float
+    """One block's (an FSDP unit of its own)."""
+    root: float
+    """The stage root unit's: what is not in a block (embedding, final norm, head)."""
+    embedding_extra: float = 0.0
+    """How much larger the embedding's gradient is than its share: the table's other
+    tensor-parallel rows (DTensor's backward makes the whole table's gradient)."""
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    """Activation bytes of one GPU of a stage."""
+
+    in_flight: float
+    """Micro-batches whose activations the stage holds at the backward start."""
+    kept: float
+    """Bytes one micro-batch keeps for its backward over all the stage's layers."""
+    working: float
+    """Bytes alive only while the first layer of a backward runs (the loss's working set on
+    the last stage, a recomputed block's on the others)."""
+
+
+def dtype_bytes(precision: Precision, optimizer: Optimizer) -> tuple[float, float, float]:
+    """Bytes per parameter of the master copy, the compute copy and the optimizer's moments."""
+    master = 2.0 if precision is Precision.BF16_PURE else 4.0
+    low = 4.0 if precision is Precision.FP32 else 2.0
+    return master, low, (1 if optimizer is Optimizer.SGD else 2) * master
+
+
+def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
+               optimizer: Optimizer, *, zero: int, pipelined: bool, microbatches: int,
+               holds_embedding: bool, holds_loss: bool) -> tuple[str, dict[str, float]]:
+    """(moment, bytes by kind) at the largest of the stage's moments; the kinds are
+    ``params``, ``grads``, ``optimizer``, ``activations`` and ``buffers``."""
+    master, low, moments = dtype_bytes(precision, optimizer)
+    reduce = master  # FSDP2 reduces in the master dtype (MixedPrecisionPolicy.reduce_dtype)
+    static = {"params": p.sharded * master, "optimizer": p.sharded * moments}
+    gathered_through = zero <= 2 or pipelined
+    accumulates = pipelined or (zero <= 1 and microbatches > 1)
+    grad_extra = p.embedding_extra if holds_embedding else 0.0
+    accumulators = (p.whole + grad_extra) * reduce
+
+    def moment(gathered: float, grads: float, activations: float, buffers: float = 0.0
+               ) -> dict[str, float]:
+        return {"params": static["params"] + gathered, "grads": grads,
+                "optimizer": static["optimizer"], "activations": activations,
+                "buffers": buffers}
+
+    # the backward of the micro-batch with the most in flight begins
+    if accumulates:
+        grads = accumulators + (0.0 if holds_loss else p.block * low)
+    else:
+        grads = p.sharded * reduce if microbatches > 1 else 0.0
+    found = {"backward start": moment(p.whole * low if gathered_through else 0.0, grads,
+                                      a.in_flight * a.kept + a.working)}
+    if holds_embedding:
+        # the embedding's backward: its gradient (whole over tp) made in the compute dtype
+        # beside the other micro-batches in flight (under pipelining)
+        embedding_grad = (p.root + grad_extra) * low
+        if pipelined:
+            found["end of backward"] = moment(
+                p.whole * low, accumulators + embedding_grad,
+                max(a.in_flight - 1.0, 0.0) * a.kept)
+        else:
+            reduced = accumulators if accumulates else (p.sharded - p.root * p.sharded
+                                                        / max(p.whole, 1.0)) * reduce
+            found["end of backward"] = moment(p.root * low, reduced + embedding_grad, 0.0,
+                                              buffers=p.block * reduce)
+    found["optimizer"] = moment(0.0, p.sharded * reduce, 0.0)
+    name = max(found, key=lambda k: sum(found[k].values()))
+    return name, found[name]

@@ -1,0 +1,58 @@
+"""The moments of a stage's peak (costmodel/peak.py), term by term, as the dry run of the
+emitted program shows FSDP2 holding them (bench/results/memory_grid.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.core.specs import Optimizer, Precision
+from autopar.costmodel.peak import StageActivations, StageParams, stage_peak
+
+P = StageParams(whole=8e9, sharded=1e9, block=0.5e9, root=1e9, embedding_extra=3e9)
+A = StageActivations(in_flight=2, kept=1e9, working=3e9)
+
+
+def _peak(params=P, acts=A, *, zero=3, pipelined=False, m=4, embedding=True, loss=True,
+          precision=Precision.BF16):
+    return stage_peak(params, acts, precision, Optimizer.ADAMW, zero=zero,
+                      pipelined=pipelined, microbatches=m, holds_embedding=embedding,
+                      holds_loss=loss)
+
+
+def test_zero3_without_pipelining_peaks_at_the_loss_with_nothing_gathered() -> None:
+    name, b = _peak(zero=3, m=4, embedding=False)
+    assert name == "backward start"
+    assert b["params"] == pytest.approx(P.sharded * 4)  # fp32 master shard only
+    assert b["grads"] == pytest.approx(P.sharded * 4)  # earlier micro-batches, reduced
+    assert b["optimizer"] == pytest.approx(P.sharded * 8)
+    assert b["activations"] == pytest.approx(2 * 1e9 + 3e9)
+
+
+def test_one_microbatch_has_no_gradients_at_the_loss() -> None:
+    assert _peak(zero=3, m=1, embedding=False)[1]["grads"] == 0
+
+
+def test_zero1_accumulates_whole_fp32_gradients_with_the_embedding_whole() -> None:
+    _, b = _peak(zero=1, m=4, embedding=False)
+    assert b["params"] == pytest.approx(P.sharded * 4 + P.whole * 2)  # gathered through
+    assert b["grads"] == pytest.approx(P.whole * 4)
+    # a first stage's accumulators hold the embedding's gradient whole over tp
+    _, b = _peak(zero=1, m=4, loss=False)
+    assert b["grads"] == pytest.approx((P.whole + P.embedding_extra) * 4 + P.block * 2)
+
+
+def test_pipelining_keeps_every_zero_stage_gathered_and_accumulating() -> None:
+    _, b = _peak(zero=3, pipelined=True, embedding=False, loss=False)
+    assert b["params"] == pytest.approx(P.sharded * 4 + P.whole * 2)
+    assert b["grads"] == pytest.approx(P.whole * 4 + P.block * 2)
+
+
+def test_zero0_one_microbatch_peaks_at_the_embeddings_backward() -> None:
+    acts = StageActivations(in_flight=1, kept=0.1e9, working=0.1e9)
+    whole = StageParams(whole=8e9, sharded=8e9, block=0.5e9, root=2e9)
+    name, b = _peak(whole, acts, zero=0, m=1, precision=Precision.FP32)
+    assert name == "end of backward"
+    assert b["params"] == pytest.approx(8e9 * 4 + 2e9 * 4)  # the root unit still gathered
+    assert b["grads"] == pytest.approx(6e9 * 4 + 2e9 * 4)  # blocks reduced; the root's whole
+    assert b["buffers"] == pytest.approx(0.5e9 * 4)  # the last reduce-scatter's input
+
