@@ -48,27 +48,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(job: dict, nproc: int, folder: Path) -> list[subprocess.Popen]:
-    """Start the ranks (they run while the caller computes the reference)."""
+WORKER = ("-m", "autopar.verify_worker")
+"""What the ranks run (``python WORKER JOB.json``): ``autopar.verify_worker``, whose ``main``
+is the rank side of ``start_ranks`` and ``wait_ranks``."""
+
+
+def start_ranks(job: dict, nproc: int, folder: Path, *, worker: tuple[str, ...] = WORKER,
+                env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """Write ``job`` to ``folder/job.json`` and start ``nproc`` gloo ranks of ``worker`` on it
+    with the environment torchrun gives (``env`` adds defaults; each rank's output in
+    ``rank<R>.log``). They run while the caller goes on; ``wait_ranks`` collects them."""
     (folder / "job.json").write_text(json.dumps(job))
     port = _free_port()
     procs = []
     for rank in range(nproc):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")
-        if job["plan"]["config"]["fusions"] and not torch.cuda.is_available():
-            env.setdefault("TRITON_INTERPRET", "1")  # the fused kernels' CPU interpreter
+        rank_env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
+                        WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        for key, value in (env or {}).items():
+            rank_env.setdefault(key, value)
         with open(folder / f"rank{rank}.log", "w") as log:  # the child keeps its own handle
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "autopar.verify_worker", str(folder / "job.json")],
-                env=env, stdout=log, stderr=subprocess.STDOUT))
+                [sys.executable, *worker, str(folder / "job.json")],
+                env=rank_env, stdout=log, stderr=subprocess.STDOUT))
     return procs
 
 
-def _wait(procs: list[subprocess.Popen], folder: Path, timeout_s: float) -> list[dict]:
-    """The ranks' results, read from the files they write (not their exit codes); kills them
-    all and raises when one failed (after a grace for the others to report) or time ran out."""
+def wait_ranks(procs: list[subprocess.Popen], folder: Path, timeout_s: float) -> list[dict]:
+    """The ranks' results, read from the files they write (``rank<R>.pt``, not their exit
+    codes); kills them all and raises ``ProgramFailed`` when one failed (after a grace for the
+    others to report) or time ran out."""
     nproc = len(procs)
     deadline = time.monotonic() + timeout_s
     failed_at = None
@@ -131,7 +140,9 @@ def verify(spec: ModelSpec | None, plan: Plan, *, steps: int = 3, seed: int = 0,
     work = Path(folder) if keep else Path(tempfile.mkdtemp(prefix="autopar-verify-"))
     work.mkdir(parents=True, exist_ok=True)
     job = {"plan": plan.to_dict(), "model": spec.to_dict(), "steps": steps, "seed": seed}
-    procs = _start(job, nproc, work)
+    interpret = plan.config.fusions and not torch.cuda.is_available()
+    # the fused kernels' CPU interpreter where there is no GPU
+    procs = start_ranks(job, nproc, work, env={"TRITON_INTERPRET": "1"} if interpret else None)
     precision = plan.train.precision
     try:
         refs = [reference(spec, plan, steps, seed)]
@@ -142,7 +153,7 @@ def verify(spec: ModelSpec | None, plan: Plan, *, steps: int = 3, seed: int = 0,
     except BaseException:
         _kill(procs)
         raise
-    ranks = _wait(procs, work, timeout_s)
+    ranks = wait_ranks(procs, work, timeout_s)
     if not keep:  # a failure raised above and left the folder for its logs
         shutil.rmtree(work, ignore_errors=True)
     losses = []

@@ -1,12 +1,16 @@
 """One rank of ``autopar verify``: ``python -m autopar.verify_worker JOB.json``.
 
 Reads the rendezvous from the environment as ``torchrun`` sets it (``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT``), applies the plan, trains ``steps`` steps on its slice of the
-synthetic batches and writes ``rank<R>.pt`` into the job's folder: its losses (ranks holding
-the last stage), and on the first tp and dp rank of each pipeline rank the full gradients of
-the last step and the full parameters after it. Gloo ranks can abort while the interpreter
-shuts down (../shared/design/FINDINGS.md), so each rank ends with a barrier and ``os._exit``,
-and the launcher reads these files rather than trusting exit codes.
+``MASTER_ADDR``, ``MASTER_PORT``), builds the model on the meta device, applies the plan and
+draws only this rank's shards (``passes/materialize.py``, as an exported ``train.py`` does: the
+comparison with the one-process reference so also checks that sharded initialisation), trains
+``steps`` steps on its slice of the synthetic batches and writes ``rank<R>.pt`` into the job's
+folder: its losses (ranks holding the last stage), and on the first tp and dp rank of each
+pipeline rank the full gradients of the last step and the full parameters after it. Gloo
+ranks can abort while the interpreter shuts down (../shared/design/FINDINGS.md), so each rank
+ends with a barrier and ``os._exit``, and the launcher reads these files rather than trusting
+exit codes. ``main`` is the rank side of ``autopar.verify.start_ranks``/``wait_ranks`` for any
+``work(job)`` (``tests/dist/test_sharded_init.py`` runs its own checks through it).
 """
 
 from __future__ import annotations
@@ -14,31 +18,46 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.tensor import DTensor
 
 from autopar.core.errors import AutoparError
 from autopar.passes import device_mesh, parallelize
+from autopar.passes.materialize import materialize
+from autopar.passes.program import ParallelProgram
 from autopar.core.mesh import MeshAxis
+from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
-from autopar.training import ModelSpec, end_rank, optimizer, synthetic_batch, vocab_size
+from autopar.training import end_rank, optimizer, synthetic_batch, vocab_size
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().cpu().clone()
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole of ``t`` (gathered where it is a DTensor), detached, on the CPU, in its
+    dtype: a copy."""
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
+
+
+def sharded_program(model: nn.Module, plan: Plan, spec: ModelSpec, seed: int
+                    ) -> ParallelProgram:
+    """This rank's program, as an exported ``train.py`` starts it: ``model`` (``spec``'s, built
+    on the meta device) parallelized under ``plan`` on the CPU, then only this rank's shards
+    drawn from ``seed`` -- which must equal the one-process build's (verify_reference.py)."""
+    return materialize(parallelize(model, plan, device_mesh(plan, "cpu"), "cpu"), spec, seed)
 
 
 def run(job: dict) -> dict:
     plan = Plan.from_dict(job["plan"])
     spec = ModelSpec.from_dict(job["model"])
     steps, seed = int(job["steps"]), int(job["seed"])
-    model = spec.build("cpu", seed)
+    model = spec.build("meta")
     vocab = vocab_size(model)
-    mesh = device_mesh(plan, "cpu")
-    program = parallelize(model, plan, mesh, "cpu")
+    program = sharded_program(model, plan, spec, seed)
+    mesh = program.mesh
     opt = optimizer(program.parameters())
     train, c = plan.train, plan.config
     rows = train.global_batch // c.dp
@@ -51,10 +70,10 @@ def run(job: dict) -> dict:
         losses.append(None if loss is None else float(loss))
         if step == steps - 1:
             program.unscale_([opt])  # fp16: the true gradients
-            grads = {n: _full(p.grad) for n, p in program.named_parameters(False)
+            grads = {n: full(p.grad).float() for n, p in program.named_parameters(False)
                      if p.grad is not None}
         program.optimizer_step([opt])
-    params = {n: _full(p) for n, p in program.named_parameters(False)}
+    params = {n: full(p).float() for n, p in program.named_parameters(False)}
     result = {"rank": dist.get_rank(), "dp_rank": program.dp_rank,
               "tp_rank": mesh.get_local_rank(MeshAxis.TP.value),
               "pp_rank": mesh.get_local_rank(MeshAxis.PP.value),
@@ -64,7 +83,9 @@ def run(job: dict) -> dict:
     return result
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], work: Callable[[dict], object] = run) -> None:
+    """One rank: ``work`` on the job of the file ``argv[0]`` under a gloo process group, its
+    result saved as ``rank<R>.pt`` next to the job, or its failure as ``rank<R>.error``."""
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())
     out = job_path.parent
@@ -74,8 +95,7 @@ def main(argv: list[str]) -> None:
     rank = dist.get_rank()
     code = 0
     try:
-        result = run(job)
-        torch.save(result, out / f"rank{rank}.pt")
+        torch.save(work(job), out / f"rank{rank}.pt")
     except AutoparError as err:  # a person can act on it: its paragraph, no traceback
         (out / f"rank{rank}.error").write_text(err.paragraph())
         code = 1

@@ -5,9 +5,11 @@ The folder holds:
 * ``plan.json`` -- the plan, as ``Plan.to_json`` writes it;
 * ``model.json`` -- the ``ModelSpec`` every rank builds (``autopar.core.model_spec``: zoo name and
   overrides, a factory -- its file copied into the folder -- or a transformers config);
-* ``train.py`` -- ``passes/train_template.py`` copied verbatim: builds the model, applies the
-  plan, trains on synthetic tokens or a token file, logs loss and tokens/s, saves and resumes
-  ``torch.distributed.checkpoint`` checkpoints (its docstring says how);
+* ``train.py`` -- ``passes/train_template.py`` copied verbatim: builds the model on the meta
+  device, applies the plan, gives each rank only its shards (drawn from the seed, or read from
+  ``--init-from`` weights: ``passes/materialize.py``), trains on synthetic tokens or a token
+  file, logs loss and tokens/s, saves and resumes ``torch.distributed.checkpoint`` checkpoints
+  (its docstring says how);
 * ``launch.sh`` -- the ``torchrun`` command for the plan's nodes and GPUs per node;
 * ``README.md`` -- what the plan is and how to run, resume and go multi-node.
 
@@ -166,9 +168,16 @@ peak memory on the most loaded GPU ({'fits' if est.fits else 'does NOT fit'}).
 
     bash launch.sh --steps 100 --log-every 10 --save-every 50
 
-starts {plan.gpus_per_node} process(es) on this node. Each rank builds the model from `--seed`
-on the CPU (the whole model on every rank: meta-device initialisation of models that do not
-fit in host memory is not done yet), applies the plan and trains. The rank holding the last
+starts {plan.gpus_per_node} process(es) on this node. Each rank builds the model on the meta
+device (shapes only), applies the plan there, and then allocates and initialises only its own
+shards from `--seed`: each parameter is drawn whole from its own random stream, this rank's
+slice kept and the rest freed, one parameter at a time, so the shards equal the slices of the
+one-process model `ModelSpec.build("cpu", seed)` bit for bit. **Memory while starting: at most
+this rank's shards plus one whole parameter in fp32 (the largest, the embedding or the head,
+bounds it) plus the buffers**; a model given as `FILE.py:FACTORY` is the exception, built whole
+once on the CPU because its own code decides its init. The log's first record gives each
+rank's resident memory before the build, its peak after its weights are in, and the bytes it
+holds. The rank holding the last
 pipeline stage with data- and tensor-parallel rank 0 prints one JSON line per logged step
 (step, loss over the global batch, tokens/s) and appends it to `train_log.jsonl`
 (`--log-file`). Without CUDA the ranks run on the CPU with gloo: fine for small models, and
@@ -192,6 +201,19 @@ to stop at, counted from 1 across resumes. Pass the same `--seed` and data when 
 Checkpoints are keyed by the model's parameter names, not by the plan, so one saved under this
 plan loads under any other plan of the same model (export the other plan and pass
 `--resume PATH`): the checkpoint library reshards model and optimizer state.
+
+## Starting from given weights
+
+    bash launch.sh --init-from DIR --steps 100
+
+reads the weights from `DIR` instead of drawing them, each rank reading only the slices it
+holds (`torch.distributed.checkpoint`): a transformers folder (`save_pretrained`'s
+`model.safetensors`, or its shards with `model.safetensors.index.json`; the keys are the
+parameter names, which a transformers Llama shares, and a zoo model's `state_dict` saved with
+`safetensors.torch.save_file` loads too), or a checkpoint this script saved (`step-<N>/`, under
+any plan of the same model). Missing, unexpected or mis-shaped keys stop the run with what
+differs. Training then starts at step 1 with a fresh optimizer; to continue a run with its
+optimizer state use `--resume` instead.
 
 ## Several nodes
 

@@ -38,6 +38,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from autopar.admissibility import facts_of
+from autopar.core.errors import AutoparError
 from autopar.core.specs import Precision
 from autopar.core.plan import Plan
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
@@ -206,10 +207,13 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
                 device: torch.device | str | None = None, *,
                 stage_shapes: Callable[[list[tuple[int, StageModule]]], StageShapes]
                 | None = None) -> ParallelProgram:
-    """Rewrite ``model`` (built whole on this rank, weights initialised) into this rank's
-    program under ``plan`` on ``mesh`` (``autopar.device_mesh(plan)``). The passes' order is
-    the module docstring's. ``stage_shapes`` (the dry run's) gives the pipeline stages their
-    micro-batch shapes once they are sharded (``passes/pipeline.py:build_schedule``)."""
+    """Rewrite ``model`` into this rank's program under ``plan`` on ``mesh``
+    (``autopar.device_mesh(plan)``), to run on ``device``. ``model`` is built whole on this
+    rank, either with its weights (they are moved to ``device``) or on the meta device, where
+    it stays: ``materialize`` then allocates and fills this rank's shards
+    (``passes/materialize.py``). The passes' order is the module docstring's. ``stage_shapes``
+    (the dry run's) gives the pipeline stages their micro-batch shapes once they are sharded
+    (``passes/pipeline.py:build_schedule``)."""
     check_executable(plan, facts_of(model))
     device = torch.device(device or mesh.device_type)
     parts = parts_of(model)
@@ -239,12 +243,19 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
 
 
 def _move(model: nn.Module, device: torch.device, dtype: torch.dtype | None) -> None:
-    """``model.to(device, dtype)`` where some tensor is elsewhere or of another floating dtype:
-    a model already in place (built by ``materialize`` or on fake tensors, for the dry run)
-    is left as it is -- ``Module.to`` would swap every fake parameter with itself, which
-    fails."""
+    """``model.to(device, dtype)`` where some tensor is elsewhere or of another floating dtype.
+    A model on the meta device stays there: ``materialize`` allocates each rank's shards on
+    ``device`` once the plan has made them (``passes/materialize.py``). A model already in
+    place (on fake tensors, for the dry run) is left as it is -- ``Module.to`` would swap every
+    fake parameter with itself, which fails."""
     tensors = [*model.parameters(), *model.buffers()]
-    if any(t.device != device for t in tensors):
+    on_meta = sum(t.is_meta for t in tensors)
+    if 0 < on_meta < len(tensors):
+        raise AutoparError(f"{on_meta} of the model's {len(tensors)} parameters and buffers are "
+                           "on the meta device, the others allocated", where="parallelize",
+                           fix="build the model whole on the meta device (then materialize "
+                               "the program) or whole on a real one")
+    if not on_meta and any(t.device != device for t in tensors):
         model.to(device)
     if dtype is not None and any(t.is_floating_point() and t.dtype != dtype for t in tensors):
         model.to(dtype)

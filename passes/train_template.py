@@ -1,9 +1,26 @@
 """Train a model under an autopar plan: the ``train.py`` that ``autopar export`` writes.
 
 Run it on every rank with ``torchrun`` (``bash launch.sh`` next to it does that). It reads
-``plan.json`` and ``model.json`` from its own folder, builds the model from ``--seed`` (on the
-CPU, whole, on every rank: meta-device initialisation of very large models is not done yet),
-applies the plan (``autopar.device_mesh`` + ``autopar.parallelize``) and trains.
+``plan.json`` and ``model.json`` from its own folder, builds the model on the meta device
+(shapes only, no memory), applies the plan there (``autopar.device_mesh`` +
+``autopar.parallelize``) and then gives each rank its own shards only
+(``autopar.passes.materialize``), and trains.
+
+Weights: drawn from ``--seed``, each parameter from its own random stream, so the shards equal
+the slices of the one-process model ``ModelSpec.build("cpu", seed)`` bit for bit. While they
+are drawn a rank holds at most its shards plus ONE whole parameter (fp32, on the CPU) at a time
+-- the largest, the embedding or the head, bounds it -- plus the buffers (RoPE tables), which
+every rank computes; a factory's model (``FILE.py:FACTORY``) is the exception, built whole once
+on the CPU since its own code decides its init. With ``--init-from DIR`` the weights are read
+instead, each rank reading only the slices it holds: DIR is a transformers folder
+(``save_pretrained``'s ``model.safetensors``, or several shards with
+``model.safetensors.index.json``; the keys are the parameter names, which a transformers Llama
+shares) or a DCP checkpoint ``train.py`` saved (``checkpoints/step-<N>``, under any plan of the
+model). Only the weights are read: training starts at step 1 with a fresh optimizer (to continue
+a run, with its optimizer state and step, use ``--resume``). The start record of the log gives,
+for every rank, its resident memory before the build (``/proc/self/statm``), its peak once its
+weights are in (``VmHWM``; ``ru_maxrss`` where there is no ``/proc``: ``peak_rss_bytes``) and
+the bytes of the shards it holds.
 
 Steps are counted from 1: step ``s`` trains on batch ``s - 1`` of the data and a checkpoint
 ``step-<N>`` holds the state after ``N`` optimizer steps, so ``--resume`` continues at ``N + 1``
@@ -37,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -47,6 +65,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -55,6 +74,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from autopar.core.plan import Plan
 from autopar.passes import ParallelProgram, device_mesh, parallelize
+from autopar.passes.materialize import materialize
 from autopar.core.errors import AutoparError
 from autopar.core.mesh import DATA_PARALLEL, MeshAxis
 from autopar.training import ModelSpec, end_rank, optimizer, synthetic_batch, vocab_size
@@ -81,8 +101,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="log every N steps and the last (default 1)")
     p.add_argument("--log-file", default=str(HERE / "train_log.jsonl"), metavar="FILE",
                    help="JSON lines, one per logged step (appended)")
+    p.add_argument("--init-from", default=None, metavar="DIR",
+                   help="read the weights from DIR (transformers safetensors or a DCP "
+                        "checkpoint of train.py) instead of drawing them from --seed")
     p.add_argument("--seed", type=int, default=0, help="weights and synthetic tokens")
     return p.parse_args(argv)
+
+
+# ----- memory -----
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far: ``VmHWM`` of ``/proc/self/status`` on
+    Linux, else ``ru_maxrss`` (bytes on macOS, KiB elsewhere). Not ``ru_maxrss`` on Linux: it
+    keeps the launcher's peak across ``exec`` (a rank started by a process holding 800 MiB
+    reports at least 800 MiB), where ``VmHWM`` is this program's own."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (``/proc/self/statm``; the peak where there is no
+    ``/proc``): the peak so far may be an import's transient, above what stays resident."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return peak_rss_bytes()
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def held_bytes(program: ParallelProgram) -> int:
+    """Bytes of the parameters and buffers this rank holds (its local shards)."""
+    seen: set[int] = set()
+    total = 0
+    for module in program.modules:
+        for t in (*module.parameters(), *module.buffers()):
+            if id(t) not in seen:
+                seen.add(id(t))
+                local = t.to_local() if isinstance(t, DTensor) else t
+                total += local.numel() * local.element_size()
+    return total
 
 
 # ----- data -----
@@ -189,10 +251,21 @@ def train(args: argparse.Namespace) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     device = torch.device("cuda" if cuda else "cpu")
 
-    model = spec.build("cpu", args.seed)
+    if args.init_from and args.resume:
+        raise AutoparError("--init-from and --resume both say where the weights come from",
+                           where="train.py arguments",
+                           fix="--resume continues a run (weights, optimizer, step); "
+                               "--init-from starts one from given weights: pass one of them")
+    before_build = rss_bytes()
+    model = spec.build("meta")  # shapes only; materialize gives each rank its shards
     vocab = vocab_size(model)
     mesh = device_mesh(plan, device.type)
-    program = parallelize(model, plan, mesh, device)
+    program = materialize(parallelize(model, plan, mesh, device), spec, args.seed,
+                          weights=args.init_from)
+    memory = [None] * dist.get_world_size()
+    dist.all_gather_object(memory, {"rank": dist.get_rank(), "held_bytes": held_bytes(program),
+                                    "rss_before_build_bytes": before_build,
+                                    "peak_rss_after_init_bytes": peak_rss_bytes()})
     optimizers = [optimizer(list(m.parameters())) for m in program.modules]
     ckpt = Checkpointer(program.modules, optimizers, program.scaler)
 
@@ -221,9 +294,10 @@ def train(args: argparse.Namespace) -> None:
         done = ckpt.load(source)
         start = done + 1
         log({"event": "resume", "checkpoint": str(source), "step": done,
-             "plan": plan.summary()})
+             "plan": plan.summary(), "memory": memory})
     else:
-        log({"event": "start", "plan": plan.summary(), "world_size": dist.get_world_size()})
+        log({"event": "start", "plan": plan.summary(), "world_size": dist.get_world_size(),
+             "init_from": args.init_from, "memory": memory})
 
     tokens_per_step = train_spec.global_batch * train_spec.seq_len
     timed_from, timed_steps = time.perf_counter(), 0

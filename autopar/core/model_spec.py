@@ -17,8 +17,12 @@ every rank, and the reference process of ``verify`` builds the same one. Four ki
   ``--model config.json`` gives one, and a model family's shorthand another (``hf-llama``, a
   tiny ``LlamaForCausalLM``: ``autopar/models/hf_llama/``).
 
-The weights a spec builds come from ``seed`` (``torch.manual_seed`` before construction), so
-every rank and the reference draw the same ones.
+The weights a spec builds come from ``seed``. A model whose family has an init scheme (the zoo,
+``hf-llama``) draws each parameter from its own stream under ``seed`` (``autopar.models.init``),
+so a rank of a sharded program can draw just the slices it holds and equal this one-process
+build bit for bit (``passes/materialize.py``); a transformers model is built on meta and then
+initialised that way. Any other model (a factory's, a transformers architecture of no family)
+is built after ``torch.manual_seed(seed)`` with its own init.
 """
 
 from __future__ import annotations
@@ -217,17 +221,18 @@ class ModelSpec:
 
     # ----- building -----
     def build(self, device: Any = "cpu", seed: int = 0):
-        """The model with its weights drawn from ``seed`` (on meta: shapes only)."""
+        """The model with its weights drawn from ``seed`` (on meta: shapes only; see the module
+        docstring for how)."""
         import torch
 
         torch.manual_seed(seed)
         if self.name:
             from autopar import models
 
-            return models.build(self.name, device=device, **self.overrides)
+            return models.build(self.name, device=device, seed=seed, **self.overrides)
         if self.factory:
             return _call_factory(self.factory, device)
-        return _build_transformers(self.transformers, device)
+        return _build_transformers(self.transformers, device, seed)
 
 
 def _transformers_config_file(model: str) -> Path | None:
@@ -340,7 +345,7 @@ def _canonical_config(spec: Mapping[str, Any]) -> tuple[str, dict] | None:
                                   if k not in _DROPPED_CONFIG_KEYS}
 
 
-def _build_transformers(spec: Mapping[str, Any], device: Any):
+def _build_transformers(spec: Mapping[str, Any], device: Any, seed: int):
     import torch
 
     try:
@@ -358,9 +363,22 @@ def _build_transformers(spec: Mapping[str, Any], device: Any):
                                "LlamaForCausalLM, or upgrade transformers")
     try:
         config = cls.config_class.from_dict(dict(spec["config"]))
-        with torch.device(device):
-            return cls(config)
+        with torch.device("meta"):
+            model = cls(config)
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise AutoparError(f"cannot build {name} from its config: {type(err).__name__}: {err}",
                            where="model spec config",
                            fix="check the config fields against the architecture") from None
+    if torch.device(device).type == "meta":
+        return model
+    from autopar.models.init import apply_scheme_, keeping_parameters, scheme_of
+
+    scheme = scheme_of(model)
+    if scheme is None:  # no family's scheme: transformers' own init, on the global generator
+        torch.manual_seed(seed)
+        with torch.device(device):
+            return cls(config)
+    with keeping_parameters():  # a tied lm_head stays tied
+        model.to_empty(device=device)
+    apply_scheme_(model, scheme, seed)
+    return model

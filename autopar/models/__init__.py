@@ -16,9 +16,11 @@ the zoo families share.
 
 Every zoo model has ``forward(tokens, targets=None)`` (logits, or the mean cross-entropy when
 ``targets`` is given), ``tok_emb``, ``layers`` (an ``nn.ModuleList`` of the repeated blocks),
-``norm_f``, ``head``, ``config`` (the frozen config dataclass) and ``init_weights()`` (to
-initialise after ``to_empty`` from meta). The docstrings of ``gpt/model.py``, ``llama/model.py``
-and ``moe/model.py`` list the module names the rest of autopar relies on.
+``norm_f``, ``head``, ``config`` (the frozen config dataclass), ``init_scheme()`` (the law of
+each parameter, drawn one at a time from its own stream: ``init.py``) and
+``init_weights(seed)`` (to initialise after ``to_empty`` from meta). The docstrings of
+``gpt/model.py``, ``llama/model.py`` and ``moe/model.py`` list the module names the rest of
+autopar relies on.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from autopar.models.family import (
     registered,
     unregister,
 )
+from autopar.models.init import initialise_
 from autopar.models.parts import ModelParts
 from autopar.models.presets import Preset
 
@@ -165,13 +168,16 @@ def _example(allowed: tuple) -> str:
 
 
 def from_config(
-    config: ModelConfig, device: torch.device | str = "meta", dtype: torch.dtype = torch.float32
+    config: ModelConfig, device: torch.device | str = "meta", dtype: torch.dtype = torch.float32,
+    seed: int | None = None,
 ) -> nn.Module:
     """Build the model of ``config`` on ``device`` in ``dtype``.
 
     Parameters are created directly on ``device`` (a ``torch.device`` context), so on meta
     nothing is allocated or initialised and even llama3-405b builds in well under a second. On a
-    real device the weights get the GPT-2 init (``init_weights``).
+    real device the weights get the family's init, each parameter drawn from its own stream
+    under ``seed`` (``autopar.models.init``; ``None``: a seed drawn from torch's global
+    generator, so ``torch.manual_seed`` before the build decides the weights).
     """
     try:
         device = torch.device(device)
@@ -186,7 +192,7 @@ def from_config(
         model = model_cls(config)
     model = model.to(dtype=dtype)
     if device.type != "meta":
-        model.init_weights()
+        initialise_(model, family_named(config.family), seed)
     return model
 
 
@@ -194,10 +200,12 @@ def build(
     name: str,
     device: torch.device | str = "meta",
     dtype: torch.dtype = torch.float32,
+    seed: int | None = None,
     **overrides: object,
 ) -> nn.Module:
-    """Build preset or family ``name``; ``overrides`` set config fields (see ``make_config``)."""
-    return from_config(make_config(name, **overrides), device=device, dtype=dtype)
+    """Build preset or family ``name``; ``overrides`` set config fields (see ``make_config``);
+    ``seed`` draws the weights on a real device (see ``from_config``)."""
+    return from_config(make_config(name, **overrides), device=device, dtype=dtype, seed=seed)
 
 
 def describe(name: str) -> dict[str, object]:

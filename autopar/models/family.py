@@ -26,6 +26,8 @@ from autopar.models.presets import Preset
 if TYPE_CHECKING:
     from torch import nn
 
+    from autopar.models.init import InitScheme
+
 
 def no_rms_norm(module: nn.Module) -> tuple[nn.Parameter, float | None] | None:
     """A family without an RMSNorm class of its own (``nn.RMSNorm`` the pass knows itself)."""
@@ -65,6 +67,11 @@ class Family:
         default_factory=dict)
     """``--model`` names the family answers beside its presets (``hf-llama``): name ->
     (``--model-arg`` overrides -> the ``ModelSpec`` it stands for)."""
+    init: Callable[[nn.Module], InitScheme] | None = None
+    """model (meta or allocated) -> its ``InitScheme``: each parameter drawn from its own
+    stream (``autopar.models.init``), so that a rank can initialise just its shards and equal
+    the one-process build; ``None``: the model initialises itself (``init_weights()``), and a
+    sharded build builds it whole once."""
 
     def __post_init__(self) -> None:
         where = f"autopar.models.Family({self.name!r})"

@@ -3,20 +3,22 @@
 Initialisation follows GPT-2 (Radford et al., 2019, section 2.3) as nanoGPT and Megatron-LM do:
 weights ~ N(0, 0.02), biases zero, norms at identity, and the projections that write into the
 residual stream (attention output, MLP down projection) scaled by 1/sqrt(2 * num_layers) so the
-residual stream's variance does not grow with depth.
+residual stream's variance does not grow with depth. Each parameter is drawn from its own
+random stream (``autopar.models.init``), so a rank can draw just the shards it holds.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from enum import StrEnum
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from autopar.core.errors import AutoparError
+from autopar.models.init import Constant, InitScheme, Law, Normal, apply_scheme_, unknown_buffer
 
 INIT_STD = 0.02
 """Standard deviation of the normal init of every weight matrix and embedding (GPT-2)."""
@@ -91,24 +93,53 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
-@torch.no_grad()
-def init_transformer_(
-    model: nn.Module, residual_weights: Iterable[torch.Tensor], num_layers: int
-) -> None:
-    """GPT-2 init of every ``nn.Linear``/``nn.Embedding``/norm in ``model``, in place.
+class GPT2Init(nn.Module):
+    """The init the zoo's language models share (GPT, and the Llama and MoE decoders): their
+    one owner of the GPT-2 laws (the module docstring), one parameter at a time
+    (``autopar.models.init``).
 
-    ``residual_weights`` are the weights that write into the residual stream; they get the
-    std 0.02 / sqrt(2 * num_layers) of GPT-2. Weights shared by two modules (a tied head) are
-    drawn once, since a second draw would only overwrite the first with the same law.
+    Every ``nn.Linear``/``nn.Embedding`` weight N(0, 0.02), biases zero, LayerNorm/RMSNorm
+    weights one; the weights named by ``RESIDUAL`` in every block of ``layers`` -- those that
+    write into the residual stream -- N(0, 0.02 / sqrt(2 * num_layers)). A subclass names its
+    ``RESIDUAL`` weights, computes its buffers (``_buffer``) and gives the law of any other
+    parameter (``_other_law``: the MoE family's stacked expert weights). It has ``config``
+    (``num_layers``, ``tie_embeddings``), ``layers``, ``tok_emb`` and ``head``.
     """
-    for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
-            bias = getattr(module, "bias", None)
-            if bias is not None:
-                nn.init.zeros_(bias)
-        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-            module.reset_parameters()
-    residual_std = INIT_STD / math.sqrt(2 * num_layers)
-    for weight in residual_weights:
-        nn.init.normal_(weight, mean=0.0, std=residual_std)
+
+    RESIDUAL: ClassVar[tuple[str, ...]] = ()
+    """Names, inside one block, of the weights that write into the residual stream."""
+
+    def init_scheme(self) -> InitScheme:
+        """This model's ``InitScheme`` (on meta or allocated); a family's ``Family.init``."""
+        num_layers = self.config.num_layers
+        residual = {f"layers.{i}.{w}" for i in range(num_layers) for w in self.RESIDUAL}
+        residual_std = INIT_STD / math.sqrt(2 * num_layers)
+
+        def law_of(name: str) -> Law | None:
+            if name in residual:
+                return Normal(residual_std)
+            owner, _, attr = name.rpartition(".")
+            module = self.get_submodule(owner)
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                return Normal(INIT_STD) if attr == "weight" else Constant(0.0)
+            if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                return Constant(1.0) if attr == "weight" else Constant(0.0)
+            return self._other_law(name)
+
+        return InitScheme.of(self, law_of, self._buffer)
+
+    def _other_law(self, name: str) -> Law | None:
+        """The law of a parameter that is no Linear, Embedding or norm weight (none here)."""
+        return None
+
+    def _buffer(self, name: str) -> torch.Tensor:
+        """The value of buffer ``name``, computed (CPU, whole)."""
+        raise unknown_buffer(self, name)
+
+    def init_weights(self, seed: int | None = None) -> None:
+        """Initialise in place by ``init_scheme`` (after ``to_empty`` from meta, which unties a
+        tied head: it is tied again first); ``seed`` ``None`` takes one from torch's global
+        generator."""
+        if self.config.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+        apply_scheme_(self, self.init_scheme(), seed)

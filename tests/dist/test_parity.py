@@ -136,4 +136,8 @@ def test_a_wrong_shard_is_caught_in_fp32_and_in_bf16(tmp_path, precision):
     result = verify(None, plan, steps=3)
     assert not result.passed, result.table()
     assert result.grads.measure > 3 * result.tolerance.grads, result.table()
-    assert result.grads.where.startswith("layers.0.mlp"), result.table()
+    # the worst gradient is in the MLP with the swapped shard, or in the norm that feeds only
+    # that MLP (its gradient is the MLP's input gradient times the normalised input): measured
+    # in fp32, ffn_norm 1.86, gate_proj 1.66, down_proj 1.33 of each tensor's largest entry,
+    # the next outside them layers.0.attn_norm at 0.25
+    assert result.grads.where.startswith(("layers.0.mlp", "layers.0.ffn_norm")), result.table()

@@ -9,6 +9,6 @@ from autopar.models.gpt.parts import GPT_PARTS
 from autopar.models.gpt.presets import PRESETS
 
 FAMILY = register(Family(name="gpt", parts=GPT_PARTS, config_class=GPTConfig, model_class=GPT,
-                         presets=PRESETS))
+                         presets=PRESETS, init=GPT.init_scheme))
 
 __all__ = ["Attention", "FAMILY", "GPT", "GPTAttention", "GPTBlock", "GPTConfig", "GPTMLP"]

@@ -28,11 +28,11 @@ from torch import nn
 
 from autopar.core.errors import AutoparError
 from autopar.models.layers import (
+    GPT2Init,
     check_bool,
     check_divides,
     check_positive_int,
     coerce_choice,
-    init_transformer_,
     lm_loss,
 )
 
@@ -176,8 +176,11 @@ class GPTBlock(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class GPT(nn.Module):
-    """Megatron-style GPT; ``forward(tokens, targets=None)`` gives logits, or the mean loss."""
+class GPT(GPT2Init):
+    """Megatron-style GPT; ``forward(tokens, targets=None)`` gives logits, or the mean loss.
+    Its init is GPT-2's (``layers.GPT2Init``); the eager causal masks are computed."""
+
+    RESIDUAL = ("attn.proj.weight", "mlp.fc2.weight")
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -191,16 +194,11 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.head.weight = self.tok_emb.weight
 
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """GPT-2 init (see ``layers.init_transformer_``); call after ``to_empty`` from meta."""
-        residual = [w for b in self.layers for w in (b.attn.proj.weight, b.mlp.fc2.weight)]
-        init_transformer_(self, residual, self.config.num_layers)
-        for layer in self.layers:
-            if layer.attn.eager:
-                s = self.config.seq_len
-                mask = torch.ones(s, s, dtype=torch.bool, device=layer.attn.causal_mask.device)
-                layer.attn.causal_mask.copy_(mask.triu(1))
+    def _buffer(self, name: str) -> torch.Tensor:
+        if name.endswith("attn.causal_mask"):
+            s = self.config.seq_len
+            return torch.ones(s, s, dtype=torch.bool).triu(1)
+        return super()._buffer(name)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         _, s = tokens.shape

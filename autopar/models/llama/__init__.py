@@ -21,7 +21,7 @@ from autopar.models.llama.parts import DECODER_PARTS
 from autopar.models.llama.presets import PRESETS
 
 FAMILY = register(Family(name="llama", parts=DECODER_PARTS, config_class=LlamaConfig,
-                         model_class=Llama, presets=PRESETS))
+                         model_class=Llama, presets=PRESETS, init=Llama.init_scheme))
 
 __all__ = ["DecoderConfig", "DecoderLM", "FAMILY", "Llama", "LlamaAttention", "LlamaBlock",
            "LlamaConfig", "SwiGLU", "apply_rope", "rope_tables", "rotate_half"]

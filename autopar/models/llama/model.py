@@ -25,11 +25,11 @@ from torch import nn
 
 from autopar.core.errors import AutoparError
 from autopar.models.layers import (
+    GPT2Init,
     check_bool,
     check_divides,
     check_positive_float,
     check_positive_int,
-    init_transformer_,
     lm_loss,
 )
 
@@ -180,10 +180,11 @@ class LlamaBlock(nn.Module):
         return x + self.mlp(self.ffn_norm(x))
 
 
-class DecoderLM(nn.Module):
+class DecoderLM(GPT2Init):
     """Embedding, blocks taking ``(x, cos, sin)``, final RMSNorm and head; Llama and MoE share it.
 
-    Subclasses build ``self.layers`` and list their residual-writing weights for the init.
+    Subclasses build ``self.layers`` and name their residual-writing weights for the init
+    (``RESIDUAL``, ``layers.GPT2Init``); the RoPE tables are computed.
     """
 
     config: DecoderConfig
@@ -201,18 +202,12 @@ class DecoderLM(nn.Module):
         self.register_buffer("rope_cos", torch.empty(shape), persistent=False)
         self.register_buffer("rope_sin", torch.empty(shape), persistent=False)
 
-    def residual_weights(self) -> list[torch.Tensor]:
-        """Weights that write into the residual stream, initialised with the scaled std."""
-        raise NotImplementedError
-
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """GPT-2-style init and the RoPE tables; call after ``to_empty`` from meta."""
-        init_transformer_(self, self.residual_weights(), self.config.num_layers)
-        c = self.config
-        cos, sin = rope_tables(c.seq_len, c.head_dim, c.rope_theta, self.rope_cos.device)
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
+    def _buffer(self, name: str) -> torch.Tensor:
+        if name in ("rope_cos", "rope_sin"):
+            c = self.config
+            cos, sin = rope_tables(c.seq_len, c.head_dim, c.rope_theta)
+            return cos if name == "rope_cos" else sin
+        return super()._buffer(name)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         _, s = tokens.shape
@@ -231,9 +226,9 @@ class DecoderLM(nn.Module):
 class Llama(DecoderLM):
     """Llama-style dense decoder; ``forward(tokens, targets=None)``: logits, or the mean loss."""
 
+    RESIDUAL = ("attn.o_proj.weight", "mlp.down_proj.weight")
+
     def __init__(self, config: LlamaConfig) -> None:
         blocks = nn.ModuleList(LlamaBlock(config) for _ in range(config.num_layers))
         super().__init__(config, blocks)
 
-    def residual_weights(self) -> list[torch.Tensor]:
-        return [w for b in self.layers for w in (b.attn.o_proj.weight, b.mlp.down_proj.weight)]

@@ -11,7 +11,8 @@ from autopar.models.moe.model import (Experts, MoEBlock, MoEConfig, MoELayer, Mo
 from autopar.models.moe.presets import PRESETS
 
 FAMILY = register(Family(name="moe", parts=DECODER_PARTS, config_class=MoEConfig,
-                         model_class=MoETransformer, presets=PRESETS))
+                         model_class=MoETransformer, presets=PRESETS,
+                         init=MoETransformer.init_scheme))
 
 __all__ = ["Experts", "FAMILY", "MoEBlock", "MoEConfig", "MoELayer", "MoETransformer",
            "expert_capacity"]

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autopar.core.errors import AutoparError
+from autopar.models.init import Law, Normal
 from autopar.models.layers import INIT_STD, check_positive_float, check_positive_int
 from autopar.models.llama.model import DecoderConfig, DecoderLM, LlamaAttention
 
@@ -161,17 +162,14 @@ class MoEBlock(nn.Module):
 class MoETransformer(DecoderLM):
     """Mixtral-style MoE decoder; ``forward(tokens, targets=None)``: logits, or the mean loss."""
 
+    RESIDUAL = ("attn.o_proj.weight", "moe.experts.w_down")
+
     def __init__(self, config: MoEConfig) -> None:
         blocks = nn.ModuleList(MoEBlock(config) for _ in range(config.num_layers))
         super().__init__(config, blocks)
 
-    def residual_weights(self) -> list[torch.Tensor]:
-        return [w for b in self.layers for w in (b.attn.o_proj.weight, b.moe.experts.w_down)]
-
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """As ``DecoderLM.init_weights``, plus N(0, 0.02) for the stacked gate/up weights."""
-        for layer in self.layers:
-            nn.init.normal_(layer.moe.experts.w_gate, mean=0.0, std=INIT_STD)
-            nn.init.normal_(layer.moe.experts.w_up, mean=0.0, std=INIT_STD)
-        super().init_weights()
+    def _other_law(self, name: str) -> Law | None:
+        """N(0, 0.02) for the stacked expert gate and up weights (plain parameters)."""
+        if name.endswith((".experts.w_gate", ".experts.w_up")):
+            return Normal(INIT_STD)
+        return None
