@@ -36,6 +36,9 @@ def add_dryrun_parser(sub: argparse._SubParsersAction,
                    help="a field of --model (repeatable)")
     p.add_argument("--pp-rank", type=int, action="append", default=None, metavar="R",
                    help="run only this pipeline rank's role (repeatable; default: every role)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="processes running roles side by side (default: one per CPU core, "
+                        "at most one per role; 1 runs every role in this process)")
     p.add_argument("--json", default=None, metavar="F", help="also write the result as JSON")
     return p
 
@@ -60,7 +63,8 @@ def cmd_dryrun(args: argparse.Namespace, console: Console) -> int:
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, description=f"dry run: {what}", completed=done, total=total)
 
-        result = dry_run(plan, spec, progress=progress, pp_ranks=args.pp_rank)
+        result = dry_run(plan, spec, progress=progress, pp_ranks=args.pp_rank,
+                         workers=args.workers)
     console.print(dry_run_table(result))
     console.print(f"peak {result.peak_bytes / GIB:.2f} GiB of {plan.estimate.usable_memory_bytes / GIB:.2f}"
                   f" GiB usable: {'fits' if result.fits else 'DOES NOT FIT'}; "

@@ -2,7 +2,8 @@
 
 For each distinct role of the plan -- a pipeline rank: which stages it holds, where it sits
 in the schedule; ranks that differ only in their data- or tensor-parallel coordinate run the
-same program on shards of the same size -- the dry run, in this one process:
+same program on shards of the same size -- the dry run, in one process (this one, or one of
+the processes it spawns to run roles side by side, ``workers``):
 
 1. joins a process group of the plan's world size as a rank of that role, on torch's
    ``"fake"`` backend (``FakeStore``: collectives complete at once and move no data);
@@ -12,8 +13,8 @@ same program on shards of the same size -- the dry run, in this one process:
    checkpointing, fusions);
 3. runs one full training step -- every micro-batch of the rank's share of the global batch
    through the plan's real schedule, backward, the optimizer step -- as any step after the
-   first runs it (the optimizer's states, which the first step makes, exist already), under ``MemoryAccount`` (every byte by kind, and the peak) and
-   counting the collectives issued.
+   first runs it (the optimizer's states, which the first step makes, exist already), under
+   ``MemoryAccount`` (every byte by kind, and the peak) and counting the collectives issued.
 
 What a tensor account cannot see -- the CUDA context, NCCL's workspaces, the caching
 allocator's fragmentation -- is not in the dry run; the memory model names it
@@ -27,10 +28,17 @@ tensor does not hold) is skipped. fp16's gradient scaler decides to skip a step 
 values of the gradients; the dry run unscales them and steps. Where the CPU build decomposes
 an op the GPU runs as one kernel, the step keeps what the GPU kernel keeps
 (``autopar/gpu_kernels.py``: RMSNorm).
+
+A role's figures do not depend on where it runs: each process joins its own fake process
+group per role and clears DTensor's sharding cache after it (``_forget_meshes``), and learns
+the stages' shapes from the first stage before its first role (``tests/unit/test_dry_run.py``
+holds side-by-side runs to the figures of one process). Where the time goes and what was done
+about it: ``bench/results/dry_run_405b.md``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -39,6 +47,7 @@ from functools import wraps
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import StageMemory
@@ -130,19 +139,30 @@ class DryRun:
 
 def dry_run(plan: Plan, model: ModelSpec | None = None, *,
             progress: ProgressFn | None = None,
-            pp_ranks: Sequence[int] | None = None) -> DryRun:
+            pp_ranks: Sequence[int] | None = None,
+            workers: int | None = None) -> DryRun:
     """Run one step of every rank role of ``plan`` on fake tensors (see the module docstring).
 
     ``model`` names the model when the plan does not record one (``Plan.spec_for``). Refuses
     (``AutoparError``) a plan the passes cannot run, and runs only where no process group is
     initialised (it makes its own, of the plan's world size). ``pp_ranks`` runs only those
-    pipeline ranks' roles (all by default)."""
+    pipeline ranks' roles (all by default).
+
+    ``workers`` processes run the roles side by side, each role whole in one of them: this one
+    and ``workers - 1`` spawned ones, each with its own fake process group. By default one per
+    CPU core this process may use, and never more than the roles; 1 runs every role here. This
+    process takes roles as the others do, so a plan whose roles take less than a spawned
+    process's start (some seconds, to import torch) runs here before the others are up."""
     from autopar.passes.mesh import executable_spec
 
     if dist.is_initialized():
         raise AutoparError("a process group is already initialised in this process",
                            where="autopar.dry_run",
                            fix="run the dry run in a process of its own, not under torchrun")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise AutoparError(f"workers={workers!r} is not a positive whole number",
+                           where="workers", fix="pass 1 or more, or leave it out")
     spec = executable_spec(plan, model)
     start = time.perf_counter()
     c = plan.config
@@ -150,19 +170,175 @@ def dry_run(plan: Plan, model: ModelSpec | None = None, *,
     if not wanted or not all(0 <= r < c.pp for r in wanted):
         raise AutoparError(f"pipeline ranks {list(pp_ranks or [])} are not all in 0..{c.pp - 1}",
                            where="pp_ranks", fix=f"name pipeline ranks from 0 to {c.pp - 1}")
-    roles = []
-    shapes: dict[str, torch.Tensor] = {}
-    if c.pp > 1 and wanted[0] != 0:  # the stages' shapes come from the first stage
-        _run_role(plan, spec, 0, shapes, step=False)
-    for done, pp_rank in enumerate(wanted):
-        if progress is not None:
-            progress(done, len(wanted), f"pipeline rank {pp_rank}")
-        roles.append(_run_role(plan, spec, pp_rank, shapes))
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count() or 1
+    workers = min(workers, len(wanted))
+    runs = _RoleRuns(plan, spec, wanted, progress)
+    if workers == 1:
+        runs.here()
+    else:
+        runs.side_by_side(workers - 1)
     if progress is not None:
         progress(len(wanted), len(wanted), "done")
     notes = ("fake tensors on the CPU: attention runs the CPU kernels, whose saved tensors "
              "match the fused GPU kernels' in size but for their small statistics",)
-    return DryRun(plan, tuple(roles), time.perf_counter() - start, notes)
+    return DryRun(plan, runs.roles(), time.perf_counter() - start, notes)
+
+
+class _RoleRuns:
+    """The roles of one dry run, taken one by one by this process and by spawned ones.
+
+    The roles are claimed in order from a shared counter (``multiprocessing`` ``Value``), so
+    none runs twice and a process that finishes early takes the next. A process learns the
+    stages' micro-batch shapes from the first stage before its first role (``_Carried``).
+    Spawned processes send back ``("start", pp_rank)``, ``("done", RoleRun)`` or
+    ``("error", pp_rank, error, traceback)``."""
+
+    def __init__(self, plan: Plan, spec: ModelSpec, wanted: list[int],
+                 progress: ProgressFn | None) -> None:
+        self.plan, self.spec, self.wanted, self.progress = plan, spec, wanted, progress
+        self.done: dict[int, RoleRun] = {}
+        self.running: list[int] = []
+        self.carried = _Carried()
+
+    def roles(self) -> tuple[RoleRun, ...]:
+        return tuple(self.done[r] for r in self.wanted)
+
+    def _report(self) -> None:
+        if self.progress is not None and self.running:
+            what = ", ".join(map(str, sorted(self.running)))
+            self.progress(len(self.done), len(self.wanted),
+                          f"pipeline rank{'s' if len(self.running) > 1 else ''} {what}")
+
+    def _run_here(self, pp_rank: int) -> None:
+        self.running.append(pp_rank)
+        self._report()
+        self.done[pp_rank] = self.carried.run_role(self.plan, self.spec, pp_rank)
+        self.running.remove(pp_rank)
+        self._report()
+
+    def here(self) -> None:
+        for pp_rank in self.wanted:
+            self._run_here(pp_rank)
+
+    def side_by_side(self, helpers: int, here: bool = True) -> None:
+        """The roles in this process (unless ``here`` is false) and ``helpers`` spawned ones."""
+        import multiprocessing
+        import queue
+
+        ctx = multiprocessing.get_context("spawn")  # not fork: torch's threads and state
+        claimed = ctx.Value("i", 0)
+        results = ctx.Queue()
+        procs = [ctx.Process(target=_serve, daemon=True, name=f"autopar-dry-run-{i + 1}",
+                             args=(self.plan, self.spec, self.wanted, claimed, results))
+                 for i in range(helpers)]
+        for proc in procs:
+            proc.start()
+        try:
+            while len(self.done) < len(self.wanted):
+                self._take(results)
+                i = _claim(claimed, len(self.wanted)) if here else None
+                if i is not None:
+                    self._run_here(self.wanted[i])
+                    continue
+                try:
+                    self._receive(results.get(timeout=0.5))
+                except queue.Empty:
+                    if not any(proc.is_alive() for proc in procs):
+                        self._take(results)
+                        if len(self.done) < len(self.wanted):
+                            missing = [r for r in self.wanted if r not in self.done]
+                            raise RuntimeError(
+                                f"a dry-run worker process ended without the result of "
+                                f"pipeline ranks {missing} (exit codes "
+                                f"{[proc.exitcode for proc in procs]})")
+        finally:
+            for proc in procs:  # those still starting have no role: they are not waited for
+                if proc.is_alive():
+                    proc.terminate()
+                proc.join()
+            results.close()
+
+    def _take(self, results) -> None:
+        import queue
+
+        while True:
+            try:
+                message = results.get_nowait()
+            except queue.Empty:
+                return
+            self._receive(message)
+
+    def _receive(self, message: tuple) -> None:
+        if message[0] == "start":
+            self.running.append(message[1])
+        elif message[0] == "done":
+            role = message[1]
+            self.running.remove(role.pp_rank)
+            self.done[role.pp_rank] = role
+        else:
+            _, pp_rank, error, trace = message
+            if isinstance(error, AutoparError):
+                raise error
+            raise RuntimeError(f"the dry run of pipeline rank {pp_rank} failed in a worker "
+                               f"process:\n{trace}")
+        self._report()
+
+
+def _claim(claimed, n: int) -> int | None:
+    """The index of the next role nobody has taken, or None when all are taken."""
+    with claimed.get_lock():
+        i = claimed.value
+        if i >= n:
+            return None
+        claimed.value = i + 1
+        return i
+
+
+def _serve(plan: Plan, spec: ModelSpec, wanted: list[int], claimed, results) -> None:
+    """A spawned process of ``_RoleRuns.side_by_side``: roles until none is left."""
+    import pickle
+    import traceback
+
+    carried = _Carried()
+    while (i := _claim(claimed, len(wanted))) is not None:
+        pp_rank = wanted[i]
+        results.put(("start", pp_rank))
+        try:
+            role = carried.run_role(plan, spec, pp_rank)
+        except BaseException as err:  # noqa: BLE001 -- the parent raises it
+            try:
+                pickle.dumps(err)
+            except Exception:  # noqa: BLE001 -- sent as text only
+                err = None
+            results.put(("error", pp_rank, err, traceback.format_exc()))
+            return
+        results.put(("done", role))
+
+
+@dataclass
+class _Carried:
+    """What a process carries from one role to the next: the stages' micro-batch shapes, which
+    come from the first stage (``_shape_finder``), and the model built on the meta device, of
+    which each role takes a copy (``copy.deepcopy``: a third of the time of a build)."""
+
+    shapes: dict[str, torch.Tensor] = field(default_factory=dict)
+    meta_model: torch.nn.Module | None = None
+
+    def model(self, spec: ModelSpec) -> torch.nn.Module:
+        import copy
+
+        if self.meta_model is None:
+            self.meta_model = spec.build("meta")
+        return copy.deepcopy(self.meta_model)
+
+    def run_role(self, plan: Plan, spec: ModelSpec, pp_rank: int) -> RoleRun:
+        """``pp_rank``'s role; before this process's first role other than the first stage's,
+        the stages' shapes from the first stage."""
+        if plan.config.pp > 1 and pp_rank != 0 and "boundary" not in self.shapes:
+            _run_role(plan, spec, 0, self, step=False)
+        return _run_role(plan, spec, pp_rank, self)  # type: ignore[return-value]
 
 
 def role_rank(plan: Plan, pp_rank: int) -> int:
@@ -171,7 +347,7 @@ def role_rank(plan: Plan, pp_rank: int) -> int:
     return pp_rank * (plan.config.world_size // plan.config.pp)
 
 
-def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch.Tensor],
+def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, carried: _Carried,
               step: bool = True) -> RoleRun | None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from autopar.passes import device_mesh, parallelize
@@ -182,15 +358,15 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
     rank = role_rank(plan, pp_rank)
     with _fake_world(rank, c.world_size), _mesh_tensors_real():
         mesh = device_mesh(plan, "cpu")
-        model = spec.build("meta")
+        model = carried.model(spec)
         if train.precision is Precision.BF16_PURE:
             model.to(torch.bfloat16)
         vocab = vocab_size(model)
         with FakeTensorMode(allow_non_fake_inputs=True):
-            model.to_empty(device="cpu")
+            _to_empty(model, "cpu")
             micro = torch.randint(vocab, (c.micro_batch, train.seq_len))
             program = parallelize(model, plan, mesh, "cpu",
-                                  stage_shapes=_shape_finder(micro, shapes))
+                                  stage_shapes=_shape_finder(micro, carried.shapes))
             del model
             if not step:
                 return None
@@ -199,13 +375,19 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
             _allocate_states(opt)
             rows = train.global_batch // c.dp
             tokens = torch.randint(vocab, (rows, train.seq_len))
-            account = MemoryAccount(lambda: _holders(program, opt))
-            opt.register_step_pre_hook(lambda *_: setattr(account, "in_optimizer", True))
+            holders = _Holders(program, opt)
+            account = MemoryAccount(holders)
+            def optimizer_steps(*_) -> None:
+                account.in_optimizer = True
+                holders.states_settled = False
+
+            opt.register_step_pre_hook(optimizer_steps)
             opt.register_step_post_hook(lambda *_: setattr(account, "in_optimizer", False))
             with account, gpu_saved_tensors():
                 for kind in ("parameters", "optimizer"):  # what exists before the step
-                    account.track((t for k, t in _holders(program, opt) if k == kind), kind)
+                    account.track((t for k, t in holders() if k == kind), kind)
                 account.track(_buffers(program), "parameters")
+                holders.states_settled = True
                 program.step(tokens, tokens)
                 if program.scaler is not None:  # fp16: see the module docstring
                     program.unscale_([opt])
@@ -221,6 +403,19 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
         peak_breakdown={k: float(account.peak_breakdown[k]) for k in KINDS},
         collectives=_collectives(account.collectives), predicted=predicted,
         seconds=time.perf_counter() - began)
+
+
+def _to_empty(model: torch.nn.Module, device: str) -> None:
+    """``model.to_empty(device=device)`` under the fake mode, faster: a contiguous tensor is
+    made from its shape, strides and dtype -- all ``empty_like`` keeps of it -- rather than
+    from the meta tensor itself, which the fake mode would first convert to a fake one (a
+    tenth of a 405B role's time, for blocks most roles then drop)."""
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        if t.is_contiguous():
+            return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+        return torch.empty_like(t, device=device)
+
+    model._apply(empty)
 
 
 def _shape_finder(micro: torch.Tensor, shapes: dict[str, torch.Tensor]):
@@ -286,26 +481,69 @@ def _skip_pipeline_vote(program) -> None:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
     return t._local_tensor if isinstance(t, DTensor) else t  # to_local() is an autograd op
 
 
-def _holders(program, opt: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:
+class _Holders:
     """What the rank holds, by kind: parameters (shards, and FSDP's gathered copies while they
-    exist), their gradients (sharded and whole), the optimizer's states."""
-    from torch.distributed.fsdp import FSDPModule
+    exist), their gradients (sharded and whole), the optimizer's states -- ``(kind, tensor)``
+    in the order ``MemoryAccount`` relabels them.
 
-    for module in program.modules:
-        for p in module.parameters():
-            yield "parameters", _local(p)
-            if p.grad is not None:
-                yield "gradients", _local(p.grad)
-        for m in module.modules():
-            if not isinstance(m, FSDPModule):
-                continue
-            group = m._get_fsdp_state()._fsdp_param_group
-            for fp in (group.fsdp_params if group is not None else ()):
+    The account asks at every new peak (some 1,600 times in a 405B rank's step), so the walk
+    over the program is made once: the modules of each program module and FSDP's parameters
+    are fixed once the program is made; the tensors they hold (registered parameters, which
+    FSDP swaps, gradients, gathered copies) are read at every call.
+
+    ``states_settled``: the optimizer's states are left out while it is true -- from when the
+    account has labelled them (``track``) until the optimizer's step begins. Only the step
+    makes, replaces or frees a state (in storage of its own, never a parameter's or a
+    gradient's), and the account relabels a storage of a holder's kind only at a walk, which
+    ends with the states; so in between every walk would find each state's storage labelled
+    ``optimizer`` already."""
+
+    states_settled = False
+
+    def __init__(self, program, opt: torch.optim.Optimizer) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        self._parts = []
+        for module in program.modules:
+            modules = list(module.modules())
+            fsdp_params = []
+            for m in modules:
+                if isinstance(m, FSDPModule):
+                    group = m._get_fsdp_state()._fsdp_param_group
+                    fsdp_params.extend(group.fsdp_params if group is not None else ())
+            self._parts.append((modules, fsdp_params))
+        self._opt = opt
+        if [id(p) for p in self._parameters()] != \
+                [id(p) for m in program.modules for p in m.parameters()]:
+            raise AutoparError("the dry run's walk over the program's parameters does not find "
+                               "what module.parameters() finds", where="autopar.dry_run",
+                               fix="report it: a module overrides parameters()")
+
+    def _parameters(self) -> Iterator[torch.nn.Parameter]:
+        for modules, _ in self._parts:
+            seen: set[int] = set()
+            for m in modules:
+                for p in m._parameters.values():
+                    if p is not None and id(p) not in seen:
+                        seen.add(id(p))
+                        yield p
+
+    def __call__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for modules, fsdp_params in self._parts:
+            seen: set[int] = set()  # as module.parameters(): each parameter once
+            for m in modules:
+                for p in m._parameters.values():
+                    if p is None or id(p) in seen:
+                        continue
+                    seen.add(id(p))
+                    yield "parameters", p._local_tensor if isinstance(p, DTensor) else p
+                    g = p.grad
+                    if g is not None:
+                        yield "gradients", g._local_tensor if isinstance(g, DTensor) else g
+            for fp in fsdp_params:
                 whole = getattr(fp, "_unsharded_param", None)
                 if whole is not None:
                     yield "parameters", _local(whole)
@@ -317,10 +555,12 @@ def _holders(program, opt: torch.optim.Optimizer) -> Iterator[tuple[str, torch.T
                 sharded = fp.sharded_param
                 if sharded.grad is not None:
                     yield "gradients", _local(sharded.grad)
-    for state in opt.state.values():
-        for v in state.values():
-            if isinstance(v, torch.Tensor):
-                yield "optimizer", _local(v)
+        if self.states_settled:
+            return
+        for state in self._opt.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    yield "optimizer", _local(v)
 
 
 def _buffers(program) -> Iterator[torch.Tensor]:

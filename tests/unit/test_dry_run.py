@@ -7,6 +7,7 @@ plan's), and from the command line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -20,8 +21,10 @@ from autopar.core.specs import ParallelConfig, TrainSpec
 from autopar.memory_account import KINDS, MemoryAccount
 
 
-def _plan(model: str, seq: int = 32, batch: int = 8, **config):
+def _plan(model: str, seq: int = 32, batch: int = 8, layers: int | None = None, **config):
     spec = ModelSpec.zoo(model)
+    if layers is not None:
+        spec = dataclasses.replace(spec, overrides={"num_layers": layers})
     config = ParallelConfig(**config)
     cluster = autopar.ClusterSpec.preset("hgx-h100-80g", nodes=max(1, config.world_size // 8))
     if config.world_size < 8:
@@ -64,6 +67,17 @@ def test_holders_take_precedence_at_the_peak() -> None:
     assert account.peak_breakdown["activations"] == 40
 
 
+def test_a_device_query_under_fake_tensors_makes_nothing() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), MemoryAccount(lambda: ()) as account:
+        x = torch.empty(256)
+        before = account.total
+        # what the autograd engine and DTensor ask of a fake tensor, through the dispatcher
+        assert torch.ops.prim.device.default(x) == torch.device("cpu")
+        assert account.total == before == 1024
+
+
 def test_every_role_of_a_pipelined_plan_runs_and_its_kinds_add_up() -> None:
     plan = _plan("tiny-llama", dp=2, tp=2, pp=2, zero=3, micro_batch=1,
                  sequence_parallel=True)
@@ -90,6 +104,30 @@ def test_a_plan_without_data_parallelism_issues_no_fsdp_collectives() -> None:
     (role,) = run.roles
     assert "reduce_scatter" not in role.collectives and "send" not in role.collectives
     assert role.collectives.get("all_reduce", 0) > 0   # tensor parallelism's row outputs
+
+
+def _figures(roles) -> list[tuple]:
+    return [(r.pp_rank, r.stages, r.blocks, r.peak_bytes, r.peak_breakdown, r.collectives)
+            for r in roles]
+
+
+def test_roles_run_side_by_side_give_the_figures_of_one_process() -> None:
+    from autopar.dry_run import _RoleRuns
+    from autopar.passes.mesh import executable_spec
+
+    plan = _plan("tiny-llama", layers=4, dp=2, pp=4, micro_batch=1)
+    alone = autopar.dry_run(plan, workers=1)
+    # every role in a spawned process (two of them: one learns the shapes before its first
+    # role), none here
+    runs = _RoleRuns(plan, executable_spec(plan, None), [0, 1, 2, 3], None)
+    runs.side_by_side(2, here=False)
+    assert _figures(runs.roles()) == _figures(alone.roles)
+
+
+def test_the_dry_run_refuses_no_workers() -> None:
+    plan = _plan("tiny-llama", dp=2, pp=2, micro_batch=1)
+    with pytest.raises(AutoparError, match="workers"):
+        autopar.dry_run(plan, workers=0)
 
 
 def test_the_dry_run_refuses_a_role_that_does_not_exist() -> None:
