@@ -63,6 +63,10 @@ _NO_MEMORY = frozenset({_DEVICE})
 _COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional",
                                     "_c10d_functional_autograd"})
 _POINT_TO_POINT = ("send", "recv_", "recv_any_source_")
+_MARKERS = "profiler"
+"""The namespace of ``record_function``'s markers (the pipeline schedule and FSDP put one
+around each action): no tensor in or out. The fake mode runs their real kernel, after the
+checks it makes of any op it cannot cache; the account runs it at once."""
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 
@@ -72,13 +76,15 @@ def _active_fake_mode() -> FakeTensorMode | None:
     return torch._C._get_dispatch_mode(_FAKE)
 
 
-def _op_facts(func: Any) -> tuple[str | None, bool]:
-    """What the account does with ``func``'s outputs besides counting them: the collective's
-    name to count (None for other ops), and whether its buffers are ``communication``."""
+def _op_facts(func: Any) -> tuple[bool, str | None, bool]:
+    """What the account does with ``func``: whether it is a marker (``_MARKERS``), the
+    collective's name to count (None for other ops), and whether its buffers are
+    ``communication``."""
     if func.namespace not in _COLLECTIVE_NAMESPACES:
-        return None, False
+        return func.namespace == _MARKERS, None, False
     name = func._schema.name.split("::")[-1]
-    return name, func.namespace == _PROCESS_GROUP_OPS and not name.startswith(_POINT_TO_POINT)
+    return False, name, func.namespace == _PROCESS_GROUP_OPS and \
+        not name.startswith(_POINT_TO_POINT)
 
 
 class MemoryAccount(TorchDispatchMode):
@@ -93,7 +99,7 @@ class MemoryAccount(TorchDispatchMode):
         self._by_storage: dict[int, list[Any]] = {}
         """Entries ``[bytes, kind, weak reference]`` by ``id`` of the storage; the weak
         reference's callback frees the entry before the storage's id can be used again."""
-        self._facts: dict[Any, tuple[str | None, bool]] = {}
+        self._facts: dict[Any, tuple[bool, str | None, bool]] = {}
         self.totals: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.total = 0
         self.peak = 0
@@ -236,6 +242,17 @@ class MemoryAccount(TorchDispatchMode):
         for t in types:
             if t is DTensor:
                 return NotImplemented  # let DTensor run its local ops, which come back here
+        facts = self._facts.get(func)
+        if facts is None:
+            facts = self._facts[func] = _op_facts(func)
+        marker, name, communicates = facts
+        if marker:
+            fake = torch._C._unset_dispatch_mode(_FAKE)
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                if fake is not None:
+                    torch._C._set_dispatch_mode(fake)
         out = func(*args, **kwargs) if kwargs else func(*args)
         if func in _NO_MEMORY or self._propagating or \
                 _active_fake_mode() is not self._fake_on_entry:
@@ -248,10 +265,6 @@ class MemoryAccount(TorchDispatchMode):
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
                     self._add(t.untyped_storage(), kind)
-        facts = self._facts.get(func)
-        if facts is None:
-            facts = self._facts[func] = _op_facts(func)
-        name, communicates = facts
         if name is not None:
             self.collectives[name] = self.collectives.get(name, 0) + 1
         if communicates:
