@@ -192,16 +192,18 @@ class _RoleRuns:
 
     The roles are claimed in order from a shared counter (``multiprocessing`` ``Value``), so
     none runs twice and a process that finishes early takes the next. A process learns the
-    stages' micro-batch shapes from the first stage before its first role (``_Carried``).
-    Spawned processes send back ``("start", pp_rank)``, ``("done", RoleRun)`` or
-    ``("error", pp_rank, error, traceback)``."""
+    stages' micro-batch shapes from the first stage before its first role
+    (``_run_role_after_shapes``). Spawned processes send back ``("start", pp_rank)``,
+    ``("done", RoleRun)`` or ``("error", pp_rank, error, traceback)``; this process reads
+    them between its own roles, so the progress it reports of the others' lags by up to one
+    role."""
 
     def __init__(self, plan: Plan, spec: ModelSpec, wanted: list[int],
                  progress: ProgressFn | None) -> None:
         self.plan, self.spec, self.wanted, self.progress = plan, spec, wanted, progress
         self.done: dict[int, RoleRun] = {}
         self.running: list[int] = []
-        self.carried = _Carried()
+        self.shapes: dict[str, torch.Tensor] = {}
 
     def roles(self) -> tuple[RoleRun, ...]:
         return tuple(self.done[r] for r in self.wanted)
@@ -215,9 +217,8 @@ class _RoleRuns:
     def _run_here(self, pp_rank: int) -> None:
         self.running.append(pp_rank)
         self._report()
-        self.done[pp_rank] = self.carried.run_role(self.plan, self.spec, pp_rank)
-        self.running.remove(pp_rank)
-        self._report()
+        self.done[pp_rank] = _run_role_after_shapes(self.plan, self.spec, pp_rank, self.shapes)
+        self.running.remove(pp_rank)  # reported with what the others sent meanwhile
 
     def here(self) -> None:
         for pp_rank in self.wanted:
@@ -304,12 +305,12 @@ def _serve(plan: Plan, spec: ModelSpec, wanted: list[int], claimed, results) -> 
     import traceback
 
     gc.freeze()  # see _old_objects_frozen; this process ends with its last role
-    carried = _Carried()
+    shapes: dict[str, torch.Tensor] = {}
     while (i := _claim(claimed, len(wanted))) is not None:
         pp_rank = wanted[i]
         results.put(("start", pp_rank))
         try:
-            role = carried.run_role(plan, spec, pp_rank)
+            role = _run_role_after_shapes(plan, spec, pp_rank, shapes)
         except BaseException as err:  # noqa: BLE001 -- the parent raises it
             try:
                 pickle.dumps(err)
@@ -320,28 +321,14 @@ def _serve(plan: Plan, spec: ModelSpec, wanted: list[int], claimed, results) -> 
         results.put(("done", role))
 
 
-@dataclass
-class _Carried:
-    """What a process carries from one role to the next: the stages' micro-batch shapes, which
-    come from the first stage (``_shape_finder``), and the model built on the meta device, of
-    which each role takes a copy (``copy.deepcopy``: a third of the time of a build)."""
-
-    shapes: dict[str, torch.Tensor] = field(default_factory=dict)
-    meta_model: torch.nn.Module | None = None
-
-    def model(self, spec: ModelSpec) -> torch.nn.Module:
-        import copy
-
-        if self.meta_model is None:
-            self.meta_model = spec.build("meta")
-        return copy.deepcopy(self.meta_model)
-
-    def run_role(self, plan: Plan, spec: ModelSpec, pp_rank: int) -> RoleRun:
-        """``pp_rank``'s role; before this process's first role other than the first stage's,
-        the stages' shapes from the first stage."""
-        if plan.config.pp > 1 and pp_rank != 0 and "boundary" not in self.shapes:
-            _run_role(plan, spec, 0, self, step=False)
-        return _run_role(plan, spec, pp_rank, self)  # type: ignore[return-value]
+def _run_role_after_shapes(plan: Plan, spec: ModelSpec, pp_rank: int,
+                           shapes: dict[str, torch.Tensor]) -> RoleRun:
+    """``pp_rank``'s role; before a process's first role other than the first stage's, the
+    stages' shapes from the first stage (``_shape_finder``), which ``shapes`` keeps for the
+    process's later roles."""
+    if plan.config.pp > 1 and pp_rank != 0 and "boundary" not in shapes:
+        _run_role(plan, spec, 0, shapes, step=False)
+    return _run_role(plan, spec, pp_rank, shapes)  # type: ignore[return-value]
 
 
 def role_rank(plan: Plan, pp_rank: int) -> int:
@@ -350,7 +337,7 @@ def role_rank(plan: Plan, pp_rank: int) -> int:
     return pp_rank * (plan.config.world_size // plan.config.pp)
 
 
-def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, carried: _Carried,
+def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch.Tensor],
               step: bool = True) -> RoleRun | None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from autopar.passes import device_mesh, parallelize
@@ -361,7 +348,7 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, carried: _Carried,
     rank = role_rank(plan, pp_rank)
     with _fake_world(rank, c.world_size), _mesh_tensors_real():
         mesh = device_mesh(plan, "cpu")
-        model = carried.model(spec)
+        model = spec.build("meta")
         if train.precision is Precision.BF16_PURE:
             model.to(torch.bfloat16)
         vocab = vocab_size(model)
@@ -369,7 +356,7 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, carried: _Carried,
             _to_empty(model, "cpu")
             micro = torch.randint(vocab, (c.micro_batch, train.seq_len))
             program = parallelize(model, plan, mesh, "cpu",
-                                  stage_shapes=_shape_finder(micro, carried.shapes))
+                                  stage_shapes=_shape_finder(micro, shapes))
             del model
             if not step:
                 return None
@@ -536,18 +523,24 @@ class _Holders:
 
     def __call__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for modules, fsdp_params in self._parts:
+            wholes = [getattr(fp, "_unsharded_param", None) for fp in fsdp_params]
+            # a registered parameter that is FSDP's gathered copy, and its gradient, come again
+            # below as the same kind; the account keeps the kind a storage gets last in a walk,
+            # so only that last time is given
+            later = {id(w) for w in wholes if w is not None}
             seen: set[int] = set()  # as module.parameters(): each parameter once
             for m in modules:
                 for p in m._parameters.values():
                     if p is None or id(p) in seen:
                         continue
                     seen.add(id(p))
+                    if id(p) in later:
+                        continue
                     yield "parameters", p._local_tensor if isinstance(p, DTensor) else p
                     g = p.grad
                     if g is not None:
                         yield "gradients", g._local_tensor if isinstance(g, DTensor) else g
-            for fp in fsdp_params:
-                whole = getattr(fp, "_unsharded_param", None)
+            for fp, whole in zip(fsdp_params, wholes):
                 if whole is not None:
                     yield "parameters", _local(whole)
                     if whole.grad is not None:
