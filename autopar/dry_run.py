@@ -152,7 +152,10 @@ def dry_run(plan: Plan, model: ModelSpec | None = None, *,
     and ``workers - 1`` spawned ones, each with its own fake process group. By default one per
     CPU core this process may use, and never more than the roles; 1 runs every role here. This
     process takes roles as the others do, so a plan whose roles take less than a spawned
-    process's start (some seconds, to import torch) runs here before the others are up."""
+    process's start (some seconds, to import torch) runs here before the others are up. A
+    script that calls the dry run needs the ``if __name__ == "__main__":`` guard spawned
+    processes need (``multiprocessing``); without it they fail to start, and this process
+    runs every role."""
     from autopar.passes.mesh import executable_spec
 
     if dist.is_initialized():
