@@ -70,7 +70,8 @@ class LoadSampler:
 
     def summary(self) -> str:
         s = self.samples
-        return f"{s[0]:.2f} at start, {sum(s) / len(s):.2f} mean, {max(s):.2f} highest"
+        return (f"{s[0]:.2f} at start, {sum(s) / len(s):.2f} mean, {max(s):.2f} highest (1-minute "
+                "average, counting this run's own processes)")
 
 
 def figures(run) -> dict[str, dict]:
@@ -96,6 +97,8 @@ def main(argv: list[str]) -> int:
         print(f"  [{time.perf_counter() - began:6.1f} s] {done}/{total} roles; {what}",
               file=sys.stderr, flush=True)
 
+    command = " ".join(["python bench/dry_run_405b.py", *argv])
+    header = machine_lines(command, f"torch {torch.__version__}")  # the load before the run
     with LoadSampler() as load:
         cpu0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
         began = time.perf_counter()
@@ -113,10 +116,9 @@ def main(argv: list[str]) -> int:
             json.dump(got, f, indent=1)
 
     workers = args.workers or min(len(os.sched_getaffinity(0)), len(run.roles))
-    command = " ".join(["python bench/dry_run_405b.py", *argv])
     if args.markdown:
         print("# Dry run of llama3-405b on 16384 ranks\n")
-        print("\n".join(machine_lines(command, f"torch {torch.__version__}")))
+        print("\n".join(header))
         print(f"- Plan: {plan.summary()}, {plan.config.world_size} ranks, "
               f"{plan.config.microbatches(plan.train)} micro-batches per rank\n")
     print("| pp rank | stages | blocks | s | peak GiB | collectives |")
