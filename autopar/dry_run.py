@@ -370,6 +370,7 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
             tokens = torch.randint(vocab, (rows, train.seq_len))
             holders = _Holders(program, opt)
             account = MemoryAccount(holders)
+
             def optimizer_steps(*_) -> None:
                 account.in_optimizer = True
                 holders.states_settled = False
@@ -482,7 +483,7 @@ class _Holders:
     exist), their gradients (sharded and whole), the optimizer's states -- ``(kind, tensor)``
     in the order ``MemoryAccount`` relabels them.
 
-    The account asks at every new peak (some 1,600 times in a 405B rank's step), so the walk
+    The account asks at every new peak (some 1,400 times in a 405B rank's step), so the walk
     over the program is made once: the modules of each program module and FSDP's parameters
     are fixed once the program is made; the tensors they hold (registered parameters, which
     FSDP swaps, gradients, gathered copies) are read at every call.
@@ -511,9 +512,8 @@ class _Holders:
         self._opt = opt
         if [id(p) for p in self._parameters()] != \
                 [id(p) for m in program.modules for p in m.parameters()]:
-            raise AutoparError("the dry run's walk over the program's parameters does not find "
-                               "what module.parameters() finds", where="autopar.dry_run",
-                               fix="report it: a module overrides parameters()")
+            raise RuntimeError("the dry run's walk over the program's parameters does not find "
+                               "what module.parameters() finds: a module overrides it")
 
     def _parameters(self) -> Iterator[torch.nn.Parameter]:
         for modules, _ in self._parts:
