@@ -228,7 +228,8 @@ class _RoleRuns:
             self._run_here(pp_rank)
 
     def side_by_side(self, helpers: int, here: bool = True) -> None:
-        """The roles in this process (unless ``here`` is false) and ``helpers`` spawned ones."""
+        """The roles in this process (unless ``here`` is false: a test's way to have every
+        role run in a spawned process) and ``helpers`` spawned ones."""
         import multiprocessing
         import queue
 
@@ -510,19 +511,10 @@ class _Holders:
                     fsdp_params.extend(group.fsdp_params if group is not None else ())
             self._parts.append((modules, fsdp_params))
         self._opt = opt
-        if [id(p) for p in self._parameters()] != \
+        if [id(p) for modules, _ in self._parts for p in _parameters(modules)] != \
                 [id(p) for m in program.modules for p in m.parameters()]:
             raise RuntimeError("the dry run's walk over the program's parameters does not find "
                                "what module.parameters() finds: a module overrides it")
-
-    def _parameters(self) -> Iterator[torch.nn.Parameter]:
-        for modules, _ in self._parts:
-            seen: set[int] = set()
-            for m in modules:
-                for p in m._parameters.values():
-                    if p is not None and id(p) not in seen:
-                        seen.add(id(p))
-                        yield p
 
     def __call__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for modules, fsdp_params in self._parts:
@@ -531,18 +523,12 @@ class _Holders:
             # below as the same kind; the account keeps the kind a storage gets last in a walk,
             # so only that last time is given
             later = {id(w) for w in wholes if w is not None}
-            seen: set[int] = set()  # as module.parameters(): each parameter once
-            for m in modules:
-                for p in m._parameters.values():
-                    if p is None or id(p) in seen:
-                        continue
-                    seen.add(id(p))
-                    if id(p) in later:
-                        continue
-                    yield "parameters", p._local_tensor if isinstance(p, DTensor) else p
-                    g = p.grad
-                    if g is not None:
-                        yield "gradients", g._local_tensor if isinstance(g, DTensor) else g
+            for p in _parameters(modules):
+                if id(p) in later:
+                    continue
+                yield "parameters", _local(p)
+                if p.grad is not None:
+                    yield "gradients", _local(p.grad)
             for fp, whole in zip(fsdp_params, wholes):
                 if whole is not None:
                     yield "parameters", _local(whole)
@@ -560,6 +546,17 @@ class _Holders:
             for v in state.values():
                 if isinstance(v, torch.Tensor):
                     yield "optimizer", _local(v)
+
+
+def _parameters(modules: list[torch.nn.Module]) -> Iterator[torch.nn.Parameter]:
+    """The parameters registered on ``modules``, each once, in ``Module.parameters()``'s
+    order (read from the modules' own dictionaries: no generator stack per module)."""
+    seen: set[int] = set()
+    for m in modules:
+        for p in m._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                yield p
 
 
 def _buffers(program) -> Iterator[torch.Tensor]:

@@ -104,10 +104,11 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "")
         for k in est.stage_memory[0].breakdown:
             st.add_column(k, justify="right")
         st.add_column("total", justify="right")
+        st.add_column("peak at")
         for sm in est.stage_memory:
             st.add_row(str(sm.stage), str(sm.blocks),
                        *(f"{v / GIB:,.2f}" for v in sm.breakdown.values()),
-                       f"{sm.peak_bytes / GIB:,.2f}")
+                       f"{sm.peak_bytes / GIB:,.2f}", sm.moment)
         parts.append(st)
     if est.notes:
         notes = titled_table("Notes", show_header=False)

@@ -56,18 +56,25 @@ class StateBytes:
     """Optimizer states plus the fp32 master copy where the policy keeps one."""
 
 
+def dtype_bytes(precision: Precision, optimizer: Optimizer) -> tuple[float, float, float]:
+    """Bytes per parameter of the master copy the optimizer steps on, of the compute copy, and
+    of the optimizer's moments (SGD's momentum; Adam's m and v) kept in the master dtype."""
+    master = 2.0 if precision is Precision.BF16_PURE else 4.0
+    low = 4.0 if precision is Precision.FP32 else 2.0
+    return master, low, (1 if optimizer is Optimizer.SGD else 2) * master
+
+
 def state_bytes_per_param(precision: Precision, optimizer: Optimizer) -> StateBytes:
-    """Bytes per parameter for a precision policy and optimizer (ZeRO's 2 + 2 + K)."""
-    moments = 1 if optimizer is Optimizer.SGD else 2  # SGD momentum; Adam m and v
-    if precision in (Precision.BF16, Precision.FP16):
-        return StateBytes(2.0, 2.0, 4.0 + 4.0 * moments)
-    if precision is Precision.BF16_PURE:
-        return StateBytes(2.0, 2.0, 2.0 * moments)
-    return StateBytes(4.0, 4.0, 4.0 * moments)
+    """Bytes per parameter for a precision policy and optimizer (ZeRO's 2 + 2 + K): the
+    optimizer's share holds the master copy where it is not the weights themselves."""
+    master, low, moments = dtype_bytes(precision, optimizer)
+    mixed = precision in (Precision.BF16, Precision.FP16)
+    return StateBytes(low, low, moments + (master if mixed else 0.0))
 
 
 def activation_bytes_per_element(precision: Precision) -> float:
-    return 4.0 if precision is Precision.FP32 else 2.0
+    """Bytes of one activation element: the compute dtype's."""
+    return dtype_bytes(precision, Optimizer.ADAMW)[1]
 
 
 ZERO_SHARDS_FROM = {"optimizer": 1, "grads": 2, "params": 3}

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autopar.core.specs import Optimizer, Precision
+from .memory import dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,6 @@ class StageActivations:
     the last stage, a recomputed block's on the others)."""
 
 
-def dtype_bytes(precision: Precision, optimizer: Optimizer) -> tuple[float, float, float]:
-    """Bytes per parameter of the master copy, the compute copy and the optimizer's moments."""
-    master = 2.0 if precision is Precision.BF16_PURE else 4.0
-    low = 4.0 if precision is Precision.FP32 else 2.0
-    return master, low, (1 if optimizer is Optimizer.SGD else 2) * master
-
-
 def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
                optimizer: Optimizer, *, zero: int, pipelined: bool, microbatches: int,
                holds_embedding: bool, holds_loss: bool) -> tuple[str, dict[str, float]]:
@@ -81,7 +75,6 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
     ``params``, ``grads``, ``optimizer``, ``activations`` and ``buffers``."""
     master, low, moments = dtype_bytes(precision, optimizer)
     reduce = master  # FSDP2 reduces in the master dtype (MixedPrecisionPolicy.reduce_dtype)
-    static = {"params": p.sharded * master, "optimizer": p.sharded * moments}
     gathered_through = zero <= 2 or pipelined
     accumulates = pipelined or (zero <= 1 and microbatches > 1)
     grad_extra = p.embedding_extra if holds_embedding else 0.0
@@ -89,8 +82,8 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
 
     def moment(gathered: float, grads: float, activations: float, buffers: float = 0.0
                ) -> dict[str, float]:
-        return {"params": static["params"] + gathered, "grads": grads,
-                "optimizer": static["optimizer"], "activations": activations,
+        return {"params": p.sharded * master + gathered, "grads": grads,
+                "optimizer": p.sharded * moments, "activations": activations,
                 "buffers": buffers}
 
     # the backward of the micro-batch with the most in flight begins
@@ -109,8 +102,9 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
                 p.whole * low, accumulators + embedding_grad,
                 max(a.in_flight - 1.0, 0.0) * a.kept)
         else:
-            reduced = accumulators if accumulates else (p.sharded - p.root * p.sharded
-                                                        / max(p.whole, 1.0)) * reduce
+            # the blocks' gradients, reduced to their share of the shard
+            reduced = accumulators if accumulates else \
+                p.sharded * (1.0 - p.root / p.whole) * reduce
             found["end of backward"] = moment(p.root * low, reduced + embedding_grad, 0.0,
                                               buffers=p.block * reduce)
     found["optimizer"] = moment(0.0, p.sharded * reduce, 0.0)

@@ -199,14 +199,19 @@ def _stage_time(
     return _StageTime(compute.forward + compute.backward, recompute, comm, compute.backward)
 
 
+def _layer_params(layer: LayerCost, config: ParallelConfig) -> tuple[float, float]:
+    """(dense, expert) parameters of one ``layer`` on one GPU."""
+    plain = layer.params - layer.params_tp - layer.params_expert
+    return plain + layer.params_tp / config.tp, layer.params_expert / (config.ep * config.tp)
+
+
 def _stage_params(workload: Workload, part: StagePartition, stage: int, config: ParallelConfig
                   ) -> tuple[float, float]:
     """(dense, expert) parameters on one GPU of a stage."""
     dense = expert = 0.0
     for layer, _, n in _stage_groups(workload, part, stage):
-        plain = layer.params - layer.params_tp - layer.params_expert
-        dense += n * (plain + layer.params_tp / config.tp)
-        expert += n * layer.params_expert / (config.ep * config.tp)
+        d, e = _layer_params(layer, config)
+        dense, expert = dense + n * d, expert + n * e
     if config.pp > 1 and stage == part.num_stages - 1:
         dense += workload.tied_params / config.tp
     return dense, expert
@@ -430,8 +435,6 @@ def _stage_memory(
     memo: dict[tuple[str, Checkpoint], tuple[float, float]],
 ) -> StageMemory:
     groups = _stage_groups(workload, part, stage, policies)
-    per_gpu = [(layer, n, layer.params_tp / config.tp + layer.params - layer.params_tp)
-               for layer, _, n in groups]
     kept = 0.0
     working = 0.0
     for layer, policy, n in groups:
@@ -449,24 +452,20 @@ def _stage_memory(
         breakdown = {"params": states.params, "grads": states.grads,
                      "optimizer": states.optimizer,
                      "activations": in_flight * kept + working, "buffers": 0.0}
+        moment = ""
     else:
-        holds_embedding = stage == 0
-        root = sum(size for layer, _, size in per_gpu if layer is not workload.block)
         params = StageParams(
             whole=dense + expert,
             sharded=dense + expert if config.zero == 0 else
             dense / g.dp_cp.size + expert / g.expert_dp.size,
-            root=root,
-            block=workload.block.params_tp / config.tp + workload.block.params
-            - workload.block.params_tp,
+            root=sum(sum(_layer_params(layer, config)) for layer, _, _ in groups
+                     if layer is not workload.block),
+            block=sum(_layer_params(workload.block, config)),
             embedding_extra=workload.pre.params_tp * (1.0 - 1.0 / config.tp))
-        _, breakdown = stage_peak(params, StageActivations(in_flight, kept, working),
-                                  train.precision, train.optimizer, zero=config.zero,
-                                  pipelined=config.pp > 1, microbatches=m,
-                                  holds_embedding=holds_embedding,
-                                  holds_loss=stage == config.pp - 1)
-    return StageMemory(
-        stage=stage,
-        blocks=part.blocks[stage],
-        breakdown=breakdown,
-    )
+        moment, breakdown = stage_peak(params, StageActivations(in_flight, kept, working),
+                                       train.precision, train.optimizer, zero=config.zero,
+                                       pipelined=config.pp > 1, microbatches=m,
+                                       holds_embedding=stage == 0,
+                                       holds_loss=stage == config.pp - 1)
+    return StageMemory(stage=stage, blocks=part.blocks[stage], breakdown=breakdown,
+                       moment=moment)

@@ -43,6 +43,9 @@ class StageMemory:
     stage: int
     blocks: int
     breakdown: dict[str, float]
+    moment: str = ""
+    """When in the step the peak is (``costmodel/peak.py``: "backward start", "end of
+    backward", "optimizer"); empty where the model prices no moment (offload)."""
 
     @property
     def peak_bytes(self) -> float:

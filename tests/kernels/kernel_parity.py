@@ -6,15 +6,13 @@ Shared by ``tests/kernels`` (CPU, Triton's interpreter) and ``tests/gpu`` (compi
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import ModuleType
 
 import torch
+from bench_scripts import BENCH, load
 
-BENCH_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "kernels.py"
+BENCH_SCRIPT = BENCH / "kernels.py"
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}
 """Relative tolerance by the dtype of the inputs (the fused loss returns fp32 for bf16 inputs
@@ -64,8 +62,4 @@ def assert_matches_reference(op: Callable, reference: Callable, inputs: Sequence
 
 def bench_module() -> ModuleType:
     """``bench/kernels.py`` as the module ``bench_kernels``."""
-    spec = importlib.util.spec_from_file_location("bench_kernels", BENCH_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load("kernels", "bench_kernels")

@@ -11,32 +11,21 @@ only).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from functools import cache
-from pathlib import Path
 
 import pytest
 
 import autopar
+from bench_scripts import load
 from autopar.core.specs import Checkpoint, Schedule
 from autopar.validation import check_megatron_row, megatron_inputs
 
-REPO = Path(__file__).resolve().parents[2]
 REL = 1e-9
 STRATEGY_REL = 5e-3
 """Relative float tolerance on step-time comparisons (same cost model on both sides)."""
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("search_time", REPO / "bench" / "search_time.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("search_time", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load("search_time", "search_time")
 ROWS = bench.published_rows()
 IDS = [bench.row_name(r) for r in ROWS]
 

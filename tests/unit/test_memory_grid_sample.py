@@ -5,28 +5,17 @@ and fused-loss cases are not yet within 3 % (``bench/results/memory_grid.md`` sa
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 import autopar
+from bench_scripts import load
 
-REPO = Path(__file__).resolve().parents[2]
 TARGET = 0.03
 """The issue's bound on |predicted - dry run| / dry run, per rank role."""
 
 
-def _grid():
-    spec = importlib.util.spec_from_file_location("memory_grid", REPO / "bench" / "memory_grid.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("memory_grid", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-GRID = _grid()
+GRID = load("memory_grid", "memory_grid")
 SAMPLE = ("8b-fsdp-full", "8b-zero1-sel", "8b-ddp-fp32", "8b-tp4-nosp-pure")
 
 

@@ -1,0 +1,22 @@
+"""A benchmark script of ``bench/`` imported as a module, for tests that check its cases."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load(script: str, name: str) -> ModuleType:
+    """``bench/<script>.py`` as the module ``name`` (once per run; dataclasses look their
+    module up in ``sys.modules``). A name of its own keeps ``bench/kernels.py`` from
+    shadowing the ``kernels`` package."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{script}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
