@@ -20,6 +20,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.pipelining.stage import _make_tensor_from_meta, _RecvInfo
 
 from autopar.core.specs import Schedule
 from autopar.core.plan import Plan
@@ -32,6 +33,52 @@ SCHEDULES = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B,
              Schedule.INTERLEAVED: ScheduleInterleaved1F1B}
 
 
+class InFlightStage(PipelineStage):
+    """A ``PipelineStage`` whose receive buffers exist only while their micro-batch is in flight.
+
+    torch's stage allocates, when it first runs, one activation and one gradient receive buffer
+    for *every* micro-batch of the step and keeps them all (``_setup_forward_recv_info`` /
+    ``_create_grad_recv_info``): a middle stage of Megatron's 530B run (280 micro-batches) would
+    hold 560 of them. Here a buffer is made when its receive is posted and let go after the
+    micro-batch's backward (after its forward when the stage has none), so a rank holds the
+    buffers of the micro-batches in flight, as Megatron's schedules do. The activation buffer is
+    the stage's input, which the forward keeps for the backward anyway."""
+
+    def _setup_forward_recv_info(self, num_microbatches: int, has_backward: bool) -> None:
+        super()._setup_forward_recv_info(num_microbatches, has_backward)
+        for infos in self.args_recv_info.values():
+            _release(infos)
+
+    def _setup_backward_recv_info(self, num_microbatches: int) -> None:
+        super()._setup_backward_recv_info(num_microbatches)
+        for infos in self.grad_recv_info.values():
+            _release(infos)
+
+    def _get_recv_ops(self, recv_infos: tuple[_RecvInfo, ...]) -> list:
+        for info in recv_infos:
+            if not info.is_root_arg and info.buffer is None and info.tensor_meta is not None:
+                info.buffer = _make_tensor_from_meta(info.tensor_meta, self.device)
+        return super()._get_recv_ops(recv_infos)
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
+        output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        if not self.has_backward:
+            _release(self.args_recv_info.get(fwd_chunk_id, ()))
+        return output
+
+    def backward_one_chunk(self, bwd_chunk_id: int, *args, **kwargs) -> None:
+        super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        _release(self.args_recv_info.get(bwd_chunk_id, ()))
+        _release(self.grad_recv_info.get(bwd_chunk_id, ()))
+
+
+def _release(infos: tuple[_RecvInfo, ...]) -> None:
+    """Drop the stage's reference to each received tensor (autograd keeps what it still needs)."""
+    for info in infos:
+        if not info.is_root_arg:
+            info.buffer = None
+
+
 def build_schedule(stages: list[tuple[int, nn.Module]], num_stages: int, plan: Plan,
                    mesh: DeviceMesh, device: torch.device,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -42,7 +89,7 @@ def build_schedule(stages: list[tuple[int, nn.Module]], num_stages: int, plan: P
     mode); without, they learn them from the first micro-batch."""
     group = mesh[MeshAxis.PP.value].get_group()
     shapes = shapes or {}
-    pipe = [PipelineStage(module, index, num_stages, device, group=group,
+    pipe = [InFlightStage(module, index, num_stages, device, group=group,
                           input_args=shapes.get(index, (None, None))[0],
                           output_args=shapes.get(index, (None, None))[1])
             for index, module in stages]

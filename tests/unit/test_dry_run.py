@@ -98,6 +98,18 @@ def test_every_role_of_a_pipelined_plan_runs_and_its_kinds_add_up() -> None:
     assert json.loads(json.dumps(run.to_dict()))["roles"][1]["pp_rank"] == 1
 
 
+def test_a_stage_holds_the_receive_buffers_of_the_micro_batches_in_flight_only() -> None:
+    # 1F1B on two stages keeps at most two micro-batches in flight on the first stage however
+    # many the step has; torch's PipelineStage alone would keep a gradient receive buffer for
+    # every micro-batch of the step (4 KiB each here: 32 tokens x 64 x bf16)
+    peaks = {}
+    for batch in (4, 16):
+        plan = _plan("tiny-llama", batch=batch, pp=2, micro_batch=1, schedule="1f1b")
+        peaks[batch] = autopar.dry_run(plan, pp_ranks=[0], workers=1).roles[0].peak_bytes
+    # what does grow: the schedule's split of the batch, 32 int64 token ids per micro-batch
+    assert 0 <= peaks[16] - peaks[4] <= (16 - 4) * 32 * 8
+
+
 def test_a_plan_without_data_parallelism_issues_no_fsdp_collectives() -> None:
     plan = _plan("tiny-gpt", tp=2, micro_batch=2, batch=4)
     run = autopar.dry_run(plan)
