@@ -14,6 +14,13 @@ the moments priced here, each with what the engine holds then:
   gradient of the block whose backward runs (none yet on the last stage, where the loss's
   backward comes first); else the reduced fp32 shards of the earlier
   micro-batches; none in a step of one micro-batch.
+* ``blocks' backward`` (the stage holding the head and loss): the backward of its last block,
+  after the loss's. The root unit (final norm, head and, without pipelining, the embedding) was
+  gathered for the head's backward and stays gathered until its own post-backward, at the end
+  of the whole backward; the head's gradient, whole in the compute dtype (made in the forward
+  by a fused loss, in the head's backward otherwise), lives as long. The block is gathered and
+  makes its gradient; every block's activations of the micro-batch are still kept, and the
+  block's recomputation (where checkpointed) runs beside them.
 * ``end of backward`` (a stage holding the embedding): the embedding's backward of a
   micro-batch. Under pipelining every micro-batch's end of backward but the last keeps the
   others in flight and every unit gathered; without, the units have been resharded after
@@ -50,6 +57,9 @@ class StageParams:
     """One block's (an FSDP unit of its own)."""
     root: float
     """The stage root unit's: what is not in a block (embedding, final norm, head)."""
+    head: float = 0.0
+    """The head's (and final norm's), where the stage holds them: the gradient the loss's and
+    head's backward make first."""
     embedding_extra: float = 0.0
     """How much larger the embedding's gradient is than its share: the table's other
     tensor-parallel rows (DTensor's backward makes the whole table's gradient)."""
@@ -66,6 +76,8 @@ class StageActivations:
     working: float
     """Bytes alive only while the first layer of a backward runs (the loss's working set on
     the last stage, a recomputed block's on the others)."""
+    block_working: float = 0.0
+    """Bytes alive only while a block's backward runs: what its recomputation rebuilds."""
 
 
 def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
@@ -93,6 +105,13 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
         grads = p.sharded * reduce if microbatches > 1 else 0.0
     found = {"backward start": moment(p.whole * low if gathered_through else 0.0, grads,
                                       a.in_flight * a.kept + a.working)}
+    if holds_loss:
+        # the last block's backward: the root unit gathered and the head's gradient made
+        earlier = accumulators if accumulates else \
+            (p.sharded * reduce if microbatches > 1 else 0.0)
+        found["blocks' backward"] = moment(
+            p.whole * low if gathered_through else (p.root + p.block) * low,
+            earlier + (p.head + p.block) * low, a.in_flight * a.kept + a.block_working)
     if holds_embedding:
         # the embedding's backward: its gradient (whole over tp) made in the compute dtype
         # beside the other micro-batches in flight (under pipelining)

@@ -437,6 +437,7 @@ def _stage_memory(
     groups = _stage_groups(workload, part, stage, policies)
     kept = 0.0
     working = 0.0
+    block_working = 0.0
     for layer, policy, n in groups:
         key = (layer.name, policy)
         if key not in memo:  # every block costs the same: size it once
@@ -445,6 +446,8 @@ def _stage_memory(
                          + transient_bytes(layer, split))
         kept += n * memo[key][0]
         working = max(working, memo[key][1])
+        if layer is workload.block:
+            block_working = max(block_working, memo[key][1])
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
     if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet
         states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
@@ -461,8 +464,11 @@ def _stage_memory(
             root=sum(sum(_layer_params(layer, config)) for layer, _, _ in groups
                      if layer is not workload.block),
             block=sum(_layer_params(workload.block, config)),
+            head=sum(_layer_params(workload.post, config)) + workload.tied_params / config.tp
+            if stage == config.pp - 1 else 0.0,
             embedding_extra=workload.pre.params_tp * (1.0 - 1.0 / config.tp))
-        moment, breakdown = stage_peak(params, StageActivations(in_flight, kept, working),
+        acts = StageActivations(in_flight, kept, working, block_working)
+        moment, breakdown = stage_peak(params, acts,
                                        train.precision, train.optimizer, zero=config.zero,
                                        pipelined=config.pp > 1, microbatches=m,
                                        holds_embedding=stage == 0,

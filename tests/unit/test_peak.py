@@ -19,8 +19,11 @@ def _peak(params=P, acts=A, *, zero=3, pipelined=False, m=4, embedding=True, los
                       holds_loss=loss)
 
 
+SMALL_ROOT = StageParams(whole=8e9, sharded=1e9, block=0.5e9, root=0.2e9, head=0.1e9)
+
+
 def test_zero3_without_pipelining_peaks_at_the_loss_with_nothing_gathered() -> None:
-    name, b = _peak(zero=3, m=4, embedding=False)
+    name, b = _peak(SMALL_ROOT, zero=3, m=4, embedding=False)
     assert name == "backward start"
     assert b["params"] == pytest.approx(P.sharded * 4)  # fp32 master shard only
     assert b["grads"] == pytest.approx(P.sharded * 4)  # earlier micro-batches, reduced
@@ -29,7 +32,21 @@ def test_zero3_without_pipelining_peaks_at_the_loss_with_nothing_gathered() -> N
 
 
 def test_one_microbatch_has_no_gradients_at_the_loss() -> None:
-    assert _peak(zero=3, m=1, embedding=False)[1]["grads"] == 0
+    assert _peak(SMALL_ROOT, zero=3, m=1, embedding=False)[1]["grads"] == 0
+
+
+def test_a_fused_loss_peaks_in_the_blocks_backward_with_the_root_gathered() -> None:
+    # the fused loss's working set is small; the root unit, gathered for the head's backward,
+    # and the head's whole gradient stay until the end of the backward
+    params = StageParams(whole=8e9, sharded=1e9, block=0.5e9, root=1e9, head=0.5e9)
+    acts = StageActivations(in_flight=1, kept=3e9, working=0.2e9, block_working=0.4e9)
+    name, b = _peak(params, acts, zero=3, m=2, embedding=False)
+    assert name == "blocks' backward"
+    assert b["params"] == pytest.approx(1e9 * 4 + (1e9 + 0.5e9) * 2)
+    assert b["grads"] == pytest.approx(1e9 * 4 + (0.5e9 + 0.5e9) * 2)
+    assert b["activations"] == pytest.approx(3e9 + 0.4e9)
+    # a stage without the head has no such moment
+    assert _peak(params, acts, zero=3, m=2, embedding=False, loss=False)[0] == "backward start"
 
 
 def test_zero1_accumulates_whole_fp32_gradients_with_the_embedding_whole() -> None:
