@@ -5,7 +5,9 @@ The public names load on first use (PEP 562): ``import autopar.costmodel`` or
 tracer. The layers and who may import whom are in ``docs/architecture.md``.
 """
 
+import sys
 from importlib import import_module
+from types import ModuleType
 
 from autopar.core import plan as _plan
 
@@ -33,6 +35,8 @@ _OWNERS = {
     "ParallelProgram": "autopar.passes",
     "dry_run": "autopar.dry_run",
     "DryRun": "autopar.dry_run",
+    "check_plans": "autopar.plan_check",
+    "PlanCheck": "autopar.plan_check",
     "device_mesh": "autopar.passes",
     "parallelize": "autopar.passes",
 }
@@ -52,6 +56,22 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+class _Package(ModuleType):
+    """The package, keeping a public name that is also the name of the module defining it
+    (``dry_run`` in ``autopar.dry_run``): importing that module binds it on the package, which
+    would hide the function from ``autopar.dry_run(...)`` once anything imported the module
+    directly (``from autopar.dry_run import DryRun``). The function is bound instead;
+    ``sys.modules`` keeps the module for ``from autopar.dry_run import ...``."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, ModuleType) and _OWNERS.get(name) == value.__name__:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def _report(plan: object, width: int = 110) -> str:

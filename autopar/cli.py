@@ -23,9 +23,11 @@ from rich.text import Text
 from autopar.costmodel.cluster import CLUSTER_FILE_SUFFIXES, ClusterSpec, preset_names
 from autopar.core.errors import AutoparError
 from autopar.cli_args import config_from_fields, model_spec
-from autopar.cli_dryrun import add_dryrun_parser, cmd_dryrun
+from autopar.cli_dryrun import add_dryrun_parser, add_workers_argument, cmd_dryrun
 from autopar.cli_export import add_export_parser, cmd_export
 from autopar.cli_verify import add_verify_parser
+from autopar.core.model_spec import ModelSpec
+from autopar.core.plan import Plan
 from autopar.core.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
 
 CONFIG_FLAGS = tuple(f.name for f in dataclasses.fields(ParallelConfig))
@@ -191,10 +193,21 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     cluster = _cluster(args)
     train = _train(args, model)
     constraints = _given_fields(args)
+    if args.workers is not None and not args.check:
+        raise AutoparError("--workers without --check", where="--workers",
+                           fix="add --check (the dry run is what --workers runs side by side)")
+    if args.check:  # before the search, which can take a while
+        from autopar.dry_run import check_dry_run_call
+
+        check_dry_run_call(args.workers)
     with _searching(f"{spec.label} on {cluster.num_gpus} GPUs") as progress:
         plan = optimize(model, cluster, train, constraints, keep=args.keep + 1,
                         progress=progress, name=spec.label, model_spec=spec)
+    checked = ""
+    if args.check:
+        plan, checked = _checked(plan, spec, args.workers, console)
     text = plan.report() + (f"\n{plan.explain()}\n" if args.explain else "")
+    text += f"\n{checked}" if checked else ""
     console.file.write(text)
     if args.json:
         _write(args.json, plan.to_json(), "--json")
@@ -203,6 +216,22 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         page.print(Text(text), soft_wrap=True)
         _write(args.html, page.export_html(), "--html")
     return 0
+
+
+def _checked(plan: Plan, spec: ModelSpec, workers: int | None, console: Console
+             ) -> tuple[Plan, str]:
+    """``plan --check``: (the checked plan, the check's text); when no plan is left, the text
+    is printed before the error is raised."""
+    from autopar.cli_dryrun import check_report, dry_run_progress
+    from autopar.plan_check import PlanCheckError, check_plans
+
+    try:
+        with dry_run_progress() as progress:
+            check = check_plans(plan, spec, progress=progress, workers=workers)
+    except PlanCheckError as err:
+        console.file.write(check_report(err.checked))
+        raise
+    return check.plan, check_report(check.checked)
 
 
 @contextmanager
@@ -285,6 +314,12 @@ def parser() -> argparse.ArgumentParser:
                      help="runner-up plans to keep and compare (default 3)")
     out.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
                      help="print why this plan and not the runner-ups (default on)")
+    check = plan.add_argument_group("dry-run check")
+    check.add_argument("--check", action="store_true",
+                       help="dry-run the plan and its runner-ups (every rank role, one step on "
+                            "fake tensors), drop those whose dry run does not fit, and print "
+                            "predicted against dry-run peak per pipeline rank")
+    add_workers_argument(check)
     add_verify_parser(sub, [debug], _add_parallel, _positive)
     add_export_parser(sub, [debug])
     add_dryrun_parser(sub, [debug])

@@ -9,7 +9,12 @@ memory, 1 when one does not, 2 for an error a person can act on.
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
@@ -18,6 +23,10 @@ from rich.table import Table
 
 from autopar.cli_args import model_spec, read_plan
 from autopar.core.errors import AutoparError
+
+if TYPE_CHECKING:
+    from autopar.dry_run import DryRun, ProgressFn
+    from autopar.plan_check import CheckedPlan
 
 GIB = 2**30
 
@@ -36,11 +45,34 @@ def add_dryrun_parser(sub: argparse._SubParsersAction,
                    help="a field of --model (repeatable)")
     p.add_argument("--pp-rank", type=int, action="append", default=None, metavar="R",
                    help="run only this pipeline rank's role (repeatable; default: every role)")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="processes running roles side by side (default: one per CPU core, "
-                        "at most one per role; 1 runs every role in this process)")
+    add_workers_argument(p)
     p.add_argument("--json", default=None, metavar="F", help="also write the result as JSON")
     return p
+
+
+def add_workers_argument(p: argparse._ActionsContainer) -> None:
+    """``--workers N``: ``dry_run``'s ``workers`` (``dryrun`` and ``plan --check``)."""
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="processes running a plan's rank roles side by side in its dry run "
+                        "(default: one per CPU core, at most one per role; 1 runs every role "
+                        "in this process)")
+
+
+@contextmanager
+def dry_run_progress() -> Iterator[ProgressFn]:
+    """A transient progress bar on stderr, shown only when stderr is a terminal; yields the
+    ``progress(done, total, what)`` callback of ``dry_run`` and ``check_plans``."""
+    stderr = Console(stderr=True)
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn(), console=stderr, transient=True,
+                   disable=not stderr.is_terminal)
+    with bar:
+        task = bar.add_task("rank roles", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, description=f"dry run: {what}", completed=done, total=total)
+
+        yield progress
 
 
 def cmd_dryrun(args: argparse.Namespace, console: Console) -> int:
@@ -53,16 +85,7 @@ def cmd_dryrun(args: argparse.Namespace, console: Console) -> int:
     spec = model_spec(args) if args.model else None
     console.print(f"dry run of {plan.summary()} on {plan.config.world_size} ranks "
                   f"(fake process group, fake tensors)", highlight=False)
-    stderr = Console(stderr=True)
-    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                   MofNCompleteColumn(), TimeElapsedColumn(), console=stderr, transient=True,
-                   disable=not stderr.is_terminal)
-    with bar:
-        task = bar.add_task("rank roles", total=None)
-
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(task, description=f"dry run: {what}", completed=done, total=total)
-
+    with dry_run_progress() as progress:
         result = dry_run(plan, spec, progress=progress, pp_ranks=args.pp_rank,
                          workers=args.workers)
     console.print(dry_run_table(result))
@@ -79,19 +102,61 @@ def cmd_dryrun(args: argparse.Namespace, console: Console) -> int:
     return 0 if result.fits else 1
 
 
-def dry_run_table(result) -> Table:
-    """Per pipeline rank: predicted and dry-run peak (GiB), the dry run's kinds, collectives."""
+def dry_run_table(result: DryRun, title: str | None = None, detail: bool = True) -> Table:
+    """Per pipeline rank: predicted and dry-run peak (GiB), the error, whether the dry run fits
+    the usable memory; with ``detail``, also the dry run's kinds at its peak and the
+    collectives."""
     from autopar.memory_account import KINDS
 
-    table = Table(title="memory per rank role: predicted (plan) and dry run (emitted program)")
-    for col in ("pp rank", "stages", "blocks", "predicted", "dry run", "error",
-                *KINDS, "collectives"):
+    usable = result.plan.estimate.usable_memory_bytes
+    table = Table(title=title or "memory per rank role: predicted (plan) and dry run "
+                                 "(emitted program)")
+    kinds = KINDS if detail else ()
+    for col in ("pp rank", "stages", "blocks", "predicted GiB", "dry run GiB", "error", "fits",
+                *kinds, *(("collectives",) if detail else ())):
         table.add_column(col, justify="left" if col in ("stages", "collectives") else "right")
     for r in result.roles:
-        pred = "-" if r.predicted_bytes is None else f"{r.predicted_bytes / GIB:.2f}"
+        pred = "-" if r.predicted_bytes is None else _gib(r.predicted_bytes)
         err = "-" if r.error is None else f"{r.error:+.1%}"
-        comm = ", ".join(f"{k} {v}" for k, v in r.collectives.items() if k != "wait_tensor")
-        table.add_row(str(r.pp_rank), ",".join(map(str, r.stages)), str(r.blocks), pred,
-                      f"{r.peak_bytes / GIB:.2f}", err,
-                      *(f"{r.peak_breakdown[k] / GIB:.2f}" for k in KINDS), comm)
+        row = [str(r.pp_rank), ",".join(map(str, r.stages)), str(r.blocks), pred,
+               _gib(r.peak_bytes), err, "yes" if r.peak_bytes <= usable else "NO",
+               *(_gib(r.peak_breakdown[k]) for k in kinds)]
+        if detail:
+            row.append(", ".join(f"{k} {v}" for k, v in r.collectives.items()
+                                 if k != "wait_tensor"))
+        table.add_row(*row)
     return table
+
+
+def _gib(n: float) -> str:
+    """Bytes in GiB: two decimals from 1 GiB, three significant digits below, down to a
+    millionth (a tiny model's MiB would all read 0.00)."""
+    v = n / GIB
+    if v >= 1 or v <= 0:
+        return f"{v:.2f}"
+    return f"{v:.{min(6, 2 - math.floor(math.log10(v)))}f}"
+
+
+def check_report(checked: Sequence[CheckedPlan], width: int = 110) -> str:
+    """``plan --check``'s text: per plan dry-run, its per-role table, then what was kept and
+    what dropped, and why."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console.print(f"Dry-run check (autopar.check_plans): {len(checked)} plans, each rank role "
+                  "one step on fake tensors", highlight=False)
+    for c in checked:
+        title = f"{c.label}: {c.plan.summary()}"
+        if c.run is None:
+            console.print(f"{title}: not dry-run (why: below)", highlight=False)
+            continue
+        console.print(dry_run_table(c.run, title=f"{title} ({c.run.wall_s:.1f} s)",
+                                    detail=False), crop=False)
+    kept = [c for c in checked if c.kept]
+    if kept:
+        console.print(f"kept {kept[0].label} {kept[0].plan.summary()}"
+                      + (f" and {len(kept) - 1} runner-up{'s' if len(kept) > 2 else ''}"
+                         if len(kept) > 1 else ""), highlight=False)
+    for c in checked:
+        if not c.kept:
+            console.print(f"dropped {c.label} {c.plan.summary()}: {c.problem}", highlight=False)
+    return buf.getvalue()

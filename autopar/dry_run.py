@@ -158,14 +158,7 @@ def dry_run(plan: Plan, model: ModelSpec | None = None, *,
     runs every role."""
     from autopar.passes.mesh import executable_spec
 
-    if dist.is_initialized():
-        raise AutoparError("a process group is already initialised in this process",
-                           where="autopar.dry_run",
-                           fix="run the dry run in a process of its own, not under torchrun")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or workers < 1):
-        raise AutoparError(f"workers={workers!r} is not a positive whole number",
-                           where="workers", fix="pass 1 or more, or leave it out")
+    check_dry_run_call(workers)
     spec = executable_spec(plan, model)
     start = time.perf_counter()
     c = plan.config
@@ -188,6 +181,19 @@ def dry_run(plan: Plan, model: ModelSpec | None = None, *,
     notes = ("fake tensors on the CPU: attention runs the CPU kernels, whose saved tensors "
              "match the fused GPU kernels' in size but for their small statistics",)
     return DryRun(plan, runs.roles(), time.perf_counter() - start, notes)
+
+
+def check_dry_run_call(workers: int | None) -> None:
+    """Refuse (``AutoparError``) what no plan's dry run could run with: a process group
+    already initialised here, ``workers`` not a positive whole number."""
+    if dist.is_initialized():
+        raise AutoparError("a process group is already initialised in this process",
+                           where="autopar.dry_run",
+                           fix="run the dry run in a process of its own, not under torchrun")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise AutoparError(f"workers={workers!r} is not a positive whole number",
+                           where="workers", fix="pass 1 or more, or leave it out")
 
 
 class _RoleRuns:
