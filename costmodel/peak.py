@@ -8,19 +8,21 @@ the moments priced here, each with what the engine holds then:
 
 * ``backward start``: the backward of a micro-batch begins with the most micro-batches in
   flight (on the last stage, the loss's backward, with its working set). Parameters are held
-  gathered where the engine keeps them (ZeRO 0-2, and every stage under pipelining) and are
-  not yet re-gathered otherwise (ZeRO-3 resharded every unit after its forward). Gradients are
+  gathered where the engine keeps them (ZeRO 0-2) and are not yet re-gathered otherwise
+  (ZeRO-3 resharded every unit after the forward just run, under pipelining too). Gradients are
   the fp32 accumulators where micro-batches accumulate unreduced, plus the compute-dtype
   gradient of the block whose backward runs (none yet on the last stage, where the loss's
   backward comes first); else the reduced fp32 shards of the earlier
   micro-batches; none in a step of one micro-batch.
-* ``blocks' backward`` (the stage holding the head and loss): the backward of its last block,
-  after the loss's. The root unit (final norm, head and, without pipelining, the embedding) was
-  gathered for the head's backward and stays gathered until its own post-backward, at the end
-  of the whole backward; the head's gradient, whole in the compute dtype (made in the forward
-  by a fused loss, in the head's backward otherwise), lives as long. The block is gathered and
-  makes its gradient; every block's activations of the micro-batch are still kept, and the
-  block's recomputation (where checkpointed) runs beside them.
+* ``blocks' backward``: the backward of the stage's blocks, at the last of them (the stage's
+  first block). Under pipelining every unit is gathered by then at every ZeRO stage (ZeRO-3's
+  backward keeps what it gathers until the next forward). Without, the root unit (final norm,
+  head, embedding) was gathered for the head's backward and stays gathered until its own
+  post-backward, at the end of the whole backward, beside the block's own. The head's
+  gradient, whole in the compute dtype (made in the forward by a fused loss, in the head's
+  backward otherwise), lives as long; the block makes its gradient; every block's activations
+  of the micro-batch are still kept, and the block's recomputation (where checkpointed) runs
+  beside them.
 * ``end of backward`` (a stage holding the embedding): the embedding's backward of a
   micro-batch. Under pipelining every micro-batch's end of backward but the last keeps the
   others in flight and every unit gathered; without, the units have been resharded after
@@ -103,15 +105,17 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
         grads = accumulators + (0.0 if holds_loss else p.block * low)
     else:
         grads = p.sharded * reduce if microbatches > 1 else 0.0
-    found = {"backward start": moment(p.whole * low if gathered_through else 0.0, grads,
+    # ZeRO-3 freed every unit after the forward that came just before (under pipelining too)
+    found = {"backward start": moment(p.whole * low if zero <= 2 else 0.0, grads,
                                       a.in_flight * a.kept + a.working)}
-    if holds_loss:
-        # the last block's backward: the root unit gathered and the head's gradient made
-        earlier = accumulators if accumulates else \
-            (p.sharded * reduce if microbatches > 1 else 0.0)
-        found["blocks' backward"] = moment(
-            p.whole * low if gathered_through else (p.root + p.block) * low,
-            earlier + (p.head + p.block) * low, a.in_flight * a.kept + a.block_working)
+    # the stage's last block's backward (its first block in the stage's order): every unit
+    # gathered where the engine keeps them, else the root unit and the block; the head's
+    # gradient made, where the stage has the head
+    earlier = accumulators if accumulates else \
+        (p.sharded * reduce if microbatches > 1 else 0.0)
+    found["blocks' backward"] = moment(
+        p.whole * low if gathered_through else (p.root + p.block) * low,
+        earlier + (p.head + p.block) * low, a.in_flight * a.kept + a.block_working)
     if holds_embedding:
         # the embedding's backward: its gradient (whole over tp) made in the compute dtype
         # beside the other micro-batches in flight (under pipelining)

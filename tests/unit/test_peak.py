@@ -45,8 +45,17 @@ def test_a_fused_loss_peaks_in_the_blocks_backward_with_the_root_gathered() -> N
     assert b["params"] == pytest.approx(1e9 * 4 + (1e9 + 0.5e9) * 2)
     assert b["grads"] == pytest.approx(1e9 * 4 + (0.5e9 + 0.5e9) * 2)
     assert b["activations"] == pytest.approx(3e9 + 0.4e9)
-    # a stage without the head has no such moment
-    assert _peak(params, acts, zero=3, m=2, embedding=False, loss=False)[0] == "backward start"
+
+
+def test_zero3_under_pipelining_gathers_in_the_backward_not_before_it() -> None:
+    # each unit is freed after the forward that ran just before the backward, and the
+    # backward keeps what it gathers: nothing gathered at its start, everything by its end
+    acts = StageActivations(in_flight=3, kept=0.1e9, working=0.2e9, block_working=0.2e9)
+    _, start = _peak(acts=acts, zero=3, pipelined=True, embedding=False, loss=False)
+    assert start["params"] == pytest.approx(P.sharded * 4 + P.whole * 2)
+    b = stage_peak(P, acts, Precision.BF16, Optimizer.ADAMW, zero=3, pipelined=True,
+                   microbatches=4, holds_embedding=False, holds_loss=True)
+    assert b[0] == "blocks' backward"
 
 
 def test_zero1_accumulates_whole_fp32_gradients_with_the_embedding_whole() -> None:
