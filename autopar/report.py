@@ -191,11 +191,9 @@ def _why_better(best: Estimate, alt: Estimate) -> str:
     return text + "."
 
 
-def decisions(plan: Plan, ops: bool = True) -> dict[str, str]:
-    """What the plan decided, by name, as text: every ``ParallelConfig`` field (the
-    micro-batches as priced), the stage blocks, and the per-op strategies (``strategy OP``) or,
-    with ``ops=False``, the module styles the tensor-parallel pass applies (``style MODULE``).
-    What ``diff`` and ``compare`` set side by side."""
+def config_text(plan: Plan) -> dict[str, str]:
+    """Every ``ParallelConfig`` field of the plan as text (the micro-batches as priced, the
+    checkpoint policy in ``checkpoint_text``'s words), then its stage blocks."""
     c = plan.config
     out = {}
     for key, value in c.to_dict().items():
@@ -207,6 +205,14 @@ def decisions(plan: Plan, ops: bool = True) -> dict[str, str]:
             value = ", ".join(c.fusions) or "none"
         out[key] = str(value)
     out["stage_blocks"] = str(list(plan.stage_blocks))
+    return out
+
+
+def decisions(plan: Plan, ops: bool = True) -> dict[str, str]:
+    """What the plan decided, by name, as text: ``config_text``, then the per-op strategies
+    (``strategy OP``) or, with ``ops=False``, the module styles the tensor-parallel pass applies
+    (``style MODULE``). What ``diff`` and ``compare`` set side by side."""
+    out = config_text(plan)
     if ops:
         out.update((f"strategy {op}", s) for op, s in sorted(plan.block_strategies))
     else:

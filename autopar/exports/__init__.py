@@ -99,13 +99,9 @@ def _built(plan: Plan, name: str, several: bool) -> Export:
 
 
 def _check_folder(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise AutoparError(f"{out} is a file", where="the export folder",
-                           fix="pass a folder path (it is created if missing)")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise AutoparError(f"{out} is not empty", where="the export folder",
-                           fix="export into a new or empty folder, or pass --overwrite "
-                               "(overwrite=True) to replace the exported files in it")
+    from autopar.passes.export import check_folder  # the autopar folder's own rule
+
+    check_folder(out, overwrite)
 
 
 def _write(plan: Plan, export: Export, folder: Path) -> Path:

@@ -186,7 +186,7 @@ def _pipeline(plan: Plan, cfg: dict[str, object], row) -> None:
         return
     row("config.pp", c.pp, f"PipelineModule(..., num_stages={c.pp}) in your script", Fit.NONE,
         "the JSON has no stage count: DeepSpeed's pipeline is the PipelineModule the script "
-        "builds (README)")
+        "builds (see Use)")
     if c.schedule is Schedule.ONE_F_ONE_B:
         row("config.schedule", c.schedule, "", Fit.EXACT, "DeepSpeed's TrainSchedule is 1F1B")
     elif c.schedule is Schedule.GPIPE:

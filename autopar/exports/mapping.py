@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from autopar.core.errors import AutoparError
-from autopar.core.estimate import checkpoint_text
 from autopar.core.plan import Plan
 
 GIB = 2**30
@@ -84,19 +83,14 @@ def plan_rows(plan: Plan, handled: Mapping[str, Row]) -> tuple[Row, ...]:
 
 
 def plan_values(plan: Plan) -> dict[str, str]:
-    """The plan's fields as text, by their export names (``config.tp``...)."""
-    c, t = plan.config, plan.train
+    """The plan's fields as text, by their export names (``config.tp``, ``stage_blocks``,
+    ``train.seq_len``...): ``autopar.report.config_text``'s words."""
+    from autopar.report import config_text
+
     out = {"nodes x gpus_per_node": f"{plan.nodes} x {plan.gpus_per_node}"}
-    for name, value in c.to_dict().items():
-        if name == "checkpoint":
-            value = checkpoint_text(c.checkpoint)
-        elif name == "num_microbatches":
-            value = plan.estimate.num_microbatches
-        elif name == "fusions":
-            value = ", ".join(c.fusions) or "none"
-        out[f"config.{name}"] = str(value)
-    out["stage_blocks"] = str(list(plan.stage_blocks))
-    for name, value in t.to_dict().items():
+    for name, value in config_text(plan).items():
+        out[name if name == "stage_blocks" else f"config.{name}"] = value
+    for name, value in plan.train.to_dict().items():
         out[f"train.{name}"] = str(value)
     return out
 

@@ -55,6 +55,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from autopar.core.estimate import checkpoint_text
 from autopar.core.plan import Plan
 from autopar.core.specs import Checkpoint, Optimizer, Precision, Schedule
 from autopar.core.stages import chunk_sizes
@@ -199,7 +200,7 @@ def _pipeline(plan: Plan, shape: ModelShape | None) -> list[Item]:
 
 def _checkpoint(plan: Plan, shape: ModelShape | None) -> Item:
     c = plan.config
-    value = _policy_text(c.checkpoint)
+    value = checkpoint_text(c.checkpoint)
     moe = shape is not None and shape.num_experts > 0
     if isinstance(c.checkpoint, Checkpoint):
         policy = c.checkpoint
@@ -252,12 +253,6 @@ def _first_full_per_chunk(policies: tuple[Checkpoint, ...], chunks: list[int]
     n = max(sum(chunk) for chunk in full)
     exact = all(chunk == [i < n for i in range(len(chunk))] for chunk in full)
     return n, exact
-
-
-def _policy_text(checkpoint: object) -> str:
-    from autopar.core.estimate import checkpoint_text
-
-    return checkpoint_text(checkpoint)  # type: ignore[arg-type]
 
 
 def _offload(plan: Plan) -> Item:
