@@ -30,6 +30,7 @@ _OWNERS = {
     "plan_for": "autopar.api",
     "workload_of": "autopar.api",
     "diff": "autopar.report",
+    "compare": "autopar.report",
     # the execution API imports torch.distributed's pipelining and DTensor machinery and the
     # Triton kernels, about 0.9 s that planning does not need
     "ParallelProgram": "autopar.passes",

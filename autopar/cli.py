@@ -23,6 +23,7 @@ from rich.text import Text
 from autopar.costmodel.cluster import CLUSTER_FILE_SUFFIXES, ClusterSpec, preset_names
 from autopar.core.errors import AutoparError
 from autopar.cli_args import config_from_fields, model_spec
+from autopar.cli_compare import add_compare_parser, cmd_compare
 from autopar.cli_dryrun import add_dryrun_parser, add_workers_argument, cmd_dryrun
 from autopar.cli_export import add_export_parser, cmd_export
 from autopar.cli_verify import add_verify_parser
@@ -276,6 +277,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "plan": cmd_plan,
     "verify": cmd_verify,
     "export": cmd_export,
+    "compare": cmd_compare,
     "dryrun": cmd_dryrun,
 }
 
@@ -322,6 +324,7 @@ def parser() -> argparse.ArgumentParser:
     add_workers_argument(check)
     add_verify_parser(sub, [debug], _add_parallel, _positive)
     add_export_parser(sub, [debug])
+    add_compare_parser(sub, [debug])
     add_dryrun_parser(sub, [debug])
     return p
 

@@ -1,9 +1,10 @@
-"""Tables a person reads: estimates, plans (``plan_report``, ``plan_explain``, ``diff``), the model
-zoo, cluster presets (rich)."""
+"""Tables a person reads: estimates, plans (``plan_report``, ``plan_explain``, ``diff``,
+``compare``), the model zoo, cluster presets (rich)."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -11,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autopar.costmodel.cluster import ClusterSpec
+from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, checkpoint_text
 from autopar.core.layout import Style
 from autopar.core.plan import Plan
@@ -189,19 +191,42 @@ def _why_better(best: Estimate, alt: Estimate) -> str:
     return text + "."
 
 
+def config_text(plan: Plan) -> dict[str, str]:
+    """Every ``ParallelConfig`` field of the plan as text (the micro-batches as priced, the
+    checkpoint policy in ``checkpoint_text``'s words), then its stage blocks."""
+    c = plan.config
+    out = {}
+    for key, value in c.to_dict().items():
+        if key == "checkpoint":
+            value = checkpoint_text(c.checkpoint)
+        elif key == "num_microbatches":
+            value = plan.estimate.num_microbatches
+        elif key == "fusions":
+            value = ", ".join(c.fusions) or "none"
+        out[key] = str(value)
+    out["stage_blocks"] = str(list(plan.stage_blocks))
+    return out
+
+
+def decisions(plan: Plan, ops: bool = True) -> dict[str, str]:
+    """What the plan decided, by name, as text: ``config_text``, then the per-op strategies
+    (``strategy OP``) or, with ``ops=False``, the module styles the tensor-parallel pass applies
+    (``style MODULE``). What ``diff`` and ``compare`` set side by side."""
+    out = config_text(plan)
+    if ops:
+        out.update((f"strategy {op}", s) for op, s in sorted(plan.block_strategies))
+    else:
+        out.update((f"style {m}", str(s)) for m, s in plan.module_strategies)
+    return out
+
+
 def diff(a: Plan, b: Plan) -> str:
     """What changed from plan ``a`` to plan ``b``: decisions, then predictions."""
     lines = [f"a: {a.summary()}", f"b: {b.summary()}"]
-    ca, cb = a.config.to_dict(), b.config.to_dict()
-    for key in ca:
-        if ca[key] != cb[key]:
-            lines.append(f"  {key}: {ca[key]} -> {cb[key]}")
-    if a.stage_blocks != b.stage_blocks:
-        lines.append(f"  stage_blocks: {list(a.stage_blocks)} -> {list(b.stage_blocks)}")
-    sa, sb = dict(a.block_strategies), dict(b.block_strategies)
-    for op in sorted(set(sa) | set(sb)):
-        if sa.get(op) != sb.get(op):
-            lines.append(f"  strategy {op}: {sa.get(op)} -> {sb.get(op)}")
+    da, db = decisions(a), decisions(b)
+    for key in [*da, *(k for k in db if k not in da)]:
+        if da.get(key) != db.get(key):
+            lines.append(f"  {key}: {da.get(key)} -> {db.get(key)}")
     ea, eb = a.estimate, b.estimate
     lines.append(f"  step time: {ea.step_time_s:.3f} s -> {eb.step_time_s:.3f} s "
                  f"({eb.step_time_s / ea.step_time_s - 1:+.1%})")
@@ -212,3 +237,94 @@ def diff(a: Plan, b: Plan) -> str:
         if abs(y - x) > 1e-3 * max(ea.step_time_s, 1e-12):
             lines.append(f"  {k}: {x:.3f} s -> {y:.3f} s")
     return "\n".join(lines)
+
+
+def _model_of(plan: Plan) -> str:
+    return plan.model_spec.label if plan.model_spec is not None else plan.model
+
+
+def check_comparable(plans: Sequence[Plan], labels: Sequence[str],
+                     any_model: bool = False) -> None:
+    """``AutoparError`` unless there are two plans or more of one model (``any_model`` lets
+    plans of different models through; ``compare`` then warns)."""
+    if len(plans) < 2:
+        raise AutoparError(f"compare needs two plans or more, got {len(plans)}",
+                           where="the plans", fix="pass two or more plan files")
+    if any_model:
+        return
+    first = plans[0]
+    for plan, label in zip(plans[1:], labels[1:]):
+        if not _same_model(first, plan):
+            raise AutoparError(
+                f"{label} is a plan of {_model_of(plan)}, {labels[0]} one of "
+                f"{_model_of(first)}: their time and memory differ by the model as well as by "
+                "the plan", where=label,
+                fix="compare plans of one model, or pass --any-model (any_model=True) to set "
+                    "them side by side anyway")
+
+
+def _same_model(a: Plan, b: Plan) -> bool:
+    if a.model_spec is not None and b.model_spec is not None:
+        return a.model_spec.same_model(b.model_spec)
+    return a.model == b.model
+
+
+def compare_tables(plans: Sequence[Plan], labels: Sequence[str] | None = None, *,
+                   any_model: bool = False) -> Group:
+    """Plans side by side (rich): each one's model, cluster and training step, its decisions
+    (``decisions``), its time per step by kind (``Estimate.time_breakdown``), throughput, MFU
+    and memory by kind on the most loaded GPU; a row whose values differ is marked ``*`` and
+    bold. Under the table, each plan against the first in ``plan_explain``'s words
+    (``_why_better``)."""
+    labels = list(labels or [chr(ord("a") + i) for i in range(len(plans))])
+    check_comparable(plans, labels, any_model)
+    t = titled_table("Plans side by side (* marks what differs)")
+    t.add_column("", justify="center")
+    t.add_column("")
+    for label in labels:
+        t.add_column(label, justify="right")
+
+    def add(name: str, values: Sequence[str], section_end: bool = False) -> None:
+        differs = len(set(values)) > 1
+        t.add_row("*" if differs else "", name, *values, style="bold" if differs else None,
+                  end_section=section_end)
+
+    add("model", [_model_of(p) for p in plans])
+    add("cluster", [f"{p.cluster}: {p.nodes} x {p.gpus_per_node}" for p in plans])
+    for key in ("global_batch", "seq_len", "precision", "optimizer"):
+        add(key, [str(p.train.to_dict()[key]) for p in plans], key == "optimizer")
+    plan_decisions = [decisions(p, ops=False) for p in plans]
+    keys = list(dict.fromkeys(k for d in plan_decisions for k in d))
+    for i, key in enumerate(keys):
+        add(key, [d.get(key, "-") for d in plan_decisions], i == len(keys) - 1)
+    ests = [p.estimate for p in plans]
+    add("step time", [_seconds(e.step_time_s) for e in ests])
+    for kind in list(dict.fromkeys(k for e in ests for k in e.time_breakdown)):
+        values = [e.time_breakdown.get(kind, 0.0) for e in ests]
+        if any(values):
+            add(f"  {kind}", [_seconds(v) for v in values])
+    add("tokens/s", [f"{e.tokens_per_s:,.0f}" for e in ests])
+    add("MFU / HFU", [f"{e.mfu:.1%} / {e.hfu:.1%}" for e in ests], True)
+    add("peak memory GiB", [f"{e.peak_memory_bytes / GIB:,.2f}" for e in ests])
+    for kind in list(dict.fromkeys(k for e in ests for k in e.memory_breakdown)):
+        add(f"  {kind}", [f"{e.memory_breakdown.get(kind, 0.0) / GIB:,.2f}" for e in ests])
+    add("usable GiB", [f"{e.usable_memory_bytes / GIB:,.2f}" for e in ests])
+    add("fits", ["yes" if e.fits else "NO" for e in ests])
+    parts: list[object] = []
+    if not all(_same_model(plans[0], p) for p in plans[1:]):
+        parts.append(Text("Warning: these are plans of different models; the differences "
+                          "below include the models'.", style="bold"))
+    parts.append(t)
+    for label, plan in zip(labels[1:], plans[1:]):
+        parts.append(f"{label} against {labels[0]}: "
+                     + _why_better(plans[0].estimate, plan.estimate))
+    return Group(*parts)
+
+
+def compare(plans: Sequence[Plan], labels: Sequence[str] | None = None, *, width: int = 120,
+            any_model: bool = False) -> str:
+    """``compare_tables`` as text (``autopar compare``)."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    console.print(compare_tables(plans, labels, any_model=any_model), crop=False)
+    return buf.getvalue()

@@ -47,13 +47,7 @@ def export_plan(plan: Plan, folder: str | os.PathLike[str], model_spec: ModelSpe
     checkpoints included, alone)."""
     spec = executable_spec(plan, model_spec)
     out = Path(folder)
-    if out.exists() and not out.is_dir():
-        raise AutoparError(f"{out} is a file", where="the export folder",
-                           fix="pass a folder path (it is created if missing)")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise AutoparError(f"{out} is not empty", where="the export folder",
-                           fix="export into a new or empty folder, or pass --overwrite "
-                               "(overwrite=True) to replace the exported files in it")
+    check_folder(out, overwrite)
     try:
         out.mkdir(parents=True, exist_ok=True)
         spec = _copy_model_file(spec, out)
@@ -71,6 +65,18 @@ def export_plan(plan: Plan, folder: str | os.PathLike[str], model_spec: ModelSpe
                            f"({err.filename})", where="the export folder",
                            fix="pass a folder you can create and write to") from None
     return out
+
+
+def check_folder(out: Path, overwrite: bool) -> None:
+    """``AutoparError`` unless ``out`` is a folder to export into: missing, empty, or (with
+    ``overwrite``) one whose exported files may be replaced."""
+    if out.exists() and not out.is_dir():
+        raise AutoparError(f"{out} is a file", where="the export folder",
+                           fix="pass a folder path (it is created if missing)")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise AutoparError(f"{out} is not empty", where="the export folder",
+                           fix="export into a new or empty folder, or pass --overwrite "
+                               "(overwrite=True) to replace the exported files in it")
 
 
 def _copy_model_file(spec: ModelSpec, out: Path) -> ModelSpec:

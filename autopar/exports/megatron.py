@@ -1,0 +1,419 @@
+"""A plan as Megatron-LM command-line arguments (``megatron_args.sh``).
+
+Names and checks read from NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb2f5a39553
+(2026-08-22): ``megatron/training/arguments.py`` (the parser and ``validate_args``),
+``megatron/core/transformer/transformer_config.py`` (recompute fields),
+``megatron/core/transformer/pipeline_parallel_layer_layout.py`` (the layout string). The flags
+that parser accepts are in ``tests/data/megatron_lm_args.json``, which the tests parse the
+script with.
+
+The mapping, field by field (``megatron_items`` builds it; Megatron-Bridge reuses it, since its
+overrides are the same config fields):
+
+=====================  ==============================================================  =======
+plan field             Megatron-LM                                                     fit
+=====================  ==============================================================  =======
+nodes x gpus           ``torchrun --nnodes --nproc-per-node`` in the script              exact
+dp                     derived: WORLD_SIZE / (tp * pp * cp)                              exact
+tp, pp, cp, ep         ``--tensor-/--pipeline-model-parallel-size``,                     exact
+                       ``--context-parallel-size``, ``--expert-model-parallel-size``
+zero 0 / 1             DDP / ``--use-distributed-optimizer``                             exact
+zero 2 / 3             ``--use-megatron-fsdp --data-parallel-sharding-strategy``         exact
+                       ``optim_grads`` / ``optim_grads_params``
+micro_batch            ``--micro-batch-size``                                            exact
+num_microbatches       derived: global / (micro * dp)                                    exact
+schedule               1f1b, interleaved: Megatron's; gpipe: runs as 1F1B                exact /
+                                                                                         close
+virtual_stages,        ``--num-layers-per-virtual-pipeline-stage`` when the chunks are   exact
+stage_blocks           even, else ``--pipeline-model-parallel-layout``
+sequence_parallel      ``--sequence-parallel``                                           exact
+checkpoint full        ``--recompute-granularity full --recompute-method uniform         exact
+                       --recompute-num-layers 1``
+checkpoint selective   ``--recompute-granularity selective --recompute-modules           close
+                       core_attn layernorm`` (+ ``moe_act``)
+per-block checkpoint   ``--recompute-method block --recompute-num-layers N`` when it is  exact /
+                       "the first N blocks of each chunk"; else the nearest that keeps   close
+                       no more
+offload                ``--optimizer-cpu-offload --use-precision-aware-optimizer         exact
+                       --optimizer-offload-fraction 1.0`` (refused without ZeRO >= 1)
+fusions                Megatron's own fused kernels; ``--cross-entropy-loss-fusion``     close
+global_batch, seq_len  ``--global-batch-size``, ``--seq-length``                         exact
+precision              ``--bf16`` / ``--fp16`` with autopar's loss scaling / fp32        exact
+                       default; bf16-pure refused (main params are fp32 or fp16)
+optimizer              adamw: ``--optimizer adam`` (decoupled decay); adam: close        exact /
+                                                                                         close
+model shape            ``--num-layers --hidden-size --ffn-hidden-size                    exact
+                       --num-attention-heads --group-query-attention
+                       --num-query-groups --max-position-embeddings``, the family's
+                       switches; a factory model's shape is not known
+=====================  ==============================================================  =======
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from autopar.core.estimate import checkpoint_text
+from autopar.core.plan import Plan
+from autopar.core.specs import Checkpoint, Optimizer, Precision, Schedule
+from autopar.core.stages import chunk_sizes
+from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
+from autopar.exports.shape import ModelShape, model_shape
+
+SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py and "
+          "megatron/core/transformer/transformer_config.py at "
+          "d98e8a64ddf34856e74b24714e3bedb2f5a39553")
+SCRIPT = "megatron_args.sh"
+
+Setting = tuple[str, object]
+"""(Megatron config field, the argparse ``dest``; value): ``True`` is a switch given."""
+
+FLAG_OF = {"add_bias_linear": "--disable-bias-linear"}
+"""Fields whose flag is not the field's name with dashes (the flag stores the value)."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """A plan field and the Megatron config fields it sets."""
+
+    field: str
+    value: str
+    settings: tuple[Setting, ...]
+    fit: Fit
+    note: str = ""
+
+
+def megatron_items(plan: Plan) -> list[Item]:
+    """The plan as Megatron config fields, one ``Item`` per plan field (see the table in the
+    module docstring); ``AutoparError`` for what Megatron cannot run."""
+    c, t = plan.config, plan.train
+    shape = model_shape(plan)
+    items = [
+        Item("nodes x gpus_per_node", f"{plan.nodes} x {plan.gpus_per_node}", (), Fit.EXACT,
+             "the torchrun line of the script"),
+        Item("config.dp", str(c.dp), (), Fit.EXACT,
+             f"Megatron's data-parallel size is WORLD_SIZE / (tp * pp * cp) = "
+             f"{c.world_size} / {c.tp * c.pp * c.cp}"),
+        Item("config.tp", str(c.tp), (("tensor_model_parallel_size", c.tp),), Fit.EXACT),
+        Item("config.pp", str(c.pp), (("pipeline_model_parallel_size", c.pp),), Fit.EXACT),
+        Item("config.cp", str(c.cp), (("context_parallel_size", c.cp),), Fit.EXACT,
+             "ring attention over load-balanced chunks (--cp-comm-type p2p, the default)"
+             if c.cp > 1 else ""),
+        Item("config.ep", str(c.ep), (("expert_model_parallel_size", c.ep),), Fit.EXACT,
+             "carved from the data- and context-parallel ranks, as in autopar"
+             if c.ep > 1 else ""),
+        _zero(plan),
+        Item("config.micro_batch", str(c.micro_batch), (("micro_batch_size", c.micro_batch),),
+             Fit.EXACT),
+        Item("config.num_microbatches", str(plan.estimate.num_microbatches), (), Fit.EXACT,
+             "derived by Megatron: global batch / (micro batch * dp)"),
+        *_pipeline(plan, shape),
+        Item("config.sequence_parallel", str(c.sequence_parallel),
+             (("sequence_parallel", True),) if c.sequence_parallel else (), Fit.EXACT),
+        _checkpoint(plan, shape),
+        _offload(plan),
+        _fusions(plan),
+        Item("train.global_batch", str(t.global_batch), (("global_batch_size", t.global_batch),),
+             Fit.EXACT),
+        Item("train.seq_len", str(t.seq_len), (("seq_length", t.seq_len),), Fit.EXACT),
+        _precision(plan),
+        _optimizer(plan),
+    ]
+    return items + _shape_items(shape, c.tp)
+
+
+def _zero(plan: Plan) -> Item:
+    z = plan.config.zero
+    value = str(z)
+    if z == 0:
+        return Item("config.zero", value, (), Fit.EXACT,
+                    "Megatron's DDP: gradients all-reduced, states replicated")
+    if z == 1:
+        return Item("config.zero", value, (("use_distributed_optimizer", True),), Fit.EXACT,
+                    "the distributed optimizer: fp32 main weights and optimizer states sharded "
+                    "over the data-parallel ranks, gradients reduce-scattered")
+    strategy = "optim_grads" if z == 2 else "optim_grads_params"
+    return Item("config.zero", value, (("use_megatron_fsdp", True),
+                                       ("data_parallel_sharding_strategy", strategy)),
+                Fit.EXACT, "Megatron-FSDP (version 1 turns the distributed optimizer on)")
+
+
+def _chunks(plan: Plan) -> list[int]:
+    """Blocks of each model chunk in layer order (chunk i on pipeline rank i % pp)."""
+    c = plan.config
+    if c.virtual_stages == 1:
+        return list(plan.stage_blocks)
+    chunks = chunk_sizes(sum(plan.stage_blocks), c.pp * c.virtual_stages)
+    if [sum(chunks[r::c.pp]) for r in range(c.pp)] != list(plan.stage_blocks):
+        raise RuntimeError(f"stage blocks {plan.stage_blocks} are not the interleaved "
+                           f"schedule's chunks {chunks} (autopar.core.stages)")
+    return chunks
+
+
+def layout_string(chunks: list[int]) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` for chunks in layer order: the embedding
+    (``E``) on the first, the loss (``L``) on the last, ``t`` a transformer layer."""
+    parts = [("t" * n) for n in chunks]
+    parts[0] = "E" + parts[0]
+    parts[-1] += "L"
+    return "|".join(parts)
+
+
+def _pipeline(plan: Plan, shape: ModelShape | None) -> list[Item]:
+    c = plan.config
+    schedule = c.schedule
+    if c.pp == 1:
+        note = "no pipeline (pp = 1)"
+        sched = Item("config.schedule", str(schedule), (), Fit.EXACT, note)
+    elif schedule is Schedule.GPIPE:
+        sched = Item("config.schedule", str(schedule), (), Fit.CLOSE,
+                     "Megatron-LM has no GPipe schedule and runs 1F1B: the same bubble, with at "
+                     "most pp micro-batches in flight instead of all of them, so less "
+                     "activation memory than the plan's")
+    else:
+        sched = Item("config.schedule", str(schedule), (), Fit.EXACT,
+                     "Megatron's interleaved 1F1B" if schedule is Schedule.INTERLEAVED
+                     else "Megatron's default 1F1B (PipeDream-Flush)")
+    chunks = _chunks(plan)
+    v = c.virtual_stages
+    blocks = str(list(plan.stage_blocks))
+    if len(set(chunks)) == 1:
+        if v > 1:
+            virtual = Item("config.virtual_stages", str(v),
+                           (("num_layers_per_virtual_pipeline_stage", chunks[0]),), Fit.EXACT,
+                           f"{chunks[0]} layers per chunk, {v} chunks per pipeline rank")
+        else:
+            virtual = Item("config.virtual_stages", str(v), (), Fit.EXACT)
+        stages = Item("stage_blocks", blocks, (), Fit.EXACT,
+                      "Megatron's even split" if c.pp > 1 else "")
+        return [sched, virtual, stages]
+    layout = layout_string(chunks)
+    virtual = Item("config.virtual_stages", str(v), (), Fit.EXACT,
+                   f"in the layout: {len(chunks)} chunks over pp = {c.pp}")
+    stages = Item("stage_blocks", blocks, (("pipeline_model_parallel_layout", layout),),
+                  Fit.EXACT, f"uneven chunks {chunks} (layer order), embedding on the first, "
+                  "loss on the last")
+    return [sched, virtual, stages]
+
+
+def _checkpoint(plan: Plan, shape: ModelShape | None) -> Item:
+    c = plan.config
+    value = checkpoint_text(c.checkpoint)
+    moe = shape is not None and shape.num_experts > 0
+    if isinstance(c.checkpoint, Checkpoint):
+        policy = c.checkpoint
+        if policy is Checkpoint.NONE:
+            return Item("config.checkpoint", value, (), Fit.EXACT, "nothing recomputed")
+        if policy is Checkpoint.FULL:
+            return Item("config.checkpoint", value, _FULL_ALL, Fit.EXACT,
+                        "every layer recomputed from its input")
+        return _selective(value, moe)
+    policies = c.checkpoint
+    if Checkpoint.SELECTIVE in policies:
+        return Item("config.checkpoint", value, _FULL_ALL, Fit.CLOSE,
+                    "Megatron cannot mix selective and full recomputation across layers: every "
+                    "layer recomputed in full, so less activation memory and more recompute "
+                    "time than the plan's")
+    n, exact = _first_full_per_chunk(policies, _chunks(plan))
+    if n == 0:
+        return Item("config.checkpoint", value, (), Fit.EXACT, "nothing recomputed")
+    settings = (("recompute_granularity", "full"), ("recompute_method", "block"),
+                ("recompute_num_layers", n))
+    if exact:
+        return Item("config.checkpoint", value, settings, Fit.EXACT,
+                    f"the first {n} layer(s) of each pipeline chunk recomputed in full")
+    return Item("config.checkpoint", value, settings, Fit.CLOSE,
+                f"Megatron recomputes the first N layers of each chunk; N = {n}, the most "
+                "any chunk of the plan recomputes, so no less is recomputed than planned")
+
+
+_FULL_ALL: tuple[Setting, ...] = (("recompute_granularity", "full"),
+                                  ("recompute_method", "uniform"), ("recompute_num_layers", 1))
+
+
+def _selective(value: str, moe: bool) -> Item:
+    modules = ["core_attn", "layernorm"] + (["moe_act"] if moe else [])
+    note = ("Megatron recomputes the listed modules (the attention core and the norms"
+            + (", and the experts' activation, which needs --moe-grouped-gemm" if moe else "")
+            + "); autopar's selective also recomputes the MLP's activation, RoPE and dropout, "
+            "which Megatron keeps: more activation memory than the plan's")
+    return Item("config.checkpoint", value,
+                (("recompute_granularity", "selective"), ("recompute_modules", modules)),
+                Fit.CLOSE, note)
+
+
+def _first_full_per_chunk(policies: tuple[Checkpoint, ...], chunks: list[int]
+                          ) -> tuple[int, bool]:
+    """(N, exact): the most blocks any chunk recomputes in full, and whether every chunk
+    recomputes exactly its first min(N, size) blocks (what ``--recompute-method block`` does)."""
+    starts = [sum(chunks[:i]) for i in range(len(chunks))]
+    full = [[p is Checkpoint.FULL for p in policies[s:s + n]] for s, n in zip(starts, chunks)]
+    n = max(sum(chunk) for chunk in full)
+    exact = all(chunk == [i < n for i in range(len(chunk))] for chunk in full)
+    return n, exact
+
+
+def _offload(plan: Plan) -> Item:
+    c = plan.config
+    if not c.offload:
+        return Item("config.offload", "False", (), Fit.EXACT)
+    if c.zero == 0:
+        raise refuse("the plan offloads the optimizer with ZeRO-0; Megatron-LM's optimizer CPU "
+                     "offload lives in its distributed optimizer", where="config.offload",
+                     fix="re-plan with zero >= 1 (e.g. --zero 1 --offload)")
+    return Item("config.offload", "True",
+                (("optimizer_cpu_offload", True), ("use_precision_aware_optimizer", True),
+                 ("optimizer_offload_fraction", 1.0)), Fit.EXACT,
+                "optimizer states and fp32 main weights in CPU memory, the step on the CPU")
+
+
+def _fusions(plan: Plan) -> Item:
+    fusions = plan.config.fusions
+    settings: tuple[Setting, ...] = ()
+    if "linear_cross_entropy" in fusions:
+        settings = (("cross_entropy_loss_fusion", True),)
+    return Item("config.fusions", ", ".join(fusions) or "none", settings, Fit.CLOSE,
+                "Megatron-LM applies its own fused kernels by default (bias-GELU or SwiGLU, "
+                "bias-dropout-add, masked softmax, RoPE, Transformer Engine's norms); autopar's "
+                "kernels are not chosen one by one"
+                + ("; --cross-entropy-loss-fusion fuses the loss, not the head's GEMM"
+                   if settings else ""))
+
+
+def _precision(plan: Plan) -> Item:
+    from autopar.training import LOSS_SCALING
+
+    p = plan.train.precision
+    if p is Precision.BF16:
+        return Item("train.precision", str(p), (("bf16", True),), Fit.EXACT,
+                    "bf16 compute on fp32 main weights")
+    if p is Precision.FP16:
+        return Item("train.precision", str(p),
+                    (("fp16", True), ("initial_loss_scale", LOSS_SCALING["init_scale"]),
+                     ("loss_scale_window", LOSS_SCALING["growth_interval"]),
+                     ("hysteresis", 1)), Fit.EXACT,
+                    "dynamic loss scaling as autopar's engine runs it: from 2^16, halved at "
+                    "every overflow (the step skipped), doubled after 2000 clean steps")
+    if p is Precision.FP32:
+        return Item("train.precision", str(p), (), Fit.EXACT, "Megatron-LM's default")
+    raise refuse("precision bf16-pure keeps no fp32 master weights; Megatron-LM and "
+                 "Megatron-Bridge keep their main parameters in fp32 or fp16 "
+                 "(--main-params-dtype), never bf16",
+                 where="train.precision",
+                 fix="re-plan with --precision bf16 (fp32 master weights), or export to "
+                     "torchtitan, whose training.dtype bfloat16 is this policy")
+
+
+def _optimizer(plan: Plan) -> Item:
+    o = plan.train.optimizer
+    if o is Optimizer.SGD:
+        return Item("train.optimizer", str(o), (("optimizer", "sgd"),), Fit.EXACT)
+    if o is Optimizer.ADAMW:
+        return Item("train.optimizer", str(o), (("optimizer", "adam"),), Fit.EXACT,
+                    "Megatron's adam applies decoupled weight decay: AdamW")
+    return Item("train.optimizer", str(o), (("optimizer", "adam"),), Fit.CLOSE,
+                "Megatron's adam is AdamW (decoupled weight decay, not L2 in the gradient); the "
+                "same states and time")
+
+
+def _shape_items(shape: ModelShape | None, tp: int) -> list[Item]:
+    if shape is None:
+        return [Item("model", "not recorded", (), Fit.NONE,
+                     "the plan's model is a factory or unknown: add --num-layers, --hidden-size, "
+                     "--num-attention-heads, --ffn-hidden-size and your model's switches")]
+    s = shape
+    items = [Item("model.num_layers", str(s.num_layers), (("num_layers", s.num_layers),),
+                  Fit.EXACT),
+             Item("model.hidden_size", str(s.hidden_size), (("hidden_size", s.hidden_size),),
+                  Fit.EXACT),
+             Item("model.ffn_hidden_size", str(s.ffn_hidden_size),
+                  (("ffn_hidden_size", s.ffn_hidden_size),), Fit.EXACT),
+             Item("model.num_heads", str(s.num_heads), (("num_attention_heads", s.num_heads),),
+                  Fit.EXACT)]
+    if s.num_kv_heads != s.num_heads:
+        items.append(Item("model.num_kv_heads", str(s.num_kv_heads),
+                          (("group_query_attention", True), ("num_query_groups", s.num_kv_heads)),
+                          Fit.EXACT))
+    items.append(Item("model.vocab_size", str(s.vocab_size), (("vocab_size", s.vocab_size),),
+                      Fit.CLOSE, f"Megatron pads the vocabulary to a multiple of 128 * tp = "
+                      f"{128 * tp} (--make-vocab-size-divisible-by); the tokenizer sets it "
+                      "unless --vocab-size is used with the NullTokenizer"))
+    items.append(Item("model.max_positions", str(s.max_positions),
+                      (("max_position_embeddings", s.max_positions),), Fit.EXACT))
+    if s.gated:
+        arch: tuple[Setting, ...] = (("swiglu", True), ("normalization", "RMSNorm"),
+                                     ("position_embedding_type", "rope"),
+                                     ("add_bias_linear", False))
+        if s.rope_theta:
+            arch += (("rotary_base", int(s.rope_theta)),)
+        note = "SwiGLU, RMSNorm, RoPE, no biases"
+    else:
+        arch = (("normalization", "LayerNorm"), ("position_embedding_type", "learned_absolute"))
+        note = "GELU, LayerNorm, learned positions, biases (Megatron's GPT defaults)"
+    if not s.tied:
+        arch += (("untie_embeddings_and_output_weights", True),)
+    items.append(Item("model.family", s.family, arch, Fit.EXACT, note))
+    if s.num_experts:
+        items.append(Item("model.num_experts", f"{s.num_experts} (top {s.top_k})",
+                          (("num_experts", s.num_experts), ("moe_router_topk", s.top_k)),
+                          Fit.CLOSE, "Megatron's router drops no token by default; autopar's "
+                          "experts have a capacity factor (--moe-expert-capacity-factor)"))
+    return items
+
+
+def flags(settings: Iterable[Setting]) -> list[str]:
+    """Command-line words of Megatron config settings."""
+    out: list[str] = []
+    for name, value in settings:
+        flag = FLAG_OF.get(name, "--" + name.replace("_", "-"))
+        if isinstance(value, bool):
+            if value or name in FLAG_OF:
+                out.append(flag)
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, _number(value)]
+    return out
+
+
+def _number(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value)) if abs(value) < 1e15 else repr(value)
+    return str(value)
+
+
+def export(plan: Plan) -> Export:
+    """``megatron_args.sh``: the arguments as a bash array a launch script passes on."""
+    items = megatron_items(plan)
+    rows = {i.field: Row(i.field, i.value, " ".join(flags(i.settings)), i.fit, i.note)
+            for i in items}
+    lines = [f"# autopar plan for {plan.model}: {plan.summary()}",
+             f"# {plan.nodes} node(s) x {plan.gpus_per_node} GPUs of {plan.cluster}; see "
+             "README.md for what maps exactly and what does not.",
+             "# Source it, then add your data, tokenizer and schedule arguments, e.g.",
+             "#   source megatron_args.sh",
+             "#   torchrun \"${TORCHRUN_ARGS[@]}\" pretrain_gpt.py \"${MEGATRON_ARGS[@]}\" "
+             "--data-path ... --tokenizer-type ... --train-iters ... --lr ...",
+             "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+             f"TORCHRUN_ARGS=(--nnodes {plan.nodes} --nproc-per-node {plan.gpus_per_node})",
+             "MEGATRON_ARGS=("]
+    for item in items:
+        words = flags(item.settings)
+        if words:
+            lines.append(f"    {' '.join(shlex.quote(w) for w in words)}  # {item.field}")
+    lines.append(")")
+    usage = f"""`{SCRIPT}` sets two bash arrays: `TORCHRUN_ARGS` ({plan.nodes} node(s) x
+{plan.gpus_per_node} processes) and `MEGATRON_ARGS` (parallelism, batch, precision,
+recomputation and the model's shape). On each node:
+
+    source {SCRIPT}
+    torchrun "${{TORCHRUN_ARGS[@]}}" --node-rank $NODE_RANK --master-addr $MASTER_ADDR \\
+        pretrain_gpt.py "${{MEGATRON_ARGS[@]}}" --data-path ... --tokenizer-type ... \\
+        --train-iters ... --lr ...
+
+Data, tokenizer, learning-rate schedule and checkpoint paths are yours to add: the plan does not
+decide them."""
+    return Export("Megatron-LM", {SCRIPT: "\n".join(lines) + "\n"}, plan_rows(plan, rows),
+                  SOURCE, usage, frozenset({SCRIPT}))

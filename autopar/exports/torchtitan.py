@@ -1,0 +1,376 @@
+"""A plan as a torchtitan job config: a ``Trainer.Config`` function, and its JSON.
+
+torchtitan's configurations are Python functions returning a ``Trainer.Config`` (they replaced
+the TOML files in 2026), selected with ``--module`` and ``--config``. Names read from
+pytorch/torchtitan at b5bcd76c66d0acb1a08b176d9639425bc55e0b2a (2026-08-21):
+``torchtitan/config/configs.py`` (``TrainingConfig``, ``ParallelismConfig``),
+``torchtitan/trainer.py`` (``Trainer.Config``, its ``to_dict`` that ``debug.save_config_file``
+writes, the gradient accumulation it derives), ``torchtitan/distributed/activation_checkpoint.py``
+(``FullAC``, ``SelectiveAC``), ``torchtitan/distributed/pipeline_parallel.py`` (the module names
+of a model chunk), ``torchtitan/components/optimizer/optimizer.py`` and
+``torchtitan/models/llama3/__init__.py`` (``model_registry`` flavors). The test fixture
+``tests/data/torchtitan_config_fields.json`` holds those classes' fields.
+
+autopar's engine is torchtitan's composition (FSDP2 on a ``dp_replicate`` x ``dp_shard`` mesh,
+DTensor tensor parallelism, ``torch.distributed.pipelining`` schedules), so most fields map
+exactly:
+
+=====================  ==============================================================  =======
+plan field             torchtitan                                                      fit
+=====================  ==============================================================  =======
+dp, zero               zero 0: ``data_parallel_replicate_degree`` = dp; 1-3:            exact /
+                       ``data_parallel_shard_degree`` = dp, ``fsdp_reshard_after_        close
+                       forward`` never (1, 2) / always (3); ZeRO-1 without pipelining
+                       reduce-scatters every accumulation step (close)
+tp, sequence_parallel  ``tensor_parallel_degree``, ``enable_sequence_parallel``          exact
+pp, schedule           ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``       exact
+                       1F1B / GPipe / Interleaved1F1B (torch's classes, as autopar's)
+virtual_stages,        ``module_fqns_per_model_part``: each chunk's modules              exact
+stage_blocks
+cp, ep                 ``context_parallel_degree``, ``expert_parallel_degree``           exact
+                       (ep with ZeRO-0 refused: torchtitan carves experts from the
+                       sharded ranks)
+micro_batch, seq_len,  ``num_tokens_per_microbatch_per_dp_rank``,                        exact
+global_batch,          ``num_tokens_per_train_step``, ``max_context_length``,
+num_microbatches       ``num_pp_microbatches`` (accumulation is derived)
+checkpoint             none: ``None``; full: ``FullAC``; selective: ``SelectiveAC``       exact /
+                       (saves every second matmul); per block: one policy for all       close
+offload                ``enable_cpu_offload`` (FSDP2 offloads parameters and gradients  close
+                       too); refused with ZeRO-0
+precision              bf16: ``mixed_precision_param`` bfloat16; fp32: float32;          exact /
+                       bf16-pure: ``dtype`` bfloat16; fp16 refused (no fp16 policy)      refused
+optimizer              AdamW (``default_adamw``), Adam (a param group); SGD refused      exact
+model                  ``model_registry`` of the llama3 flavor of the same shape, else   exact /
+                       none                                                              none
+fusions                none: torchtitan's kernels come with its model and compile        none
+=====================  ==============================================================  =======
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from autopar.core.estimate import checkpoint_text
+from autopar.core.plan import Plan
+from autopar.core.specs import Checkpoint, Optimizer, Precision, Schedule
+from autopar.core.stages import chunk_sizes
+from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
+from autopar.exports.shape import ModelShape, model_shape
+
+SOURCE = ("pytorch/torchtitan torchtitan/config/configs.py, torchtitan/trainer.py, "
+          "torchtitan/distributed/activation_checkpoint.py, "
+          "torchtitan/distributed/pipeline_parallel.py at "
+          "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a")
+MODULE = "autopar_plan.py"
+JSON = "autopar_plan_config.json"
+FUNCTION = "autopar_plan"
+
+SCHEDULES = {Schedule.ONE_F_ONE_B: "1F1B", Schedule.GPIPE: "GPipe",
+             Schedule.INTERLEAVED: "Interleaved1F1B"}
+"""autopar's schedule -> the ``torch.distributed.pipelining`` class name torchtitan takes."""
+LLAMA3_FLAVORS = {
+    "8B": dict(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
+               ffn_hidden_size=14336, vocab_size=128256),
+    "70B": dict(num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8,
+                ffn_hidden_size=28672, vocab_size=128256),
+    "405B": dict(num_layers=126, hidden_size=16384, num_heads=128, num_kv_heads=8,
+                 ffn_hidden_size=53248, vocab_size=128256),
+}
+"""torchtitan's llama3 flavors (``torchtitan/models/llama3/__init__.py``: ``_8b``, ``_70b``,
+``_405b``), in autopar's field names."""
+SELECTIVE_AC = {"preserve_rng_state": True, "determinism_check": "default", "debug": False,
+                "force_recompute_mm_shapes_by_fqns": ["moe.router.gate"]}
+FULL_AC = {"preserve_rng_state": True, "determinism_check": "default", "debug": False}
+"""``SelectiveAC.Config().to_dict()`` and ``FullAC.Config().to_dict()``."""
+
+
+@dataclass(frozen=True)
+class Titan:
+    """The sections of ``Trainer.Config`` the plan sets (field -> value, as ``to_dict``
+    writes them), and the Python of each value where it is not a literal."""
+
+    training: dict[str, object]
+    parallelism: dict[str, object]
+    activation_checkpoint: dict[str, object] | None
+    ac_class: str | None
+    optimizer_name: str
+    flavor: str | None
+
+
+def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
+    """The torchtitan settings of ``plan`` and the row of each plan field."""
+    c, t = plan.config, plan.train
+    m = plan.estimate.num_microbatches
+    rows: dict[str, Row] = {}
+
+    def row(name: str, value: object, target: str, fit: Fit, note: str = "") -> None:
+        rows[name] = Row(name, str(value), target, fit, note)
+
+    if c.ep > 1 and c.zero == 0:
+        raise refuse(f"ep={c.ep} with ZeRO-0: torchtitan carves the expert-parallel ranks from "
+                     "the sharded data-parallel ranks (dp_shard x cp x tp), and ZeRO-0 puts "
+                     "autopar's dp on the replicate axis", where="config.ep",
+                     fix="re-plan with --zero 1 or higher")
+    if c.offload and c.zero == 0:
+        raise refuse("the plan offloads the optimizer with ZeRO-0; torchtitan offloads through "
+                     "FSDP2 (training.enable_cpu_offload), which needs sharded data "
+                     "parallelism", where="config.offload", fix="re-plan with --zero 1 or higher")
+    if t.precision is Precision.FP16:
+        raise refuse("precision fp16: torchtitan's mixed precision is bfloat16 or float32 "
+                     "(training.mixed_precision_param), with no loss scaling",
+                     where="train.precision", fix="re-plan with --precision bf16")
+    if t.optimizer is Optimizer.SGD:
+        raise refuse("optimizer sgd: torchtitan's optimizers are Adam, AdamW and DistMuon, and "
+                     "the plan's memory counts SGD's states", where="train.optimizer",
+                     fix="re-plan with --optimizer adamw (or adam)")
+
+    par: dict[str, object] = {}
+    replicate, shard = (c.dp, 1) if c.zero == 0 else (1, c.dp)
+    par["data_parallel_replicate_degree"] = replicate
+    par["data_parallel_shard_degree"] = shard
+    row("nodes x gpus_per_node", f"{plan.nodes} x {plan.gpus_per_node}",
+        f"NGPU={plan.gpus_per_node} on {plan.nodes} node(s)", Fit.EXACT,
+        "the world size is not in the config: it must equal the degrees' product")
+    row("config.dp", c.dp, f"data_parallel_{'replicate' if c.zero == 0 else 'shard'}_degree = "
+        f"{c.dp}", Fit.EXACT)
+    if c.zero == 0:
+        row("config.zero", 0, "data_parallel_shard_degree = 1", Fit.EXACT,
+            "DDP: parameters, gradients and optimizer states replicated")
+    else:
+        policy = "always" if c.zero == 3 else "never"
+        par["fsdp_reshard_after_forward"] = policy
+        close = c.zero == 1 and c.pp == 1 and m > 1
+        row("config.zero", c.zero, f"fsdp_reshard_after_forward = {policy}",
+            Fit.CLOSE if close else Fit.EXACT,
+            "FSDP2 as autopar's engine runs it" + (
+                "; torchtitan reduce-scatters the gradients after every accumulation step "
+                "where autopar's ZeRO-1 accumulates them whole and reduces once: more "
+                "communication, less gradient memory" if close else ""))
+    par["tensor_parallel_degree"] = c.tp
+    par["enable_sequence_parallel"] = c.sequence_parallel
+    row("config.tp", c.tp, f"tensor_parallel_degree = {c.tp}", Fit.EXACT)
+    row("config.sequence_parallel", c.sequence_parallel,
+        f"enable_sequence_parallel = {c.sequence_parallel}", Fit.EXACT,
+        "torchtitan's default is on: written out" if not c.sequence_parallel else "")
+    par["context_parallel_degree"] = c.cp
+    row("config.cp", c.cp, f"context_parallel_degree = {c.cp}", Fit.EXACT,
+        "ring attention with the head-tail load balancer" if c.cp > 1 else "")
+    par["expert_parallel_degree"] = c.ep
+    row("config.ep", c.ep, f"expert_parallel_degree = {c.ep}", Fit.EXACT)
+    _pipeline(plan, par, row)
+
+    training: dict[str, object] = {
+        "num_tokens_per_microbatch_per_dp_rank": c.micro_batch * t.seq_len,
+        "num_tokens_per_train_step": t.global_batch * t.seq_len,
+        "max_context_length": t.seq_len}
+    row("config.micro_batch", c.micro_batch, f"num_tokens_per_microbatch_per_dp_rank = "
+        f"{c.micro_batch} x {t.seq_len}", Fit.EXACT)
+    row("train.global_batch", t.global_batch,
+        f"num_tokens_per_train_step = {t.global_batch} x {t.seq_len}", Fit.EXACT)
+    row("train.seq_len", t.seq_len, f"max_context_length = {t.seq_len}", Fit.EXACT)
+    if c.pp > 1:
+        row("config.num_microbatches", m, f"num_pp_microbatches = {m}", Fit.EXACT,
+            "one pipeline schedule run per step, no further accumulation")
+    else:
+        row("config.num_microbatches", m, "", Fit.EXACT,
+            f"torchtitan derives {m} gradient accumulation step(s) from the token counts")
+    if c.offload:
+        training["enable_cpu_offload"] = True
+        row("config.offload", True, "training.enable_cpu_offload = true", Fit.CLOSE,
+            "FSDP2's CPUOffloadPolicy offloads the parameters and gradients too, not only the "
+            "optimizer states: less GPU memory, more host-device traffic than the plan's")
+    else:
+        row("config.offload", False, "", Fit.EXACT)
+    p = t.precision
+    if p is Precision.BF16:
+        training.update(dtype="float32", mixed_precision_param="bfloat16",
+                        mixed_precision_reduce="float32")
+        no_fsdp = c.zero == 0 and c.cp == 1 and (c.tp > 1 or c.pp > 1)
+        row("train.precision", p, "mixed_precision_param = bfloat16", Fit.CLOSE if no_fsdp
+            else Fit.EXACT, "torchtitan applies mixed precision through fully_shard, or "
+            "autocast under plain DDP: with ZeRO-0 and tp or pp it runs fp32"
+            if no_fsdp else "bf16 compute, fp32 weights, fp32 gradient reduction")
+    elif p is Precision.FP32:
+        training.update(dtype="float32", mixed_precision_param="float32")
+        row("train.precision", p, "mixed_precision_param = float32", Fit.EXACT)
+    else:
+        training.update(dtype="bfloat16")
+        row("train.precision", p, "training.dtype = bfloat16", Fit.EXACT,
+            "parameters, gradients and optimizer states in bf16, no fp32 copy")
+    optimizer = "AdamW" if t.optimizer is Optimizer.ADAMW else "Adam"
+    row("train.optimizer", t.optimizer, f"optimizer_name = {optimizer!r}", Fit.EXACT,
+        "set your learning rate (LR in the module)")
+
+    ac, ac_class = _checkpoint(plan, row)
+    row("config.fusions", ", ".join(c.fusions) or "none", "", Fit.NONE,
+        "torchtitan's kernels come with its model and torch.compile (compile.enable)")
+    flavor = _flavor(model_shape(plan))
+    label = plan.model_spec.label if plan.model_spec else plan.model
+    if flavor:
+        row("model", label, f'model_registry("{flavor}") of torchtitan.models.llama3',
+            Fit.EXACT, "the same shape")
+    else:
+        row("model", label, "", Fit.NONE, "torchtitan has no model of this shape: set "
+            "MODEL_SPEC in the module to a ModelSpec of yours")
+    return Titan(training, par, ac, ac_class, optimizer, flavor), rows
+
+
+def _pipeline(plan: Plan, par: dict[str, object], row) -> None:
+    c = plan.config
+    par["pipeline_parallel_degree"] = c.pp
+    row("config.pp", c.pp, f"pipeline_parallel_degree = {c.pp}", Fit.EXACT)
+    if c.pp == 1:
+        row("config.schedule", c.schedule, "", Fit.EXACT, "no pipeline (pp = 1)")
+        row("config.virtual_stages", c.virtual_stages, "", Fit.EXACT)
+        row("stage_blocks", list(plan.stage_blocks), "", Fit.EXACT)
+        return
+    name = SCHEDULES[c.schedule]
+    par["pipeline_parallel_schedule"] = name
+    par["num_pp_microbatches"] = plan.estimate.num_microbatches
+    row("config.schedule", c.schedule, f"pipeline_parallel_schedule = {name!r}", Fit.EXACT,
+        "the torch.distributed.pipelining schedule autopar's engine runs")
+    chunks = (chunk_sizes(sum(plan.stage_blocks), c.pp * c.virtual_stages)
+              if c.virtual_stages > 1 else list(plan.stage_blocks))
+    parts, start = [], 0
+    for i, n in enumerate(chunks):
+        names = [f"layers.{b}" for b in range(start, start + n)]
+        start += n
+        if i == 0:
+            names.insert(0, "tok_embeddings")
+        if i == len(chunks) - 1:
+            names += ["norm", "lm_head"]
+        parts.append(names)
+    par["module_fqns_per_model_part"] = parts
+    row("config.virtual_stages", c.virtual_stages, f"{len(chunks)} model parts over "
+        f"{c.pp} ranks", Fit.EXACT)
+    row("stage_blocks", list(plan.stage_blocks),
+        f"module_fqns_per_model_part: blocks per part {chunks}", Fit.EXACT,
+        "the embedding on the first part, the norm and head on the last")
+
+
+def _checkpoint(plan: Plan, row) -> tuple[dict[str, object] | None, str | None]:
+    c = plan.config
+    text = checkpoint_text(c.checkpoint)
+    policy = c.checkpoint
+    if isinstance(policy, tuple):
+        most = (Checkpoint.FULL if Checkpoint.FULL in policy else Checkpoint.SELECTIVE
+                if Checkpoint.SELECTIVE in policy else Checkpoint.NONE)
+        if most is not Checkpoint.NONE:
+            row("config.checkpoint", text, f"{_AC_NAME[most]} on every block", Fit.CLOSE,
+                "torchtitan applies one policy to every block: the plan's most recomputing "
+                "one, so less memory and more recompute than planned")
+            return _AC[most], _AC_NAME[most]
+        policy = Checkpoint.NONE
+    if policy is Checkpoint.NONE:
+        row("config.checkpoint", text, "activation_checkpoint = None", Fit.EXACT)
+        return None, None
+    if policy is Checkpoint.FULL:
+        row("config.checkpoint", text, "FullAC.Config()", Fit.EXACT,
+            "every block recomputed from its input")
+        return FULL_AC, "FullAC"
+    row("config.checkpoint", text, "SelectiveAC.Config()", Fit.CLOSE,
+        "torchtitan's selective policy saves the matmul, attention and communication outputs "
+        "but recomputes every second matmul; autopar's keeps every linear layer's output: "
+        "less activation memory, more recompute than planned")
+    return SELECTIVE_AC, "SelectiveAC"
+
+
+_AC = {Checkpoint.FULL: FULL_AC, Checkpoint.SELECTIVE: SELECTIVE_AC}
+_AC_NAME = {Checkpoint.FULL: "FullAC", Checkpoint.SELECTIVE: "SelectiveAC"}
+
+
+def _flavor(shape: ModelShape | None) -> str | None:
+    if shape is None or not shape.gated or shape.num_experts:
+        return None
+    for flavor, fields in LLAMA3_FLAVORS.items():
+        if all(getattr(shape, k) == v for k, v in fields.items()):
+            return flavor
+    return None
+
+
+def saved_config(plan: Plan, titan: Titan) -> dict[str, object]:
+    """The fields the plan sets, nested as ``Trainer.Config.to_dict()`` writes them (what
+    ``debug.save_config_file`` saves); torchtitan's file also holds every other field."""
+    model = {"name": "llama3", "flavor": titan.flavor} if titan.flavor else None
+    return {"model_spec": model, "training": titan.training,
+            "parallelism": titan.parallelism,
+            "activation_checkpoint": titan.activation_checkpoint,
+            "optimizer": {"param_groups": [{"pattern": ".*",
+                                            "optimizer_name": titan.optimizer_name}]}}
+
+
+def _py(value: object) -> str:
+    return repr(value)
+
+
+def module_text(plan: Plan, titan: Titan) -> str:
+    """The Python module with the ``Trainer.Config`` function."""
+    imports = ["from torchtitan.components.optimizer import OptimizersContainer, "
+               "ParamGroupConfig",
+               "from torchtitan.config import ParallelismConfig, TrainingConfig",
+               "from torchtitan.trainer import Trainer"]
+    if titan.ac_class:
+        imports.append(f"from torchtitan.distributed.activation_checkpoint import "
+                       f"{titan.ac_class}")
+    if titan.flavor:
+        imports.append("from torchtitan.models.llama3 import model_registry")
+        model = f'model_registry("{titan.flavor}")'
+    else:
+        model = "None  # no torchtitan model of this shape: set your ModelSpec"
+    training = ",\n            ".join(f"{k}={_py(v)}" for k, v in titan.training.items())
+    par = ",\n            ".join(f"{k}={_py(v)}" for k, v in titan.parallelism.items())
+    ac = f"{titan.ac_class}.Config()" if titan.ac_class else "None"
+    return f'''"""torchtitan configuration of autopar's plan for {plan.model}: {plan.summary()}
+
+{plan.nodes} node(s) x {plan.gpus_per_node} GPUs of {plan.cluster}. Run from the torchtitan
+repository with this file importable, e.g.
+
+    NGPU={plan.gpus_per_node} MODULE=autopar_plan CONFIG={FUNCTION} ./run_train.sh
+
+README.md says what maps exactly and what does not.
+"""
+
+{chr(10).join(imports)}
+
+LR = 3e-4
+"""Yours to set: the plan does not decide the learning rate (nor data, steps, schedule)."""
+MODEL_SPEC = {model}
+
+
+def {FUNCTION}() -> Trainer.Config:
+    if MODEL_SPEC is None:
+        raise ValueError("set MODEL_SPEC in {MODULE} to the torchtitan ModelSpec of your model")
+    return Trainer.Config(
+        model_spec=MODEL_SPEC,
+        training=TrainingConfig(
+            {training},
+        ),
+        parallelism=ParallelismConfig(
+            {par},
+        ),
+        activation_checkpoint={ac},
+        optimizer=OptimizersContainer.Config(
+            param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name="{titan.optimizer_name}",
+                                           optimizer_kwargs={{"lr": LR}})],
+        ),
+    )
+'''
+
+
+def export(plan: Plan) -> Export:
+    """``autopar_plan.py`` (the config function) and ``autopar_plan_config.json`` (its
+    ``save_config_file`` fields)."""
+    titan, rows = titan_config(plan)
+    text = json.dumps(saved_config(plan, titan), indent=2) + "\n"
+    usage = f"""`{MODULE}` defines `{FUNCTION}()`, a torchtitan `Trainer.Config`; put it where
+Python finds it (the torchtitan repository root, or any package) and run
+
+    NGPU={plan.gpus_per_node} MODULE=autopar_plan CONFIG={FUNCTION} ./run_train.sh
+
+on each of the {plan.nodes} node(s) (torchrun's rendezvous as usual). Set `LR`, the data loader
+and the steps: the plan does not decide them. `{JSON}` holds the same fields nested as
+`Trainer.Config.to_dict()` writes them (`debug.save_config_file`): compare it with the file a
+run saves; torchtitan's own file lists every other field too, at its defaults."""
+    return Export("torchtitan", {MODULE: module_text(plan, titan), JSON: text},
+                  plan_rows(plan, rows), SOURCE, usage)
