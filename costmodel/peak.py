@@ -100,19 +100,17 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
                 "optimizer": p.sharded * moments, "activations": activations,
                 "buffers": buffers}
 
-    # the backward of the micro-batch with the most in flight begins
-    if accumulates:
-        grads = accumulators + (0.0 if holds_loss else p.block * low)
-    else:
-        grads = p.sharded * reduce if microbatches > 1 else 0.0
-    # ZeRO-3 freed every unit after the forward that came just before (under pipelining too)
+    # the gradients of the earlier micro-batches: accumulators, or reduced fp32 shards
+    earlier = accumulators if accumulates else \
+        (p.sharded * reduce if microbatches > 1 else 0.0)
+    # the backward of the micro-batch with the most in flight begins; ZeRO-3 freed every unit
+    # after the forward that came just before (under pipelining too)
+    grads = earlier + (p.block * low if accumulates and not holds_loss else 0.0)
     found = {"backward start": moment(p.whole * low if zero <= 2 else 0.0, grads,
                                       a.in_flight * a.kept + a.working)}
     # the stage's last block's backward (its first block in the stage's order): every unit
     # gathered where the engine keeps them, else the root unit and the block; the head's
     # gradient made, where the stage has the head
-    earlier = accumulators if accumulates else \
-        (p.sharded * reduce if microbatches > 1 else 0.0)
     found["blocks' backward"] = moment(
         p.whole * low if gathered_through else (p.root + p.block) * low,
         earlier + (p.head + p.block) * low, a.in_flight * a.kept + a.block_working)

@@ -39,20 +39,25 @@ class InFlightStage(PipelineStage):
     torch's stage allocates, when it first runs, one activation and one gradient receive buffer
     for *every* micro-batch of the step and keeps them all (``_setup_forward_recv_info`` /
     ``_create_grad_recv_info``): a middle stage of Megatron's 530B run (280 micro-batches) would
-    hold 560 of them. Here a buffer is made when its receive is posted and let go after the
-    micro-batch's backward (after its forward when the stage has none), so a rank holds the
-    buffers of the micro-batches in flight, as Megatron's schedules do. The activation buffer is
+    hold 560 of them. Here the setup allocates none (it asks torch for one micro-batch's receive
+    infos and copies them without their buffer); a buffer is made when its receive is posted
+    and let go after the micro-batch's backward (after its forward when the stage has none), so
+    a rank holds the buffers of the micro-batches in flight, as Megatron's schedules do. The activation buffer is
     the stage's input, which the forward keeps for the backward anyway."""
 
     def _setup_forward_recv_info(self, num_microbatches: int, has_backward: bool) -> None:
-        super()._setup_forward_recv_info(num_microbatches, has_backward)
-        for infos in self.args_recv_info.values():
-            _release(infos)
+        # torch's infos for one micro-batch (one buffer, dropped), unallocated for every one
+        super()._setup_forward_recv_info(1, has_backward)
+        one = self.args_recv_info[0]
+        for chunk in range(num_microbatches):
+            self.args_recv_info[chunk] = _unallocated(one)
 
     def _setup_backward_recv_info(self, num_microbatches: int) -> None:
-        super()._setup_backward_recv_info(num_microbatches)
-        for infos in self.grad_recv_info.values():
-            _release(infos)
+        super()._setup_backward_recv_info(1)
+        one = self.grad_recv_info[0]
+        self.chunks = num_microbatches  # what torch's setup records of the step
+        for chunk in range(num_microbatches):
+            self.grad_recv_info[chunk] = _unallocated(one)
 
     def _get_recv_ops(self, recv_infos: tuple[_RecvInfo, ...]) -> list:
         for info in recv_infos:
@@ -70,6 +75,12 @@ class InFlightStage(PipelineStage):
         super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
         _release(self.args_recv_info.get(bwd_chunk_id, ()))
         _release(self.grad_recv_info.get(bwd_chunk_id, ()))
+
+
+def _unallocated(infos: tuple[_RecvInfo, ...]) -> tuple[_RecvInfo, ...]:
+    """The same receives, each without a buffer (made when the receive is posted)."""
+    return tuple(_RecvInfo(i.input_name, i.source, None, i.tensor_meta, is_root_arg=i.is_root_arg)
+                 for i in infos)
 
 
 def _release(infos: tuple[_RecvInfo, ...]) -> None:
