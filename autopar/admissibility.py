@@ -90,6 +90,17 @@ _CONFIG_FIELDS = {
 """Config attribute names of each fact: the zoo's dataclasses, transformers configs."""
 
 
+def config_value(config: object, key: str) -> int | None:
+    """The fact ``key`` of ``_CONFIG_FIELDS`` (``num_heads``, ``num_kv_heads``,
+    ``num_experts``, ``max_positions``) from a model config of the zoo or of transformers,
+    under whichever of its names the config uses; ``None`` where it has none."""
+    for name in _CONFIG_FIELDS[key]:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def facts_of(model: object) -> ModelFacts:
     """The facts of ``model`` (an ``nn.Module``, built on any device, meta included) from its
     ``config`` and module tree: the blocks are the repeated-block group the tracer finds
@@ -100,14 +111,7 @@ def facts_of(model: object) -> ModelFacts:
     from autopar.tracing_blocks import find_block_group
 
     config = getattr(model, "config", None)
-    found: dict[str, int | None] = {}
-    for key, names in _CONFIG_FIELDS.items():
-        found[key] = None
-        for name in names:
-            value = getattr(config, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                found[key] = value
-                break
+    found = {key: config_value(config, key) for key in _CONFIG_FIELDS}
     if found["num_experts"] is not None and found["num_experts"] < 2:
         found["num_experts"] = None
     if not isinstance(model, nn.Module):

@@ -15,14 +15,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
-from rich.progress import TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from autopar.costmodel.cluster import CLUSTER_FILE_SUFFIXES, ClusterSpec, preset_names
 from autopar.core.errors import AutoparError
-from autopar.cli_args import config_from_fields, model_spec
+from autopar.cli_args import config_from_fields, model_spec, progress_bar
 from autopar.cli_compare import add_compare_parser, cmd_compare
 from autopar.cli_dryrun import add_dryrun_parser, add_workers_argument, cmd_dryrun
 from autopar.cli_export import add_export_parser, cmd_export
@@ -237,21 +235,10 @@ def _checked(plan: Plan, spec: ModelSpec, workers: int | None, console: Console
 
 @contextmanager
 def _searching(label: str) -> Iterator[Callable[[int, int], None]]:
-    """A transient progress bar on stderr, shown only when stderr is a terminal; yields the
-    ``progress(done, total)`` callback of ``optimize``."""
-    stderr = Console(stderr=True)
-    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                   MofNCompleteColumn(), TimeElapsedColumn(), console=stderr, transient=True,
-                   disable=not stderr.is_terminal, redirect_stdout=False, redirect_stderr=False)
-    with bar:
-        task = bar.add_task(f"planning {label}", total=None)
-
-        def progress(done: int, total: int) -> None:
-            # candidates come best bound first; the bound usually ends the search before total
-            bar.update(task, description=f"searching {label}: candidates", completed=done,
-                       total=total)
-
-        yield progress
+    """``progress_bar`` as the ``progress(done, total)`` callback of ``optimize``."""
+    with progress_bar(f"planning {label}") as update:
+        # candidates come best bound first; the bound usually ends the search before total
+        yield lambda done, total: update(done, total, f"searching {label}: candidates")
 
 
 def _write(path: str, text: str, flag: str) -> None:

@@ -1,7 +1,9 @@
-"""Argument parsing shared by the commands: model field overrides and plan files."""
+"""What the commands share: model field overrides, plan files, the progress bar."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from autopar.core.errors import AutoparError
@@ -72,3 +74,24 @@ def read_plan(path: str, where: str = "PLAN"):
         return Plan.from_file(path)
     except AutoparError as err:
         raise AutoparError(err.what, where=f"{where} {path}", fix=err.fix) from None
+
+
+@contextmanager
+def progress_bar(description: str) -> Iterator[Callable[[int, int, str], None]]:
+    """A transient progress bar on stderr, shown only when stderr is a terminal; yields
+    ``update(done, total, description)``."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                               TextColumn, TimeElapsedColumn)
+
+    stderr = Console(stderr=True)
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn(), console=stderr, transient=True,
+                   disable=not stderr.is_terminal, redirect_stdout=False, redirect_stderr=False)
+    with bar:
+        task = bar.add_task(description, total=None)
+
+        def update(done: int, total: int, text: str) -> None:
+            bar.update(task, description=text, completed=done, total=total)
+
+        yield update

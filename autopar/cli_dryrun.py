@@ -17,11 +17,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
-from rich.progress import TimeElapsedColumn
 from rich.table import Table
 
-from autopar.cli_args import model_spec, read_plan
+from autopar.cli_args import model_spec, progress_bar, read_plan
 from autopar.core.errors import AutoparError
 
 if TYPE_CHECKING:
@@ -60,19 +58,10 @@ def add_workers_argument(p: argparse._ActionsContainer) -> None:
 
 @contextmanager
 def dry_run_progress() -> Iterator[ProgressFn]:
-    """A transient progress bar on stderr, shown only when stderr is a terminal; yields the
-    ``progress(done, total, what)`` callback of ``dry_run`` and ``check_plans``."""
-    stderr = Console(stderr=True)
-    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                   MofNCompleteColumn(), TimeElapsedColumn(), console=stderr, transient=True,
-                   disable=not stderr.is_terminal)
-    with bar:
-        task = bar.add_task("rank roles", total=None)
-
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(task, description=f"dry run: {what}", completed=done, total=total)
-
-        yield progress
+    """``progress_bar`` as the ``progress(done, total, what)`` callback of ``dry_run`` and
+    ``check_plans``."""
+    with progress_bar("rank roles") as update:
+        yield lambda done, total, what: update(done, total, f"dry run: {what}")
 
 
 def cmd_dryrun(args: argparse.Namespace, console: Console) -> int:

@@ -72,15 +72,15 @@ def export_formats(plan: Plan, folder: str | os.PathLike[str],
         from autopar.passes.mesh import executable_spec
 
         executable_spec(plan, model)  # what export_plan checks, before anything is written
+    from autopar.passes.export import check_folder, export_plan
+
     out = Path(folder)
-    _check_folder(out, overwrite)
+    check_folder(out, overwrite)  # the autopar folder's own rule
     single = len(names) == 1
     written: dict[str, Path] = {}
     for name in names:
         target = out if single else out / name
         if name == "autopar":
-            from autopar.passes.export import export_plan
-
             written[name] = export_plan(plan, target, model, overwrite=True)
         else:
             written[name] = _write(plan, built[name], target)
@@ -96,12 +96,6 @@ def _built(plan: Plan, name: str, several: bool) -> Export:
         raise AutoparError(f"the {name} export: {err.what}", where=err.where,
                            fix=f"{err.fix.rstrip('.')}; or leave {name} out of --format"
                            ) from None
-
-
-def _check_folder(out: Path, overwrite: bool) -> None:
-    from autopar.passes.export import check_folder  # the autopar folder's own rule
-
-    check_folder(out, overwrite)
 
 
 def _write(plan: Plan, export: Export, folder: Path) -> Path:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
+from autopar.admissibility import config_value
 from autopar.core.plan import Plan
 
 
@@ -56,32 +58,38 @@ def model_shape(plan: Plan) -> ModelShape | None:
     return None
 
 
+def _facts(config: Any) -> dict[str, int]:
+    """The facts zoo and transformers configs name differently, read under either name
+    (``admissibility.config_value``)."""
+    heads = config_value(config, "num_heads")
+    return {"num_heads": heads, "num_kv_heads": config_value(config, "num_kv_heads") or heads,
+            "max_positions": config_value(config, "max_positions") or 0,
+            "num_experts": config_value(config, "num_experts") or 0}
+
+
 def _zoo(config: Any) -> ModelShape:
     gated = config.family != "gpt"
     return ModelShape(
         family=config.family, num_layers=config.num_layers, hidden_size=config.hidden_size,
-        ffn_hidden_size=config.ffn_hidden_size, num_heads=config.num_heads,
-        num_kv_heads=getattr(config, "num_kv_heads", config.num_heads),
-        vocab_size=config.vocab_size, max_positions=config.seq_len,
+        ffn_hidden_size=config.ffn_hidden_size, vocab_size=config.vocab_size,
         tied=config.tie_embeddings, gated=gated,
         rope_theta=float(getattr(config, "rope_theta", 0.0)),
-        num_experts=getattr(config, "num_experts", 0), top_k=getattr(config, "top_k", 0))
+        top_k=getattr(config, "top_k", 0), **_facts(config))
 
 
 def _transformers(architecture: str, config: Mapping[str, Any]) -> ModelShape | None:
     """A Llama-style transformers config (``num_hidden_layers``, ``intermediate_size``...)."""
     try:
-        heads = int(config["num_attention_heads"])
+        facts = _facts(SimpleNamespace(**config))
+        if facts["num_heads"] is None:
+            return None
         return ModelShape(
             family=architecture, num_layers=int(config["num_hidden_layers"]),
             hidden_size=int(config["hidden_size"]),
-            ffn_hidden_size=int(config["intermediate_size"]), num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            ffn_hidden_size=int(config["intermediate_size"]),
             vocab_size=int(config["vocab_size"]),
-            max_positions=int(config.get("max_position_embeddings", 0)),
             tied=bool(config.get("tie_word_embeddings", False)), gated=True,
             rope_theta=float(config.get("rope_theta", 10000.0)),
-            num_experts=int(config.get("num_local_experts", 0) or 0),
-            top_k=int(config.get("num_experts_per_tok", 0) or 0))
+            top_k=int(config.get("num_experts_per_tok", 0) or 0), **facts)
     except (KeyError, TypeError, ValueError):
         return None
