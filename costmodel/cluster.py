@@ -22,7 +22,7 @@ import json
 import math
 import os
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -33,6 +33,7 @@ from .hardware import (A100_SXM4_40GB, A100_SXM4_80GB, H100_SXM5_80GB, H200_SXM_
                        IB_NDR, NVLINK3, NVLINK4, PCIE4_X16, PCIE5_X16, ROCE_400G, GiB, GPUSpec,
                        LinkSpec, TiB, check_plausible, check_positive, did_you_mean,
                        format_bytes, format_bytes_per_s, gpu_preset, link_preset)
+from .profile import Profile
 
 DEFAULT_HBM_RESERVED_BYTES = 4 * GiB
 """HBM per GPU that a training program cannot use: 4 GiB (binary), a fixed amount because none of
@@ -94,6 +95,9 @@ class ClusterSpec:
     """HBM per GPU the training program cannot use; see ``DEFAULT_HBM_RESERVED_BYTES``."""
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM
     """Fraction of the rest the planner keeps free (``DEFAULT_MEMORY_HEADROOM``)."""
+    profile: Profile | None = field(default=None, compare=False, repr=False)
+    """Measured times of this machine (``autopar profile``); the cost model asks it first and
+    prices what it does not cover analytically. Not part of the cluster file: ``--profile``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -113,6 +117,9 @@ class ClusterSpec:
                                where="hbm_reserved_bytes", fix=_HINT["hbm_reserved_bytes"])
         if reserved:  # 0 reserves nothing: an idealized GPU, allowed
             check_plausible(reserved, "hbm_reserved_bytes", "hbm_reserved_bytes")
+        if self.profile is not None and not isinstance(self.profile, Profile):
+            raise AutoparError(f"profile must be a Profile, not a {type(self.profile).__name__}",
+                               where="profile", fix="pass Profile.load(path)")
         h = self.memory_headroom
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 0.5:
             raise AutoparError(f"memory_headroom must be a fraction from 0 to below 0.5, got "
@@ -131,6 +138,10 @@ class ClusterSpec:
     def with_nodes(self, nodes: int) -> ClusterSpec:
         """The same cluster with ``nodes`` nodes."""
         return replace(self, nodes=nodes)
+
+    def with_profile(self, profile: Profile | None) -> ClusterSpec:
+        """The same cluster priced with ``profile``'s measurements first."""
+        return replace(self, profile=profile)
 
     @classmethod
     def preset(cls, name: str, nodes: int = 1) -> ClusterSpec:
@@ -220,6 +231,10 @@ class ClusterSpec:
             rows.append((label, f"{lk.name}: {format_bytes_per_s(lk.bytes_per_s)} per GPU per "
                                 f"direction, {lk.latency_s * 1e6:.3g} us"))
         rows.append(("Host memory", f"{format_bytes(self.host_memory_bytes)} per node"))
+        if self.profile is not None:
+            p = self.profile
+            rows.append(("Profile", f"{p.source or 'given'}: {p.device}, {p.compute_dtype}, "
+                                    f"{p.nproc} x {p.backend}, measured {p.date}"))
         return rows
 
 
