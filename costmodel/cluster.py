@@ -31,9 +31,9 @@ import yaml
 from autopar.core.errors import AutoparError
 from .hardware import (A100_SXM4_40GB, A100_SXM4_80GB, H100_SXM5_80GB, H200_SXM_141GB, IB_HDR,
                        IB_NDR, NVLINK3, NVLINK4, PCIE4_X16, PCIE5_X16, ROCE_400G, GiB, GPUSpec,
-                       LinkSpec, TiB, check_plausible, check_positive, did_you_mean,
+                       PLAUSIBLE, LinkSpec, TiB, check_plausible, check_positive, did_you_mean,
                        format_bytes, format_bytes_per_s, gpu_preset, link_preset)
-from .profile import Profile
+from .profile import Profile, collective_key
 
 DEFAULT_HBM_RESERVED_BYTES = 4 * GiB
 """HBM per GPU that a training program cannot use: 4 GiB (binary), a fixed amount because none of
@@ -356,3 +356,49 @@ _PRESETS: dict[str, ClusterSpec] = {name: ClusterSpec(name, gpu, 8, 1, intra, in
     ("hgx-h100-roce", H100_SXM5_80GB, NVLINK4, ROCE_400G, PCIE5_X16, 2 * TiB),
     ("hgx-h200", H200_SXM_141GB, NVLINK4, IB_NDR, PCIE5_X16, 2 * TiB),
 )}
+
+
+def profile_cluster(profile: Profile) -> ClusterSpec:
+    """The one-node cluster a profile measured, each process a "GPU": what a CPU machine's
+    processes (gloo) are planned on. Its figures come from the profile -- the peak is the
+    fastest GEMM of the grid, the memory bandwidth the fastest memory-bound point, each link the
+    largest send-recv's bandwidth and the smallest one's time as latency, memory the machine's
+    shared by the processes, less 512 MiB each for the interpreter and torch (~0.4-0.6 GB per
+    rank measured, ../shared/design/FINDINGS.md) -- and a figure outside ``PLAUSIBLE`` is put at
+    its edge, as its ``source`` says. The profile prices what it measured; these numbers price
+    the rest and are the MFU's denominator."""
+    src = f"measured by autopar profile ({profile.source or 'in memory'}, {profile.date})"
+    notes: list[str] = []
+
+    def within(value: float, kind: str, label: str) -> float:
+        r = PLAUSIBLE[kind]
+        clamped = min(max(value, r.low), r.high)
+        if clamped != value:
+            notes.append(f"{label} {value:.3g} outside the plausible range, set to {clamped:.3g}")
+        return clamped
+
+    if profile.gemm is None or profile.memory is None or profile.host_memory_bytes is None:
+        raise AutoparError("the profile lacks the GEMM, memory-bound or host-memory figures a "
+                           "cluster is made of", where=profile.source or "profile",
+                           fix="measure a full profile with `autopar profile`")
+    g = profile.gemm
+    peak = max(2 * m * n * k / g.at(m, n, k) for m in g.rows for n in g.cols for k in g.depth)
+    hbm_s = max(x / s for x, s in zip(profile.memory.x, profile.memory.seconds))
+    share = profile.host_memory_bytes // profile.nproc
+    link = profile.collectives.get(collective_key("send-recv", 2, 2))
+    if link is not None:
+        bandwidth, latency = link.x[-1] / link.seconds[-1], link.seconds[0]
+    else:  # one process: no link to measure; the memory stands in for it
+        bandwidth, latency = hbm_s, 1e-6
+    peak = within(peak, "peak_flop_per_s", "peak")
+    hbm_s = within(hbm_s, "hbm_bytes_per_s", "memory bandwidth")
+    bandwidth = within(bandwidth, "bytes_per_s", "link bandwidth")
+    latency = within(latency, "latency_s", "link latency")
+    src += ("; " + "; ".join(notes)) if notes else ""
+    gpu = GPUSpec(f"process of {profile.device}", {profile.compute_dtype: peak},
+                  int(within(share - 512 * 2**20, "hbm_bytes", "memory")), hbm_s, src)
+    one = LinkSpec(f"{profile.backend} (same host)", bandwidth, latency, src)
+    return ClusterSpec(f"profiled-{profile.backend}-{profile.nproc}", gpu, profile.nproc, 1, one,
+                       one, LinkSpec("host memory", hbm_s, 1e-6, src),
+                       int(within(profile.host_memory_bytes, "host_memory_bytes", "host memory")),
+                       hbm_reserved_bytes=0, profile=profile)
