@@ -395,11 +395,13 @@ def profile_cluster(profile: Profile) -> ClusterSpec:
     bandwidth = within(bandwidth, "bytes_per_s", "link bandwidth")
     latency = within(latency, "latency_s", "link latency")
     host = within(hbm_s, "bytes_per_s", "host link")
+    hbm = int(within(share - 512 * 2**20, "hbm_bytes", "memory"))
+    host_memory = int(within(profile.host_memory_bytes, "host_memory_bytes", "host memory"))
     src += ("; " + "; ".join(notes)) if notes else ""
     gpu = GPUSpec(f"process of {profile.device}", {profile.compute_dtype: peak},
-                  int(within(share - 512 * 2**20, "hbm_bytes", "memory")), hbm_s, src)
+                  hbm, hbm_s, src)
     one = LinkSpec(f"{profile.backend} (same host)", bandwidth, latency, src)
     return ClusterSpec(f"profiled-{profile.backend}-{profile.nproc}", gpu, profile.nproc, 1, one,
                        one, LinkSpec("host memory", host, 1e-6, src),
-                       int(within(profile.host_memory_bytes, "host_memory_bytes", "host memory")),
+                       host_memory,
                        hbm_reserved_bytes=0, profile=profile)
