@@ -40,6 +40,9 @@ _OWNERS = {
     "PlanCheck": "autopar.plan_check",
     "device_mesh": "autopar.passes",
     "parallelize": "autopar.passes",
+    "profile": "autopar.profiling",
+    "Profile": "autopar.costmodel.profile",
+    "calibrate": "autopar.calibration",
 }
 """Where each public name is defined."""
 __all__ = sorted([*_OWNERS, "models"])
