@@ -21,7 +21,8 @@ configuration. Two inputs are read:
   ``autopar.validation`` does.
 
 The fit minimises the mean squared log error of the step time over the runs, one constant at a
-time (golden-section search in log space inside ``BOUNDS``), for ``ROUNDS`` rounds: few
+time (golden-section search in log space inside ``BOUNDS``), for ``ROUNDS`` rounds (one when
+one constant is fitted): few
 constants, bounded, no solver library. Peak memory does not depend on ``Efficiency``; it is
 shown in the error table, not fitted.
 """
@@ -103,6 +104,21 @@ def errors(runs: Sequence[MeasuredRun], eff: Efficiency) -> tuple[ErrorRow, ...]
     return tuple(rows)
 
 
+def _memoised(runs: Sequence[MeasuredRun]) -> list[MeasuredRun]:
+    """``runs`` whose predictions are kept per ``Efficiency`` (the fit asks again for the
+    starting and the best values)."""
+    out = []
+    for r in runs:
+        cache: dict[Efficiency, Estimate] = {}
+
+        def predict(eff: Efficiency, r=r, cache=cache) -> Estimate:
+            if eff not in cache:
+                cache[eff] = r.predict(eff)
+            return cache[eff]
+        out.append(replace(r, predict=predict))
+    return out
+
+
 def _loss(runs: Sequence[MeasuredRun], eff: Efficiency) -> float:
     return sum(math.log(r.predict(eff).step_time_s / r.step_s) ** 2 for r in runs) / len(runs)
 
@@ -137,10 +153,12 @@ def calibrate(runs: Sequence[MeasuredRun], fit: Sequence[str] = DEFAULT_FIT, *,
     if bad or not fit or len(set(fit)) != len(fit) or len(fit) > 3:
         raise AutoparError(f"cannot fit {', '.join(fit) or 'nothing'}", where="--fit",
                            fix=f"name one to three distinct constants of {', '.join(FITTABLE)}")
+    runs = _memoised(runs)
     eff = start
-    total, done = ROUNDS * len(fit), 0
+    rounds = 1 if len(fit) == 1 else ROUNDS  # one constant: nothing else moved in between
+    total, done = rounds * len(fit), 0
     best = _loss(runs, eff)
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for name in fit:
             if progress:
                 progress(done, total, f"fitting {name}")
@@ -211,12 +229,16 @@ def _json_run(i: int, d: object, path: Path, profile: Profile | None) -> Measure
 
 
 def _published_run(row: dict) -> MeasuredRun:
-    from autopar.validation import check_megatron_row, published_step_s
+    from autopar.tracing import trace
+    from autopar.validation import check_megatron_row, megatron_inputs, published_step_s
+
+    model, _, train = megatron_inputs(row)
+    graph = trace(model, train)
 
     name = (f"Megatron {row['params_billion']}B, {row['num_gpus']} GPUs, "
             f"tp{row['tensor_parallel_size']} pp{row['pipeline_parallel_size']}")
     return MeasuredRun(name, published_step_s(row), None,
-                       lambda eff: check_megatron_row(row, efficiency=eff).estimate)
+                       lambda eff: check_megatron_row(row, efficiency=eff, graph=graph).estimate)
 
 
 def load_runs(path: str, profile: Profile | None = None) -> list[MeasuredRun]:

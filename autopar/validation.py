@@ -27,6 +27,7 @@ from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
 from autopar.core.specs import Optimizer, ParallelConfig, Precision, TrainSpec
 from autopar.search.planner import config_estimate, strategies_of
+from autopar.graph import GraphIR
 from autopar.tracing import trace
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -76,11 +77,15 @@ def megatron_inputs(row: dict, cluster_preset: str = "dgx-a100-80g"
 
 
 def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
-                       efficiency: Efficiency = DEFAULT_EFFICIENCY) -> RunCheck:
+                       efficiency: Efficiency = DEFAULT_EFFICIENCY,
+                       graph: GraphIR | None = None) -> RunCheck:
+    """The row re-created and priced (see the module docstring); ``graph`` is the traced model
+    of ``megatron_inputs`` when the caller has it already (``autopar calibrate`` prices each
+    row many times)."""
     gpus, tp, pp = row["num_gpus"], row["tensor_parallel_size"], row["pipeline_parallel_size"]
     dp = gpus // (tp * pp)
     model, cluster, train = megatron_inputs(row, cluster_preset)
-    graph = trace(model, train)
+    graph = graph if graph is not None else trace(model, train)
     strategies = strategies_of(graph, facts_of(model), graph.model_name, cluster, train,
                                efficiency=efficiency, fusions=MEGATRON_FUSIONS)
     per_stage = row["num_layers"] // pp
