@@ -61,9 +61,14 @@ class _Points:
         self.rank = dist.get_rank()
         self.device = torch.device(job["device"])
 
-    def measure(self, what: str, fn: Callable[[], object]) -> None:
+    def measure(self, what: str, fn: Callable[[], object], *, sustained: bool = False) -> None:
+        """Time ``fn`` after a barrier; ``sustained`` (compute) repeats a short kernel until
+        ``min_s`` has passed, so that every rank computes for the whole window at once -- a
+        few repetitions of a microsecond kernel would run one rank after another, each with a
+        core to itself, which a training step whose ranks all compute never sees."""
         dist.barrier()
-        self.seconds.append(_timed(fn, self.device, self.job["min_s"], self.job["max_reps"]))
+        reps = 100_000 if sustained else self.job["max_reps"]
+        self.seconds.append(_timed(fn, self.device, self.job["min_s"], reps))
         self.done += 1
         if self.rank == 0:
             Path(self.job["folder"], "progress.json").write_text(
@@ -107,16 +112,16 @@ def run(job: dict) -> dict:
         for n in sizes:
             for k in sizes:
                 a, b = rand(m, k), rand(k, n)
-                pts.measure(f"GEMM {m}x{n}x{k}", lambda a=a, b=b: a @ b)
+                pts.measure(f"GEMM {m}x{n}x{k}", lambda a=a, b=b: a @ b, sustained=True)
     heads, head_dim = job["attention_heads"], job["attention_head_dim"]
     for s in job["attention_seq"]:
         q, k, v = (rand(1, heads, s, head_dim).requires_grad_() for _ in range(3))
         pts.measure(f"attention forward, {s} tokens", lambda q=q, k=k, v=v:
-                    F.scaled_dot_product_attention(q, k, v, is_causal=True))
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True), sustained=True)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         grad = torch.ones_like(out)
         pts.measure(f"attention backward, {s} tokens", lambda out=out, grad=grad, q=q, k=k, v=v:
-                    torch.autograd.grad(out, (q, k, v), grad, retain_graph=True))
+                    torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), sustained=True)
     width = job["memory_width"]
     for n in job["memory_elements"]:
         x, y, z = rand(n // width, width), rand(n // width, width), rand(n // width, width)
@@ -127,12 +132,12 @@ def run(job: dict) -> dict:
             F.gelu(x)  # reads 1, writes 1
             F.layer_norm(x, (width,), w, bias)
             torch.softmax(x, dim=-1)
-        pts.measure(f"memory-bound kernels, {n} elements", mix)
+        pts.measure(f"memory-bound kernels, {n} elements", mix, sustained=True)
     for p in job["optimizer_params"]:
         param = torch.nn.Parameter(rand(p, dt=torch.float32))
         param.grad = rand(p, dt=torch.float32)
         opt = torch.optim.AdamW([param], lr=1e-4)
-        pts.measure(f"AdamW step, {p} parameters", opt.step)
+        pts.measure(f"AdamW step, {p} parameters", opt.step, sustained=True)
     for size in groups_of(world):
         group = dist.group.WORLD if size == world else _pair_group(world)
         _warm_up(group, rank, world, dev)

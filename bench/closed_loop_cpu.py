@@ -7,10 +7,11 @@ The CPU "cluster" is this machine's 4 gloo processes (``profile_cluster`` of a p
 by ``autopar profile --nproc 4``). Each plan of ``PLANS`` is priced with the profile
 (``autopar.estimate``) and run: one launch of 4 processes (``verify.start_ranks``, this file
 as the rank through ``verify_worker.main``) builds each plan's program as ``train.py`` does
-(``verify_worker.sharded_program``), trains ``WARMUP`` steps, then times ``STEPS`` steps, each
-after a barrier, each the slowest rank's time; the measured step time is the median of those.
-CPU timings are noisy (other work on the machine, the processes sharing 2 cores), hence the
-median. The ranking check: the plan the model ranks first against the fastest measured.
+(``verify_worker.sharded_program``), then takes ``WARMUP`` + ``STEPS`` rounds of one step of
+every plan in turn (so that the machine's other load, which changes, falls on all plans
+alike), each step after a barrier and timed as the slowest rank's; the measured step time is
+the median of a plan's ``STEPS`` timed steps. CPU timings are noisy (other work on the
+machine, the processes sharing 2 cores), hence the median. The ranking check: the plan the model ranks first against the fastest measured.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ MODEL = ModelSpec("gpt", {"num_layers": 4, "hidden_size": 512, "num_heads": 8,
                           "vocab_size": 256, "seq_len": 128})
 """12.7 M parameters: hidden 512, 4 layers, 128 tokens a sequence."""
 TRAIN = TrainSpec(global_batch=16, seq_len=128, precision="fp32")
-WARMUP, STEPS = 2, 5
+WARMUP, STEPS = 2, 7
 PLANS = {
     "dp4": dict(dp=4, micro_batch=4),
     "dp4 zero3": dict(dp=4, zero=3, micro_batch=4),
@@ -60,32 +61,36 @@ def _plan(name: str, cluster) -> Plan:
 
 
 def _run_plans(job: dict) -> dict:
-    """Rank side: every plan in turn, its step times (the slowest rank's, per step)."""
+    """Rank side: every plan's program built, then the steps taken in rounds -- one step of
+    each plan per round, in turn -- so that a change in the machine's other load (it is
+    shared) falls on every plan alike; per plan, the slowest rank's time of each step."""
     from autopar.training import optimizer, synthetic_batch, vocab_size
     from autopar.verify_worker import sharded_program
 
-    out = {}
+    spec = ModelSpec.from_dict(job["model"])
+    programs = {}
     for name, plan_dict in job["plans"].items():
-        plan, spec = Plan.from_dict(plan_dict), ModelSpec.from_dict(job["model"])
+        plan = Plan.from_dict(plan_dict)
         model = spec.build("meta")
         program = sharded_program(model, plan, spec, 0)
-        opt = optimizer(program.parameters())
-        train, c = plan.train, plan.config
-        rows = train.global_batch // c.dp
-        mine = slice(program.dp_rank * rows, (program.dp_rank + 1) * rows)
-        times = []
-        for step in range(job["warmup"] + job["steps"]):
-            tokens, targets = synthetic_batch(step, train.global_batch, train.seq_len,
-                                              vocab_size(model), 0)
+        rows = plan.train.global_batch // plan.config.dp
+        programs[name] = (program, optimizer(program.parameters()), plan.train,
+                          slice(program.dp_rank * rows, (program.dp_rank + 1) * rows),
+                          vocab_size(model))
+    times: dict[str, list[float]] = {name: [] for name in programs}
+    for step in range(job["warmup"] + job["steps"]):
+        for name, (program, opt, train, mine, vocab) in programs.items():
+            tokens, targets = synthetic_batch(step, train.global_batch, train.seq_len, vocab, 0)
             dist.barrier()
             t = time.perf_counter()
             program.step(tokens[mine], targets[mine])
             program.optimizer_step([opt])
-            times.append(time.perf_counter() - t)
-        slowest = torch.tensor(times[job["warmup"]:], dtype=torch.float64)
+            times[name].append(time.perf_counter() - t)
+    out = {}
+    for name, ts in times.items():
+        slowest = torch.tensor(ts[job["warmup"]:], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         out[name] = slowest.tolist()
-        del program, opt
     return out
 
 
@@ -107,9 +112,9 @@ def main() -> None:
     prof = Profile.load(args.profile)
     cluster = profile_cluster(prof)
     plans = {name: _plan(name, cluster) for name in PLANS}
-    start = time.perf_counter()
+    start, load_before = time.perf_counter(), _load()
     measured = measure(plans)
-    wall = time.perf_counter() - start
+    wall, load_after = time.perf_counter() - start, _load()
     rows = []
     for name, plan in plans.items():
         est = plan.estimate
@@ -117,10 +122,19 @@ def main() -> None:
         rows.append((name, plan.summary(), est.step_time_s, got,
                      est.step_time_s / got - 1.0, min(measured[name]), max(measured[name]),
                      est.measured))
-    _print(rows, prof, args.profile, wall, args.markdown)
+    _print(rows, prof, args.profile, wall, f"{load_before} before, {load_after} after",
+           args.markdown)
 
 
-def _print(rows, prof: Profile, path: str, wall: float, markdown: bool) -> None:
+def _load() -> str:
+    """The machine's load averages (1, 5, 15 min): other people's work shares its 2 cores."""
+    try:
+        return " / ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def _print(rows, prof: Profile, path: str, wall: float, load: str, markdown: bool) -> None:
     from autopar.report import measured_text
 
     errs = sorted(abs(r[4]) for r in rows)
@@ -134,7 +148,8 @@ def _print(rows, prof: Profile, path: str, wall: float, markdown: bool) -> None:
         f"{TRAIN.seq_len} tokens, fp32, AdamW; {NPROC} gloo processes, one per \"GPU\".",
         f"Profile: `{path}` ({prof.device}, measured {prof.date}, torch {prof.torch_version}).",
         f"Measured: median of {STEPS} steps after {WARMUP} warm-up steps, each step the "
-        f"slowest rank's; all plans in one launch ({wall:.0f} s).",
+        f"slowest rank's; the plans' steps in rounds, one launch ({wall:.0f} s); load "
+        f"average (1 / 5 / 15 min) {load}.",
         "",
         "| plan | configuration | predicted s | measured s (median) | error | measured "
         "min-max s | priced by |",
