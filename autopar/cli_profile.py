@@ -93,6 +93,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
                       f"{a.predicted_s:.4g}", f"{a.error:+.1%}")
     table.add_row("median |error|", "", "", f"{_median_abs(cal.before):.1%}", "",
                   f"{_median_abs(cal.after):.1%}", style="bold")
+    table.add_row("rms log error (fitted)", "", "", f"{_rms_log(cal.before):.2%}", "",
+                  f"{_rms_log(cal.after):.2%}", style="bold")
     console.print(table)
     console.print("fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in cal.fitted.items()))
     with open(args.out, "w", encoding="utf-8") as f:
@@ -106,6 +108,13 @@ def _median_abs(rows) -> float:
     errs = sorted(abs(r.error) for r in rows)
     n = len(errs)
     return (errs[n // 2] + errs[(n - 1) // 2]) / 2
+
+
+def _rms_log(rows) -> float:
+    """What the fit minimises: the root mean square of log(predicted / measured)."""
+    import math
+
+    return math.sqrt(sum(math.log(r.predicted_s / r.measured_s) ** 2 for r in rows) / len(rows))
 
 
 def _check_writable(path: str, flag: str) -> None:

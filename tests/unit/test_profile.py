@@ -137,3 +137,24 @@ def test_profile_cluster_takes_its_figures_from_the_measurements():
     assert c.intra_node.latency_s == pytest.approx(1e-4)
     assert c.num_gpus == 4 and c.profile is prof
     assert math.isclose(c.gpu.hbm_bytes, 4 * 2**30 - 512 * 2**20)
+
+
+def test_closed_loop_bench_plans_cover_the_issue_and_are_priced_from_its_profile():
+    """bench/closed_loop_cpu.py's plans: at least 8, dp, tp with sp, every pipeline schedule,
+    ZeRO-3 and each checkpoint policy, each admissible and priced mostly from the profile."""
+    from pathlib import Path
+
+    from bench_scripts import load
+
+    bench = load("closed_loop_cpu", "closed_loop_cpu")
+    cluster = profile_cluster(Profile.load(Path(__file__).resolve().parents[2] / "bench" /
+                                           "results" / "profile_cpu_4proc.json"))
+    plans = {name: bench._plan(name, cluster) for name in bench.PLANS}
+    configs = [p.config for p in plans.values()]
+    assert len(plans) >= 8
+    assert {str(c.schedule) for c in configs if c.pp > 1} == {"1f1b", "gpipe", "interleaved"}
+    assert any(c.tp > 1 and c.sequence_parallel for c in configs)
+    assert any(c.zero == 3 for c in configs)
+    assert {str(c.checkpoint) for c in configs} >= {"none", "full", "selective"}
+    for plan in plans.values():
+        assert plan.estimate.measured["gemm"] == 1.0
