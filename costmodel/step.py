@@ -20,6 +20,8 @@ from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, StageMemory
 from .memory import (
     StateBytes,
+    backward_peak,
+    dtype_bytes,
     activation_bytes_per_element,
     model_state_bytes,
     recompute_working_bytes,
@@ -369,7 +371,7 @@ def estimate_step(
 
     dp_exposed, optimizer_s, offload_s, offloaded = 0.0, 0.0, 0.0, 0.0
     stage_mem = []
-    sized: dict[tuple[str, Checkpoint], tuple[float, float]] = {}
+    sized: dict[tuple[str, Checkpoint], tuple[float, float, tuple[float, float]]] = {}
     for s in range(config.pp):
         dense, expert = _stage_params(workload, part, s, config)
         exposed = _dp_comm_s(dense, expert, sb.grads, sb.weights, config, m, times[s].backward,
@@ -432,22 +434,27 @@ def _stage_memory(
     workload: Workload, part: StagePartition, stage: int, split: Split,
     policies: tuple[Checkpoint, ...], config: ParallelConfig, m: int, v: int,
     dense: float, expert: float, train: TrainSpec, sb: StateBytes, g: MeshGroups,
-    memo: dict[tuple[str, Checkpoint], tuple[float, float]],
+    memo: dict[tuple[str, Checkpoint], tuple[float, float, tuple[float, float]]],
 ) -> StageMemory:
     groups = _stage_groups(workload, part, stage, policies)
     kept = 0.0
     working = 0.0
-    block_working = 0.0
+    block_grad_bytes = sum(_layer_params(workload.block, config)) * \
+        dtype_bytes(train.precision, train.optimizer)[1]
+    walked: tuple[float, float] | None = None  # (activations, gradients) of a block's backward
     for layer, policy, n in groups:
         key = (layer.name, policy)
         if key not in memo:  # every block costs the same: size it once
-            memo[key] = (saved_bytes(layer, split, policy),
-                         recompute_working_bytes(layer, split, policy)
-                         + transient_bytes(layer, split))
+            working_bytes = recompute_working_bytes(layer, split, policy) \
+                + transient_bytes(layer, split)
+            memo[key] = (saved_bytes(layer, split, policy), working_bytes,
+                         backward_peak(layer, split, policy, block_grad_bytes)
+                         or (working_bytes, block_grad_bytes))
         kept += n * memo[key][0]
         working = max(working, memo[key][1])
-        if layer is workload.block:
-            block_working = max(block_working, memo[key][1])
+        if layer is workload.block and (walked is None or sum(memo[key][2]) > sum(walked)):
+            walked = memo[key][2]
+    block_working, block_grads = walked if walked is not None else (0.0, block_grad_bytes)
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
     if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet
         states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
@@ -467,7 +474,8 @@ def _stage_memory(
             head=sum(_layer_params(workload.post, config)) + workload.tied_params / config.tp
             if stage == config.pp - 1 else 0.0,
             embedding_extra=workload.pre.params_tp * (1.0 - 1.0 / config.tp))
-        acts = StageActivations(in_flight, kept, working, block_working)
+        acts = StageActivations(in_flight, kept, working, block_working,
+                                block_grads / block_grad_bytes if block_grad_bytes else 1.0)
         moment, breakdown = stage_peak(params, acts,
                                        train.precision, train.optimizer, zero=config.zero,
                                        pipelined=config.pp > 1, microbatches=m,
