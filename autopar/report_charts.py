@@ -211,7 +211,7 @@ def gantt_chart(est: Estimate) -> str:
     bubble = est.time_breakdown.get("bubble", 0.0)
     chunks = f", {c.virtual_stages} chunks per stage" if schedule is Schedule.INTERLEAVED else ""
     ax.set_title(f"Pipeline schedule: {schedule}, {est.num_microbatches} micro-batches"
-                 f"{chunks}; bubble {bubble * scale:,.1f} {unit} "
+                 f"{chunks}; bubble {duration(bubble)} "
                  f"({bubble / est.step_time_s:.1%} of the step)")
     from matplotlib.patches import Patch
 
@@ -239,44 +239,63 @@ def time_chart(est: Estimate) -> str:
     ax.barh(range(len(parts)), [v * scale for v in values],
             color=[colour(k, kinds, time=True) for k in kinds])
     for i, v in enumerate(values):
-        ax.text(v * scale, i, f"  {v * scale:,.1f} {unit} ({v / est.step_time_s:.1%})",
+        ax.text(v * scale, i, f"  {duration(v)} ({v / est.step_time_s:.1%})",
                 va="center", fontsize=8)
     ax.set_yticks(range(len(parts)), kinds)
     ax.invert_yaxis()
     ax.set_xlim(0, max(values) * scale * 1.35)
     ax.set_xlabel(unit)
-    ax.set_title(f"Time per step by kind: {est.step_time_s * scale:,.1f} {unit} in all")
+    ax.set_title(f"Time per step by kind: {duration(est.step_time_s)} in all")
     return _svg(fig, "time")
+
+
+def duration(seconds: float) -> str:
+    """``450.7 ms`` below a second, ``19.2 s`` from it."""
+    return f"{seconds * 1e3:,.1f} ms" if abs(seconds) < 1 else f"{seconds:,.1f} s"
 
 
 def plans_time_chart(estimates: Sequence[Estimate], labels: Sequence[str],
                      title: str = "Time per step, plans side by side") -> str:
     """Each plan's step time as one bar stacked by kind (the same colours as ``time_chart``),
-    the first plan's step time a dashed line; a plan that does not fit is marked."""
+    the first plan's step time a dashed line, a plan that does not fit marked; beside it, each
+    other plan's time by kind less the first's (the deltas that decide between them)."""
     kinds = [k for k in ordered_kinds([e.time_breakdown for e in estimates], time=True)
              if any(e.time_breakdown.get(k, 0.0) > 0 for e in estimates)]
     longest = max(e.step_time_s for e in estimates)
     scale, unit = (1e3, "ms") if longest < 10 else (1.0, "s")
-    fig = _figure(11.0, 1.2 + 0.45 * len(estimates))
-    ax = fig.add_subplot()
-    left = [0.0] * len(estimates)
+    n = len(estimates)
+    fig = _figure(13.0, 1.4 + 0.5 * n)
+    ax, dax = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2)) if n > 1 else \
+        (fig.add_subplot(), None)
+    left = [0.0] * n
     for kind in kinds:
         widths = [e.time_breakdown.get(kind, 0.0) * scale for e in estimates]
-        ax.barh(range(len(estimates)), widths, left=left, color=colour(kind, kinds, time=True),
-                label=kind,
+        ax.barh(range(n), widths, left=left, color=colour(kind, kinds, time=True), label=kind,
                 height=0.6)
         left = [a + w for a, w in zip(left, widths)]
     first = estimates[0].step_time_s
     for i, e in enumerate(estimates):
-        note = (f"  {e.step_time_s * scale:,.1f} {unit}"
+        note = (f"  {duration(e.step_time_s)}"
                 + (f" ({e.step_time_s / first - 1:+.1%})" if i else "")
                 + ("" if e.fits else ", does not fit"))
         ax.text(e.step_time_s * scale, i, note, va="center", fontsize=8)
     ax.axvline(first * scale, color="black", linestyle="--", linewidth=0.8)
-    ax.set_yticks(range(len(estimates)), labels, fontsize=8)
+    ax.set_yticks(range(n), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, longest * scale * 1.3)
     ax.set_xlabel(unit)
-    ax.set_title(title)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.set_title(title, fontsize=10)
+    if dax is not None:
+        base = estimates[0].time_breakdown
+        step = 0.7 / len(kinds)
+        for j, kind in enumerate(kinds):
+            deltas = [0.0] + [(e.time_breakdown.get(kind, 0.0) - base.get(kind, 0.0)) * 1e3
+                              for e in estimates[1:]]
+            dax.barh([i - 0.35 + step * (j + 0.5) for i in range(n)], deltas, height=step,
+                     color=colour(kind, kinds, time=True))
+        dax.axvline(0, color="black", linewidth=0.8)
+        dax.set_xlabel("ms, against the first plan (right: slower)")
+        dax.set_title("Time by kind less the first plan's", fontsize=10)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=8,
+               frameon=False)
     return _svg(fig, "plans")
