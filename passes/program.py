@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -41,12 +42,13 @@ from autopar.admissibility import facts_of
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Precision
 from autopar.core.plan import Plan
+from autopar.passes.context_parallel import apply_context_parallel, chunk_positions, sequence_shard
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
 from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions, keep_fused_head_gathered
 from autopar.passes.loss_scaling import grad_scaler, quiet_found_inf
 from autopar.core.mesh import MeshAxis
 from autopar.passes.mesh import check_executable, dp_rank
-from autopar.passes.model_parts import ModelParts, parts_of
+from autopar.passes.model_parts import ModelParts, model_family, parts_of
 from autopar.passes.pipeline import StageShapes, build_schedule
 from autopar.passes.stage import StageModule, build_stages, stage_layout
 from autopar.passes.tensor_parallel import (
@@ -168,8 +170,20 @@ class ParallelProgram:
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """Forward and backward of this rank's batch: ``tokens`` and ``targets`` are
         (micro_batch * num_microbatches, seq_len); every rank of a data-parallel replica passes
-        the same ones. Returns the mean loss where the last stage is held, else ``None``."""
+        the same ones (under context parallelism the whole sequences: each cp rank runs its
+        chunks of them). Returns the mean loss where the last stage is held, else ``None``."""
         tokens, targets = tokens.to(self.device), targets.to(self.device)
+        cp = self.plan.config.cp
+        if cp > 1:  # this cp rank's chunks of every sequence (passes/context_parallel.py)
+            rank = self.mesh.get_local_rank(MeshAxis.CP.value)
+            tokens, targets = sequence_shard(tokens, cp, rank), sequence_shard(targets, cp, rank)
+        loss = self._step(tokens, targets)
+        if loss is not None and cp > 1:
+            # the mean over the whole sequences: every cp rank's mean is over as many tokens
+            dist.all_reduce(loss, dist.ReduceOp.AVG, group=self.mesh[MeshAxis.CP.value].get_group())
+        return loss
+
+    def _step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
             args = (tokens,) if self.holds_first else ()
@@ -219,6 +233,10 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     parts = parts_of(model)
     dtype = torch.bfloat16 if plan.train.precision is Precision.BF16_PURE else None
     _move(model, device, dtype)
+    cp, cp_rank = plan.config.cp, mesh.get_local_rank(MeshAxis.CP.value)
+    if cp > 1:  # before the fusions, whose graphs then keep the attention's call to it
+        apply_context_parallel(model, model_family(model), plan,
+                               mesh[MeshAxis.CP.value].get_group(), cp_rank)
     # Fusion after the cast (the fused modules hold the cast weights) and before the split
     # and sharding, which find the fused modules under the model's names.
     apply_fusions(model, plan.config.fusions, tp=plan.config.tp)
@@ -227,6 +245,8 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     stages = build_stages(model, parts, plan, pp_rank)
     num_stages = len(stage_layout(plan, len(model.get_submodule(parts.blocks))))
     for _, stage in stages:
+        if cp > 1:
+            stage.positions = partial(_positions, cp=cp, rank=cp_rank)
         apply_tensor_parallel(stage, plan, mesh[MeshAxis.TP.value], parts)
         apply_data_parallel(stage, stage.blocks().values(), plan, mesh)
         keep_fused_head_gathered(stage, parts.head)
@@ -240,6 +260,10 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
         program.schedule = build_schedule(stages, num_stages, plan, mesh, device,
                                           program._scaled_loss, shapes)
     return program
+
+
+def _positions(seq_len: int, device: torch.device, *, cp: int, rank: int) -> torch.Tensor:
+    return chunk_positions(seq_len, cp, rank, device)
 
 
 def _move(model: nn.Module, device: torch.device, dtype: torch.dtype | None) -> None:
