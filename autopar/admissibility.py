@@ -176,13 +176,17 @@ def stages_problem(facts: ModelFacts, pp: int, chunks: int) -> Problem | None:
     return None
 
 
-def sequence_parallel_problem(seq_len: int, tp: int) -> Problem | None:
-    if tp > 1 and seq_len % tp:
-        return Problem(f"sequence parallelism over tp={tp} splits the sequence of {seq_len} "
-                       f"tokens into equal shards, and {tp} does not divide {seq_len}",
+def sequence_parallel_problem(seq_len: int, tp: int, cp: int = 1) -> Problem | None:
+    """``seq_len``: the whole sequence; a cp rank's share of it (``seq_len / cp``) is what
+    sequence parallelism splits."""
+    held = seq_len // cp
+    if tp > 1 and held % tp:
+        share = f" (this cp rank's {held} of {seq_len})" if cp > 1 else ""
+        return Problem(f"sequence parallelism over tp={tp} splits the sequence of {held} "
+                       f"tokens{share} into equal shards, and {tp} does not divide {held}",
                        "sequence_parallel",
                        f"plan without sequence parallelism (the planner does so when it is "
-                       f"free to), or use a sequence length that is a multiple of {tp}")
+                       f"free to), or use a sequence length that is a multiple of {tp * cp}")
     return None
 
 
@@ -258,7 +262,7 @@ def problems(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> lis
              experts_problem(facts, config.ep),
              context_parallel_problem(facts, train.seq_len, config.cp)]
     if config.sequence_parallel:
-        found.append(sequence_parallel_problem(train.seq_len, config.tp))
+        found.append(sequence_parallel_problem(train.seq_len, config.tp, config.cp))
     return [p for p in found if p is not None]
 
 

@@ -112,25 +112,25 @@ def tp_comm_s(
 
 
 def _cp_comm_s(
-    layer: LayerCost, split: Split, g: MeshGroups, cluster: ClusterSpec, eff: Efficiency
+    layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
+    eff: Efficiency,
 ) -> float:
-    """Ring attention: cp-1 exchanges of a K/V chunk each way, each hidden under one chunk of
-    attention compute when it can be (forward once, backward twice the data: K/V and dK/dV)."""
+    """Context parallelism as the engine runs it (``passes/context_parallel.py``): every
+    attention all-gathers the whole sequence's K and V (this tp rank's heads) over the cp group
+    in its forward and reduce-scatters dK and dV in its backward, neither overlapped with
+    compute; a recomputed forward gathers again (``tp_comm_s``'s rule: the selective policy
+    keeps the attention's output, not its gathered inputs)."""
     if split.cp == 1:
         return 0.0
     total = 0.0
     for op in layer.ops:
         if op.kind is not OpKind.ATTENTION or op.kv_elements == 0:
             continue
-        chunk = op.kv_elements * split.micro_batch * split.act_bytes / (split.cp * split.tp)
-        # ring neighbours: the ring is as slow as its slowest hop, between nodes when the cp
-        # group spans nodes
-        ring = Group(size=2, per_node=2 if g.cp.per_node == g.cp.size else 1)
-        step = estimate_collective_s(Collective.SEND_RECV, chunk, ring, cluster, eff)
-        peak = cluster.gpu.peak(split.compute_dtype)
-        fwd_chunk = op.flop * split.scale(Shard.TP) / (peak * eff.attention_fwd) / split.cp
-        bwd_chunk = 2 * op.flop * split.scale(Shard.TP) / (peak * eff.attention_bwd) / split.cp
-        total += (split.cp - 1) * (max(0.0, step - fwd_chunk) + max(0.0, 2 * step - bwd_chunk))
+        heads = split.tp if op.shard is Shard.TP else 1  # this tp rank's key/value heads
+        gathered = op.kv_elements * split.micro_batch * split.act_bytes / heads
+        fwd = estimate_collective_s(Collective.ALL_GATHER, gathered, g.cp, cluster, eff)
+        bwd = estimate_collective_s(Collective.REDUCE_SCATTER, gathered, g.cp, cluster, eff)
+        total += fwd * (1 if policy is Checkpoint.NONE else 2) + bwd
     return total
 
 
@@ -163,7 +163,7 @@ def _layer_time(
         recompute = estimate_layer_s(layer, split, cluster, eff, only_recomputed_by_selective=True,
                                      expert_scale=imbalance).forward
     return (t, recompute, tp_comm_s(layer, split, policy, g, cluster, eff),
-            _cp_comm_s(layer, split, g, cluster, eff),
+            _cp_comm_s(layer, split, policy, g, cluster, eff),
             _ep_comm_s(layer, split, policy, g, cluster, eff))
 
 

@@ -92,13 +92,10 @@ class GatheredKVAttention(nn.Module):
         return ordered.permute(1, 2, 0, 3)
 
 
-def apply_context_parallel(model: nn.Module, family: Family, plan: Plan,
-                           group: ProcessGroup, rank: int) -> int:
-    """Give every attention module of ``model`` that ``family`` names its
-    ``GatheredKVAttention`` over ``group`` (this rank is cp rank ``rank``); returns how many.
-    Runs before the fusions, whose graphs then keep the call (a submodule is a leaf to them).
-    ``AutoparError`` where the family names none."""
-    cp = plan.config.cp
+def context_attention(model: nn.Module, family: Family) -> list[nn.Module]:
+    """The attention modules of ``model`` that take a context-parallel hook (``family``'s
+    ``context_attention``); ``AutoparError`` where there are none (``passes.mesh.
+    executable_spec`` asks before any process starts)."""
     attention = [m for m in model.modules() if family.context_attention(m)]
     if not attention:
         raise AutoparError(
@@ -106,6 +103,16 @@ def apply_context_parallel(model: nn.Module, family: Family, plan: Plan,
             f"attention; the {family.name} family names none", where="plan.config.cp",
             fix="re-plan with cp=1 (autopar plan --cp 1), or give the family's attention a "
                 "`context_parallel` hook and name it in its Family.context_attention")
+    return attention
+
+
+def apply_context_parallel(model: nn.Module, family: Family, plan: Plan,
+                           group: ProcessGroup, rank: int) -> int:
+    """Give every attention module of ``model`` that ``family`` names its
+    ``GatheredKVAttention`` over ``group`` (this rank is cp rank ``rank``); returns how many.
+    Runs before the fusions, whose graphs then keep the call (a submodule is a leaf to them)."""
+    cp = plan.config.cp
+    attention = context_attention(model, family)
     for module in attention:
         module.context_parallel = GatheredKVAttention(group, cp, rank)
     return len(attention)
