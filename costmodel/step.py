@@ -31,7 +31,7 @@ from .peak import StageActivations, StageParams, stage_peak
 from .pipeline import StagePartition, bubble_fraction, even_partition, in_flight_microbatches
 from autopar.core.specs import Checkpoint, ParallelConfig, Precision, Schedule, TrainSpec
 from .topology import MeshGroups, mesh_groups
-from .workload import LayerCost, OpKind, Phase, Shard, TPCollective, Workload
+from .workload import LayerCost, OpCost, OpKind, Phase, Shard, TPCollective, Workload
 
 BUCKET_BYTES = 25 * 2**20
 """One gradient bucket: DDP's default ``bucket_cap_mb`` of 25 MiB."""
@@ -111,26 +111,32 @@ def tp_comm_s(
     return total
 
 
+def cp_collectives(layer: LayerCost) -> list[tuple[Collective, Phase, OpCost]]:
+    """The collectives context parallelism runs in one layer for one micro-batch (cp > 1), as
+    (kind, phase, the attention op, whose ``kv_elements`` are gathered): the engine
+    (``passes/context_parallel.py``) all-gathers each attention's K and V together over the cp
+    group in its forward and reduce-scatters dK and dV in its backward."""
+    return [(kind, phase, op) for op in layer.ops
+            if op.kind is OpKind.ATTENTION and op.kv_elements > 0
+            for kind, phase in ((Collective.ALL_GATHER, Phase.FORWARD),
+                                (Collective.REDUCE_SCATTER, Phase.BACKWARD_ACT))]
+
+
 def _cp_comm_s(
     layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
     eff: Efficiency,
 ) -> float:
-    """Context parallelism as the engine runs it (``passes/context_parallel.py``): every
-    attention all-gathers the whole sequence's K and V (this tp rank's heads) over the cp group
-    in its forward and reduce-scatters dK and dV in its backward, neither overlapped with
-    compute; a recomputed forward gathers again (``tp_comm_s``'s rule: the selective policy
-    keeps the attention's output, not its gathered inputs)."""
+    """Seconds of ``cp_collectives`` (this tp rank's heads; none overlapped with compute); a
+    recomputed forward gathers again (``tp_comm_s``'s rule: the selective policy keeps the
+    attention's output, not its gathered inputs)."""
     if split.cp == 1:
         return 0.0
     total = 0.0
-    for op in layer.ops:
-        if op.kind is not OpKind.ATTENTION or op.kv_elements == 0:
-            continue
+    for kind, phase, op in cp_collectives(layer):
         heads = split.tp if op.shard is Shard.TP else 1  # this tp rank's key/value heads
-        gathered = op.kv_elements * split.micro_batch * split.act_bytes / heads
-        fwd = estimate_collective_s(Collective.ALL_GATHER, gathered, g.cp, cluster, eff)
-        bwd = estimate_collective_s(Collective.REDUCE_SCATTER, gathered, g.cp, cluster, eff)
-        total += fwd * (1 if policy is Checkpoint.NONE else 2) + bwd
+        nbytes = op.kv_elements * split.micro_batch * split.act_bytes / heads
+        repeats = 2 if (phase is Phase.FORWARD and policy is not Checkpoint.NONE) else 1
+        total += repeats * estimate_collective_s(kind, nbytes, g.cp, cluster, eff)
     return total
 
 

@@ -74,22 +74,25 @@ class GatheredKVAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                 dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
         """q, k, v: (batch, heads, local seq, head_dim), this rank's chunks."""
-        local = q.shape[2]
-        seq_len = local * self.cp
-        k, v = self._gather(k, seq_len), self._gather(v, seq_len)
+        seq_len = q.shape[2] * self.cp
+        k, v = self._gather(k, v, seq_len)
         mine = chunk_positions(seq_len, self.cp, self.rank, q.device)
         mask = mine[:, None] >= torch.arange(seq_len, device=q.device)[None, :]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                               enable_gqa=enable_gqa)
 
-    def _gather(self, x: torch.Tensor, seq_len: int) -> torch.Tensor:
-        """(b, h, local, d) of every cp rank -> (b, h, seq_len, d) in sequence order."""
-        by_position = x.permute(2, 0, 1, 3).contiguous()  # the gather concatenates on dim 0
-        gathered = wait_tensor(all_gather_single_autograd(by_position, 0, self.group))
-        held = torch.cat([chunk_positions(seq_len, self.cp, r, x.device)
+    def _gather(self, k: torch.Tensor, v: torch.Tensor, seq_len: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b, h, local, d) K and V of every cp rank -> each (b, h, seq_len, d) in sequence
+        order: one all-gather of both (the one the cost model prices), its backward one
+        reduce-scatter."""
+        # sequence first: the gather concatenates the ranks' shares on dim 0
+        both = torch.stack((k, v)).permute(3, 0, 1, 2, 4).contiguous()
+        gathered = wait_tensor(all_gather_single_autograd(both, 0, self.group))
+        held = torch.cat([chunk_positions(seq_len, self.cp, r, k.device)
                           for r in range(self.cp)])
-        ordered = gathered.index_select(0, held.argsort())
-        return ordered.permute(1, 2, 0, 3)
+        ordered = gathered.index_select(0, held.argsort()).permute(1, 2, 3, 0, 4)
+        return ordered[0], ordered[1]
 
 
 def context_attention(model: nn.Module, family: Family) -> list[nn.Module]:
