@@ -97,8 +97,8 @@ class GatheredKVAttention(nn.Module):
 
 def context_attention(model: nn.Module, family: Family) -> list[nn.Module]:
     """The attention modules of ``model`` that take a context-parallel hook (``family``'s
-    ``context_attention``); ``AutoparError`` where there are none (``passes.mesh.
-    executable_spec`` asks before any process starts)."""
+    ``context_attention``); ``AutoparError`` where there are none (the admissibility check,
+    ``ModelFacts.context_attention``, refuses such a plan before any process starts)."""
     attention = [m for m in model.modules() if family.context_attention(m)]
     if not attention:
         raise AutoparError(

@@ -15,8 +15,6 @@ from autopar.core.errors import AutoparError
 from autopar.core.mesh import DATA_PARALLEL, ORDER, MeshAxis, mesh_sizes
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
-from autopar.passes.context_parallel import context_attention
-from autopar.passes.model_parts import model_family
 
 
 AXES: tuple[MeshAxis, ...] = ORDER
@@ -51,10 +49,7 @@ def executable_spec(plan: Plan, given: ModelSpec | None = None) -> ModelSpec:
     checked against it (``check_executable``): what ``verify`` and ``export`` check before any
     process starts or file is written."""
     spec = plan.spec_for(given)
-    model = spec.build("meta")
-    check_executable(plan, facts_of(model))
-    if plan.config.cp > 1:
-        context_attention(model, model_family(model))
+    check_executable(plan, facts_of(spec.build("meta")))
     return spec
 
 
