@@ -222,10 +222,10 @@ def context_parallel_problem(facts: ModelFacts, seq_len: int, cp: int) -> Proble
                        "F.scaled_dot_product_attention")
     if not facts.context_attention:
         return Problem("the passes run context parallelism through a hook of the model "
-                       "family's attention modules, and none of this model's takes one (an "
-                       "eager attention, or a family without the hook: models.family."
+                       "family's fused attention modules, and none of this model's takes one "
+                       "(an eager attention, or a family without the hook: models.family."
                        "Family.context_attention)", "cp",
-                       "use cp=1, or fused (SDPA) attention of a family with the hook")
+                       "use cp=1, or SDPA attention of a family with the hook")
     return None
 
 

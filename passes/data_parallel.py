@@ -74,7 +74,8 @@ def offload_policy(offload: bool) -> OffloadPolicy:
 
 
 def wants_fsdp(plan: Plan) -> bool:
-    return plan.config.dp * plan.config.cp > 1 or plan.config.offload or plan.train.precision in COMPUTE_DTYPE
+    return (plan.config.dp * plan.config.cp > 1 or plan.config.offload
+            or plan.train.precision in COMPUTE_DTYPE)
 
 
 def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Plan,

@@ -3,20 +3,23 @@
 The passes run in this order, each for a reason:
 
 1. ``bf16-pure`` casts the model first, so every shard is made from bf16 weights.
-2. The pipeline split (``stage.build_stages``) comes before any sharding: each stage is its
+2. Context parallelism (``context_parallel``) gives each attention module its K/V all-gather
+   before the fusions, whose fx graphs then keep the call (a submodule is a leaf to them).
+3. The pipeline split (``stage.build_stages``) comes before any sharding: each stage is its
    own FSDP root and its own ``PipelineStage``; it keeps module names, so checkpoints match
    across plans.
-3. Tensor parallelism (``tensor_parallel``) comes before data parallelism: FSDP2 shards the tp
+4. Tensor parallelism (``tensor_parallel``) comes before data parallelism: FSDP2 shards the tp
    DTensors along dp (a 2-D layout); the engine does not support the reverse order.
-4. Activation checkpointing needs no rewrite: the stage runs each block under its policy.
-5. Data parallelism and mixed precision (``data_parallel``), per block then per stage.
-6. A weight tied across pipeline stages (GPT's embedding and head) gets one all-reduce of its
+5. Activation checkpointing needs no rewrite: the stage runs each block under its policy.
+6. Data parallelism and mixed precision (``data_parallel``), per block then per stage.
+7. A weight tied across pipeline stages (GPT's embedding and head) gets one all-reduce of its
    gradient between the two stages after each backward (``TiedWeights``).
-7. The schedule (``pipeline``), when pp > 1.
-8. fp16 plans get a gradient scaler (``loss_scaling``): dynamic loss scaling.
+8. The schedule (``pipeline``), when pp > 1.
+9. fp16 plans get a gradient scaler (``loss_scaling``): dynamic loss scaling.
 
 ``ParallelProgram.step(tokens, targets)`` runs forward and backward of this rank's share of
-the global batch (its data-parallel slice, all its micro-batches) and returns the mean loss
+the global batch (its data-parallel slice, all its micro-batches; under context parallelism
+its chunks of every sequence) and returns the mean loss
 on the ranks holding the last stage (``None`` elsewhere); ``optimizer_step(optimizers)`` then
 steps the caller's optimizers (through the scaler for fp16, which may skip the step), and
 ``unscale_(optimizers)`` before it gives the true gradients to look at.

@@ -1,5 +1,6 @@
 """Closed-form checks of the cost model's pieces: collectives, pipeline schedules, model states,
-GEMM shape efficiency, context parallelism's K/V all-gather and data-parallel exposure by ZeRO stage."""
+GEMM shape efficiency, context parallelism's K/V all-gather and data-parallel exposure by ZeRO
+stage."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.collectives import Collective, Group, estimate_collective_s
 from autopar.costmodel.compute import (
     Gemm,
-    PhaseTimes,
     Split,
     epilogue_depth,
     estimate_op_s,
@@ -18,7 +18,7 @@ from autopar.costmodel.compute import (
 )
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
-from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
+from autopar.costmodel.memory import model_state_bytes, saved_bytes, state_bytes_per_param
 from autopar.costmodel.pipeline import bubble_fraction, even_partition, in_flight_microbatches
 from autopar.core.specs import Checkpoint, Optimizer, ParallelConfig, Precision, Schedule
 from autopar.costmodel.step import _cp_comm_s, _dp_comm_s, _fsdp_exposed_s
@@ -244,6 +244,12 @@ def test_context_parallel_prices_the_kv_all_gather_it_runs(a100: ClusterSpec) ->
     assert _cp_comm_s(layer, split, Checkpoint.FULL, g, a100, EFF) == pytest.approx(2 * ag + rs)
     assert _cp_comm_s(layer, Split(2, 2, 1, False, a, "bf16"), Checkpoint.NONE, g, a100,
                       EFF) == 0.0
+    # memory: the whole sequence's K/V (this tp rank's heads) and the (s/cp, s) mask in the
+    # activation dtype are saved beyond the traced 1/cp share, without checkpointing only
+    with_seq = Split(2, 2, 8, False, a, "bf16", s)
+    assert saved_bytes(layer, with_seq, Checkpoint.NONE) == pytest.approx(
+        gathered * (1 - 1 / 8) + s * s / 8 * a)
+    assert saved_bytes(layer, with_seq, Checkpoint.SELECTIVE) == 0.0
     one = estimate_op_s(sdpa, Split(2, 2, 1, False, a, "bf16"), a100, EFF)
     eight = estimate_op_s(sdpa, split, a100, EFF)
     k = EFF.kernel_overhead_s

@@ -3,7 +3,8 @@ shares it.
 
 Before the blocks: ``tok_emb``; every block is called ``layers[i](x, cos, sin)`` with the first
 ``seq_len`` rows of the model's RoPE tables (the root's buffers ``rope_cos``/``rope_sin``, which
-every stage keeps; under context parallelism the rows of the positions the rank holds); after them ``norm_f`` and ``head``.
+every stage keeps; under context parallelism the rows of the positions the rank holds);
+after them ``norm_f`` and ``head``.
 """
 
 from __future__ import annotations
