@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from .compute import Split
 from autopar.core.specs import Checkpoint, Optimizer, Precision
-from .workload import LayerCost, SavedTensor, Shard
+from .workload import LayerCost, OpKind, SavedTensor, Shard
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,29 @@ def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
         return layer.input_elements * split.act_bytes * split.scale(Shard.SEQ)
     if policy is Checkpoint.SELECTIVE:
         return _bytes(layer, split, lambda t: t.selective)
-    return _bytes(layer, split, lambda t: t.without_checkpoint)
+    return _bytes(layer, split, lambda t: t.without_checkpoint) + gathered_kv_bytes(layer, split)
+
+
+def gathered_kv_bytes(layer: LayerCost, split: Split) -> float:
+    """What context parallelism adds to what an attention saves for its backward, beyond the
+    traced model's (which saved this rank's 1/cp of K and V): the whole sequence's K and V,
+    all-gathered (``passes/context_parallel.py``), and the causal mask of the rank's queries
+    against the whole sequence, which SDPA keeps in the query's dtype (measured on the CPU
+    kernel, ``_scaled_dot_product_flash_attention_for_cpu``: a bool (s/cp, s) mask is saved
+    as a float one), once per attention and micro-batch. Not kept under the selective policy,
+    which keeps the attention's output, not its inputs."""
+    if split.cp == 1:
+        return 0.0
+    total = 0.0
+    for op in layer.ops:
+        if op.kind is not OpKind.ATTENTION or op.kv_elements <= 0:
+            continue
+        heads = split.tp if op.shard is Shard.TP else 1
+        total += (op.kv_elements * split.micro_batch * split.act_bytes / heads
+                  * (1.0 - 1.0 / split.cp))
+        if split.seq_len is not None:
+            total += split.seq_len * split.seq_len / split.cp * split.act_bytes
+    return total
 
 
 def _bytes(layer: LayerCost, split: Split, which: Callable[[SavedTensor], bool]) -> float:
@@ -157,7 +179,8 @@ def recompute_working_bytes(layer: LayerCost, split: Split, policy: Checkpoint) 
     if policy is Checkpoint.NONE:
         return 0.0
     if policy is Checkpoint.SELECTIVE:
-        return _bytes(layer, split, lambda t: t.without_checkpoint and not t.selective)
+        return (_bytes(layer, split, lambda t: t.without_checkpoint and not t.selective)
+                + gathered_kv_bytes(layer, split))
     return saved_bytes(layer, split, Checkpoint.NONE) - saved_bytes(layer, split, policy)
 
 

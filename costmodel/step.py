@@ -33,7 +33,7 @@ from .peak import StageActivations, StageParams, stage_peak
 from .pipeline import StagePartition, bubble_fraction, even_partition, in_flight_microbatches
 from autopar.core.specs import Checkpoint, ParallelConfig, Precision, Schedule, TrainSpec
 from .topology import MeshGroups, mesh_groups
-from .workload import LayerCost, OpKind, Phase, Shard, TPCollective, Workload
+from .workload import LayerCost, OpCost, OpKind, Phase, Shard, TPCollective, Workload
 
 BUCKET_BYTES = 25 * 2**20
 """One gradient bucket: DDP's default ``bucket_cap_mb`` of 25 MiB."""
@@ -113,26 +113,32 @@ def tp_comm_s(
     return total
 
 
+def cp_collectives(layer: LayerCost) -> list[tuple[Collective, Phase, OpCost]]:
+    """The collectives context parallelism runs in one layer for one micro-batch (cp > 1), as
+    (kind, phase, the attention op, whose ``kv_elements`` are gathered): the engine
+    (``passes/context_parallel.py``) all-gathers each attention's K and V together over the cp
+    group in its forward and reduce-scatters dK and dV in its backward."""
+    return [(kind, phase, op) for op in layer.ops
+            if op.kind is OpKind.ATTENTION and op.kv_elements > 0
+            for kind, phase in ((Collective.ALL_GATHER, Phase.FORWARD),
+                                (Collective.REDUCE_SCATTER, Phase.BACKWARD_ACT))]
+
+
 def _cp_comm_s(
-    layer: LayerCost, split: Split, g: MeshGroups, cluster: ClusterSpec, eff: Efficiency
+    layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
+    eff: Efficiency,
 ) -> float:
-    """Ring attention: cp-1 exchanges of a K/V chunk each way, each hidden under one chunk of
-    attention compute when it can be (forward once, backward twice the data: K/V and dK/dV)."""
+    """Seconds of ``cp_collectives`` (this tp rank's heads; none overlapped with compute); a
+    recomputed forward gathers again (``tp_comm_s``'s rule: the selective policy keeps the
+    attention's output, not its gathered inputs)."""
     if split.cp == 1:
         return 0.0
     total = 0.0
-    for op in layer.ops:
-        if op.kind is not OpKind.ATTENTION or op.kv_elements == 0:
-            continue
-        chunk = op.kv_elements * split.micro_batch * split.act_bytes / (split.cp * split.tp)
-        # ring neighbours: the ring is as slow as its slowest hop, between nodes when the cp
-        # group spans nodes
-        ring = Group(size=2, per_node=2 if g.cp.per_node == g.cp.size else 1)
-        step = estimate_collective_s(Collective.SEND_RECV, chunk, ring, cluster, eff)
-        peak = cluster.gpu.peak(split.compute_dtype)
-        fwd_chunk = op.flop * split.scale(Shard.TP) / (peak * eff.attention_fwd) / split.cp
-        bwd_chunk = 2 * op.flop * split.scale(Shard.TP) / (peak * eff.attention_bwd) / split.cp
-        total += (split.cp - 1) * (max(0.0, step - fwd_chunk) + max(0.0, 2 * step - bwd_chunk))
+    for kind, phase, op in cp_collectives(layer):
+        heads = split.tp if op.shard is Shard.TP else 1  # this tp rank's key/value heads
+        nbytes = op.kv_elements * split.micro_batch * split.act_bytes / heads
+        repeats = 2 if (phase is Phase.FORWARD and policy is not Checkpoint.NONE) else 1
+        total += repeats * estimate_collective_s(kind, nbytes, g.cp, cluster, eff)
     return total
 
 
@@ -165,7 +171,7 @@ def _layer_time(
         recompute = estimate_layer_s(layer, split, cluster, eff, only_recomputed_by_selective=True,
                                      expert_scale=imbalance).forward
     return (t, recompute, tp_comm_s(layer, split, policy, g, cluster, eff),
-            _cp_comm_s(layer, split, g, cluster, eff),
+            _cp_comm_s(layer, split, policy, g, cluster, eff),
             _ep_comm_s(layer, split, policy, g, cluster, eff))
 
 
