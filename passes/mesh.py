@@ -26,7 +26,8 @@ def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
     """Refuse, with what to do, a plan this version cannot run: the admissibility check for the
     model of ``facts`` (``autopar.admissibility.check_plan``; without ``facts``, the checks that
     need no model), then the passes' own limits -- fused kernels that exist (and
-    ``linear_cross_entropy`` at tp 1), no context or expert parallelism yet."""
+    ``linear_cross_entropy`` at tp 1), no context parallelism yet (expert parallelism runs:
+    ``passes/expert_parallel.py``)."""
     from autopar.passes.fuse import check_fusions  # the kernels' import, only when checking
 
     c = plan.config
@@ -37,7 +38,7 @@ def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
         if problem is not None:
             raise problem.error()
     check_fusions(c.fusions, c.tp)
-    for axis, value in (("cp", c.cp), ("ep", c.ep)):
+    for axis, value in (("cp", c.cp),):
         if value > 1:
             raise AutoparError(
                 f"the plan uses {axis}={value}; the execution passes do not yet apply "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from autopar.models.family import Family, register
 from autopar.models.llama.parts import DECODER_PARTS
 from autopar.models.moe.model import (Experts, MoEBlock, MoEConfig, MoELayer, MoETransformer,
-                                       expert_capacity)
+                                       expert_capacity, moe_layers, set_aux_loss_grad_scale)
 from autopar.models.moe.presets import PRESETS
 
 FAMILY = register(Family(name="moe", parts=DECODER_PARTS, config_class=MoEConfig,
@@ -15,4 +15,4 @@ FAMILY = register(Family(name="moe", parts=DECODER_PARTS, config_class=MoEConfig
                          init=MoETransformer.init_scheme))
 
 __all__ = ["Experts", "FAMILY", "MoEBlock", "MoEConfig", "MoELayer", "MoETransformer",
-           "expert_capacity"]
+           "expert_capacity", "moe_layers", "set_aux_loss_grad_scale"]
