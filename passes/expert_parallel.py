@@ -30,7 +30,8 @@ data-parallel ranks (its FSDP + EP layout).
 
 Per layer and micro-batch that is 2 all-to-alls forward (dispatch, combine) and 2 backward in
 capacity mode; dropless adds the count exchange (forward only: counts have no gradient).
-``ep_alltoalls_per_layer`` says it; ``tests/dist/test_comm_counts.py`` holds the program to it.
+The cost model prices these (``costmodel/step.py:ep_alltoalls``); ``tests/dist/
+test_comm_counts.py`` holds the program to it.
 
 Expert weights' gradients are summed over the ep ranks by the all-to-all's backward (every
 rank's tokens reach the owner); FSDP2 then averages over the expert data-parallel ranks only
@@ -44,6 +45,7 @@ ep = dp -- torch 2.13 divides by the factor twice.)
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import (all_to_all_single,
                                                       all_to_all_single_autograd)
@@ -60,6 +62,7 @@ from autopar.models.moe.model import (
     combine_dropless,
     dispatch_capacity,
     dropless_order,
+    dropless_rows,
     expert_capacity,
     is_symbolic,
 )
@@ -91,13 +94,6 @@ def expert_dp_mesh(plan: Plan, experts_mesh: DeviceMesh | None) -> DeviceMesh | 
     return experts_mesh[EXPERT_DP] if plan.config.zero == 0 else experts_mesh[EXPERT_DP[1]]
 
 
-def ep_alltoalls_per_layer(plan: Plan, dropless: bool) -> tuple[int, int]:
-    """(forward, backward) all-to-alls one MoE layer runs per micro-batch under ``plan``."""
-    if plan.config.ep == 1:
-        return (0, 0)
-    return (3, 2) if dropless else (2, 2)
-
-
 def apply_expert_parallel(stage: nn.Module, plan: Plan, ep_mesh: DeviceMesh) -> list[nn.Module]:
     """Shard every MoE layer's experts of ``stage`` over ``ep_mesh[EP]`` and give it the
     all-to-all dispatch; returns the layers' ``experts`` modules (for FSDP over the expert
@@ -126,6 +122,15 @@ class ExpertDispatch:
     def __init__(self, ep_mesh: DeviceMesh) -> None:
         self.mesh = ep_mesh
         self.ep = ep_mesh.size()
+        self.rows_sent: torch.Tensor | None = None
+        """Assignments this rank sent to each ep rank's experts (ep,), summed over the calls
+        (kept ones only in capacity mode): ``ep_load`` adds them up over the group."""
+
+    def _count(self, per_owner: torch.Tensor) -> None:
+        if is_symbolic(per_owner):
+            return
+        per_owner = per_owner.detach().to("cpu", torch.int64)
+        self.rows_sent = per_owner if self.rows_sent is None else self.rows_sent + per_owner
 
     def __call__(self, layer: nn.Module, tokens: torch.Tensor, top_experts: torch.Tensor,
                  weights: torch.Tensor) -> torch.Tensor:
@@ -135,9 +140,13 @@ class ExpertDispatch:
 
     def _capacity(self, layer, tokens, top_experts, weights) -> torch.Tensor:
         e, k, ep, h = layer.num_experts, layer.top_k, self.ep, tokens.size(-1)
-        cf = 1.0 if layer.capacity_factor is None else layer.capacity_factor  # traced dropless
-        capacity = expert_capacity(tokens.size(0), e, k, cf)
+        if layer.capacity_factor is None:  # a dropless layer on fake tensors: the mean load
+            capacity = dropless_rows(tokens.size(0), e, k)
+        else:
+            capacity = expert_capacity(tokens.size(0), e, k, layer.capacity_factor)
         slot = capacity_slots(top_experts, e, capacity)
+        kept_expert = torch.div(slot[slot < e * capacity], capacity, rounding_mode="floor")
+        self._count(torch.bincount(kept_expert, minlength=e).view(ep, -1).sum(dim=1))
         buf = dispatch_capacity(tokens, slot, e, capacity)  # (E, C, h), experts by owner
         recv = all_to_all_single_autograd(buf.reshape(-1, h), None, None, self.mesh)
         local = e // ep  # recv: (source rank, local expert, slot, h)
@@ -154,6 +163,7 @@ class ExpertDispatch:
         rows = tokens.repeat(k, 1)[order]
         # counts[j] of every source for this rank's experts: (ep sources x local experts)
         got = all_to_all_single(counts, None, None, self.mesh).view(ep, local)
+        self._count(counts.view(ep, local).sum(dim=1))
         send_splits = counts.view(ep, local).sum(dim=1).tolist()
         recv_splits = got.sum(dim=1).tolist()
         recv = all_to_all_single_autograd(rows, recv_splits, send_splits, self.mesh)
@@ -168,3 +178,19 @@ class ExpertDispatch:
         back = all_to_all_single_autograd(torch.cat(by_source), send_splits, recv_splits,
                                           self.mesh)
         return combine_dropless(back, order, weights)
+
+
+def ep_load(modules: list[nn.Module]) -> float | None:
+    """The busiest ep rank's share of the assignments its ep group routed in the calls so far
+    (1/ep is a perfect balance), over every MoE layer of ``modules``; ``None`` without expert
+    parallelism. One all-reduce over the ep group (every rank of it calls this)."""
+    dispatches = [layer.dispatch for m in modules for layer in moe_layers(m)
+                  if isinstance(layer.dispatch, ExpertDispatch)]
+    if not dispatches:
+        return None
+    load = sum(d.rows_sent for d in dispatches if d.rows_sent is not None)
+    if not isinstance(load, torch.Tensor):
+        return None
+    load = load.clone()
+    dist.all_reduce(load, group=dispatches[0].mesh.get_group())
+    return float(load.max()) / max(1.0, float(load.sum()))

@@ -120,6 +120,17 @@ def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_fact
 torch.fx.wrap("expert_capacity")
 
 
+def dropless_rows(num_tokens: int, num_experts: int, top_k: int) -> int:
+    """A dropless expert's mean rows, ``ceil(top_k * T / E)``: the slots the trace records
+    for a dropless layer (its node tells the workload the layer is dropless)."""
+    return expert_capacity(num_tokens, num_experts, top_k, 1.0)
+
+
+torch.fx.wrap("dropless_rows")
+DROPLESS_MARK = "dropless_rows"
+"""The name of the traced call that marks a dropless MoE layer (``autopar/workload.py``)."""
+
+
 class Experts(nn.Module):
     """E SwiGLU experts as stacked weights; maps (E, C, h) to (E, C, h) with batched matmuls."""
 
@@ -300,8 +311,10 @@ class MoELayer(nn.Module):
             out = self.experts(rows, counts=counts.tolist())
             combined = combine_dropless(out, order, weights)
         else:
-            cf = 1.0 if self.capacity_factor is None else self.capacity_factor
-            capacity = expert_capacity(tokens.size(0), e, k, cf)
+            if self.capacity_factor is None:  # traced: the balanced load (module docstring)
+                capacity = dropless_rows(tokens.size(0), e, k)
+            else:
+                capacity = expert_capacity(tokens.size(0), e, k, self.capacity_factor)
             slot = capacity_slots(top_experts, e, capacity)
             expert_out = self.experts(dispatch_capacity(tokens, slot, e, capacity))
             combined = combine_capacity(expert_out, slot, weights)
