@@ -31,6 +31,7 @@ LLAMA4 = ModelSpec("tiny-llama", {"num_layers": 4})
 HF = ModelSpec.transformers_config("LlamaForCausalLM", HF_LLAMA_TINY)
 MOE = ModelSpec("tiny-moe")  # capacity 1.25: tokens are dropped in every step
 MOE_DROPLESS = ModelSpec("tiny-moe", {"capacity_factor": None})
+DEEPSEEK = ModelSpec("tiny-deepseek")  # dropless, shared experts, a dense first layer
 
 CASES = {
     # data parallelism by ZeRO stage, two micro-batches per replica (gradient accumulation)
@@ -71,6 +72,8 @@ CASES = {
                                                        micro_batch=1), 4),
     "ep2xtp2-moe": (MOE, dict(dp=2, ep=2, tp=2, micro_batch=1), 4),
     "ep2xpp2-moe": (MOE, dict(dp=2, ep=2, pp=2, zero=1, micro_batch=1), 8),
+    "ep2-deepseek": (DEEPSEEK, dict(dp=2, ep=2, micro_batch=1), 4),
+    "ep2xpp2-deepseek": (DEEPSEEK, dict(dp=2, ep=2, pp=2, zero=1, micro_batch=1), 8),
     # a transformers Llama made from a config
     "hf-llama-tp2-sp": (HF, dict(tp=2, sequence_parallel=True, micro_batch=2), 4),
     "hf-llama-dp2xpp2": (HF, dict(dp=2, pp=2, zero=3, micro_batch=1), 8),

@@ -283,7 +283,7 @@ def is_symbolic(x: torch.Tensor) -> bool:
 class MoELayer(nn.Module):
     """Top-k routed SwiGLU experts, capacity-based or dropless (see the module docstring)."""
 
-    def __init__(self, config: MoEConfig) -> None:
+    def __init__(self, config: MoEConfig, ffn_hidden_size: int | None = None) -> None:
         super().__init__()
         self.num_experts = config.num_experts
         self.top_k = config.top_k
@@ -294,7 +294,8 @@ class MoELayer(nn.Module):
         self.dispatch = None
         """Expert parallelism's dispatch (``passes/expert_parallel.py``); ``None``: local."""
         self.router = Fp32Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = Experts(config.num_experts, config.hidden_size, config.ffn_hidden_size)
+        self.experts = Experts(config.num_experts, config.hidden_size,
+                               ffn_hidden_size or config.ffn_hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
