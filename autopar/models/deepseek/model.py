@@ -74,7 +74,7 @@ class DeepSeekConfig(MoEConfig):
     def num_params(self) -> int:
         """Exact parameter count of the built model."""
         h, e, f = self.hidden_size, self.num_experts, self.moe_ffn_hidden_size
-        attn = 2 * h * h + 2 * h * self.num_kv_heads * self.head_dim
+        attn = 2 * h * self.num_heads * self.head_dim + 2 * h * self.num_kv_heads * self.head_dim
         dense = attn + 3 * h * self.ffn_hidden_size + 2 * h
         moe = attn + 3 * e * h * f + h * e + 3 * h * f * self.num_shared_experts + 2 * h
         head = 0 if self.tie_embeddings else self.vocab_size * h
