@@ -127,8 +127,6 @@ class ExpertDispatch:
         (kept ones only in capacity mode): ``ep_load`` adds them up over the group."""
 
     def _count(self, per_owner: torch.Tensor) -> None:
-        if is_symbolic(per_owner):
-            return
         per_owner = per_owner.detach().to("cpu", torch.int64)
         self.rows_sent = per_owner if self.rows_sent is None else self.rows_sent + per_owner
 
@@ -145,8 +143,9 @@ class ExpertDispatch:
         else:
             capacity = expert_capacity(tokens.size(0), e, k, layer.capacity_factor)
         slot = capacity_slots(top_experts, e, capacity)
-        kept_expert = torch.div(slot[slot < e * capacity], capacity, rounding_mode="floor")
-        self._count(torch.bincount(kept_expert, minlength=e).view(ep, -1).sum(dim=1))
+        if not is_symbolic(tokens):  # the kept assignments per owner (data-dependent)
+            kept_expert = torch.div(slot[slot < e * capacity], capacity, rounding_mode="floor")
+            self._count(torch.bincount(kept_expert, minlength=e).view(ep, -1).sum(dim=1))
         buf = dispatch_capacity(tokens, slot, e, capacity)  # (E, C, h), experts by owner
         recv = all_to_all_single_autograd(buf.reshape(-1, h), None, None, self.mesh)
         local = e // ep  # recv: (source rank, local expert, slot, h)

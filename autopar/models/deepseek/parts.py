@@ -17,7 +17,10 @@ if TYPE_CHECKING:
 def _embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     x = root.tok_emb(tokens)
     s = tokens.size(1)
-    cos, sin = root.rope_cos.narrow(0, 0, s), root.rope_sin.narrow(0, 0, s)
+    # in x's dtype: FSDP2's mixed precision casts a block's inputs, and the dense layers are
+    # no FSDP unit of their own (the stage root is); the one-process bf16 copy casts buffers
+    cos = root.rope_cos.narrow(0, 0, s).to(x.dtype)
+    sin = root.rope_sin.narrow(0, 0, s).to(x.dtype)
     for layer in root.dense_layers:
         x = layer(x, cos, sin)
     return x
