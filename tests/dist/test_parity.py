@@ -74,6 +74,7 @@ CASES = {
     "ep2xpp2-moe": (MOE, dict(dp=2, ep=2, pp=2, zero=1, micro_batch=1), 8),
     "ep2-deepseek": (DEEPSEEK, dict(dp=2, ep=2, micro_batch=1), 4),
     "ep2xpp2-deepseek": (DEEPSEEK, dict(dp=2, ep=2, pp=2, zero=1, micro_batch=1), 8),
+    "ep2xtp2-deepseek": (DEEPSEEK, dict(dp=2, ep=2, tp=2, micro_batch=1), 4),
     # a transformers Llama made from a config
     "hf-llama-tp2-sp": (HF, dict(tp=2, sequence_parallel=True, micro_batch=2), 4),
     "hf-llama-dp2xpp2": (HF, dict(dp=2, pp=2, zero=3, micro_batch=1), 8),
