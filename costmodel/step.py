@@ -223,9 +223,12 @@ def _stage_time(
 
 
 def _layer_params(layer: LayerCost, config: ParallelConfig) -> tuple[float, float]:
-    """(dense, expert) parameters of one ``layer`` on one GPU."""
+    """(dense, expert) parameters of one ``layer`` on one GPU: the experts split over ep only
+    -- the strategy solve never splits an expert GEMM over tp (``ops/gemm.py`` splits
+    ``nn.Linear`` layers), so every tp rank holds its ep rank's experts whole, as
+    ``passes/expert_parallel.py`` runs them."""
     plain = layer.params - layer.params_tp - layer.params_expert
-    return plain + layer.params_tp / config.tp, layer.params_expert / (config.ep * config.tp)
+    return plain + layer.params_tp / config.tp, layer.params_expert / config.ep
 
 
 def _stage_params(workload: Workload, part: StagePartition, stage: int, config: ParallelConfig
