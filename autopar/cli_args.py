@@ -13,13 +13,14 @@ if TYPE_CHECKING:
 
 
 def parse_value(text: str) -> object:
-    """``12`` -> 12, ``0.1`` -> 0.1, ``true`` -> True, anything else the text."""
+    """``12`` -> 12, ``0.1`` -> 0.1, ``true`` -> True, ``none``/``null`` -> None (e.g.
+    ``capacity_factor=none``: a dropless MoE), anything else the text."""
     for cast in (int, float):
         try:
             return cast(text)
         except ValueError:
             pass
-    return {"true": True, "false": False}.get(text.lower(), text)
+    return {"true": True, "false": False, "none": None, "null": None}.get(text.lower(), text)
 
 
 def model_overrides(items: list[str]) -> dict[str, object]:

@@ -642,10 +642,16 @@ def _mesh_tensors_real() -> Iterator[None]:
         return run
 
     init, mesh = DeviceMesh.__init__, DeviceMesh.mesh
+    # expert parallelism's mesh is the dp ranks flattened and unflattened (expert_parallel.py)
+    flatten, unflatten = DeviceMesh._flatten, DeviceMesh._unflatten
     DeviceMesh.__init__ = real(init)  # type: ignore[method-assign]
     DeviceMesh.mesh = property(real(mesh.fget))  # type: ignore[method-assign,assignment]
+    DeviceMesh._flatten = real(flatten)  # type: ignore[method-assign]
+    DeviceMesh._unflatten = real(unflatten)  # type: ignore[method-assign]
     try:
         yield
     finally:
         DeviceMesh.__init__ = init  # type: ignore[method-assign]
         DeviceMesh.mesh = mesh  # type: ignore[method-assign]
+        DeviceMesh._flatten = flatten  # type: ignore[method-assign]
+        DeviceMesh._unflatten = unflatten  # type: ignore[method-assign]

@@ -132,6 +132,8 @@ def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
                      "sequence (load-balanced); K/V all-gathered with autograd per attention "
                      "(passes/context_parallel.py); FSDP2 reduces gradients over dp x cp"))
     if config.ep > 1:
-        rows.append(("not executable", "expert parallelism is planned but not applied by "
-                                       "this version's passes"))
+        rows.append(("experts", f"ep {config.ep}: each MoE layer's experts DTensor Shard(0) over "
+                                f"the ep ranks, tokens sent with the autograd all-to-all, the "
+                                f"experts' FSDP2 over dp/ep = {config.dp // config.ep} ranks "
+                                "(passes/expert_parallel.py)"))
     return rows

@@ -142,18 +142,39 @@ def _cp_comm_s(
     return total
 
 
+def ep_alltoalls(layer: LayerCost, policy: Checkpoint) -> tuple[int, int]:
+    """(forward, backward) all-to-alls one MoE layer runs per micro-batch under expert
+    parallelism (``passes/expert_parallel.py``): dispatch and combine forward (after the
+    per-expert counts when dropless), their reverses backward, and the forward's again in the
+    backward when the block is recomputed."""
+    if layer.ep_alltoall_elements == 0:
+        return (0, 0)
+    forward = 3 if layer.ep_dropless else 2
+    return forward, 2 + (forward if policy is not Checkpoint.NONE else 0)
+
+
 def _ep_comm_s(
     layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
     eff: Efficiency,
 ) -> float:
-    """Dispatch and combine all-to-alls, forward and backward (and again when recomputed)."""
+    """The all-to-alls of ``ep_alltoalls``: a capacity layer moves its static (E, C, h) slots,
+    a dropless one its routed rows, the busiest rank's grown by the load imbalance; a count
+    exchange moves ep integers (latency)."""
     if layer.ep_alltoall_elements == 0 or g.ep.size == 1:
         return 0.0
+    imbalance = eff.moe_load_imbalance if layer.ep_dropless else 1.0
     nbytes = (layer.ep_alltoall_elements * split.act_bytes * split.scale(Shard.SEQ)
-              * eff.moe_load_imbalance)
+              * imbalance)
     one = estimate_collective_s(Collective.ALL_TO_ALL, nbytes, g.ep, cluster, eff)
-    passes = 2 if policy is Checkpoint.NONE else 3
-    return 2 * one * passes
+    forward, backward = ep_alltoalls(layer, policy)
+    count_exchanges = 0
+    if layer.ep_dropless:
+        count_exchanges = 1 + (policy is not Checkpoint.NONE)
+        counts = estimate_collective_s(Collective.ALL_TO_ALL, 8.0 * g.ep.size, g.ep, cluster,
+                                       eff)
+    else:
+        counts = 0.0
+    return (forward + backward - count_exchanges) * one + count_exchanges * counts
 
 
 def _layer_time(
@@ -161,7 +182,9 @@ def _layer_time(
     cluster: ClusterSpec, eff: Efficiency,
 ) -> tuple[PhaseTimes, float, float, float, float]:
     """(compute, recompute, tp, cp, ep seconds) of one layer for one micro-batch."""
-    imbalance = eff.moe_load_imbalance if config.ep > 1 else 1.0
+    # a capacity layer's experts compute their static slots; a dropless one's busiest rank
+    # computes its share of the rows
+    imbalance = eff.moe_load_imbalance if config.ep > 1 and layer.ep_dropless else 1.0
     t = estimate_layer_s(layer, split, cluster, eff, expert_scale=imbalance)
     recompute = 0.0
     if policy is Checkpoint.FULL:
@@ -208,9 +231,12 @@ def _stage_time(
 
 
 def _layer_params(layer: LayerCost, config: ParallelConfig) -> tuple[float, float]:
-    """(dense, expert) parameters of one ``layer`` on one GPU."""
+    """(dense, expert) parameters of one ``layer`` on one GPU: the experts split over ep only
+    -- the strategy solve never splits an expert GEMM over tp (``ops/gemm.py`` splits
+    ``nn.Linear`` layers), so every tp rank holds its ep rank's experts whole, as
+    ``passes/expert_parallel.py`` runs them."""
     plain = layer.params - layer.params_tp - layer.params_expert
-    return plain + layer.params_tp / config.tp, layer.params_expert / (config.ep * config.tp)
+    return plain + layer.params_tp / config.tp, layer.params_expert / config.ep
 
 
 def _stage_params(workload: Workload, part: StagePartition, stage: int, config: ParallelConfig

@@ -133,7 +133,12 @@ class LayerCost:
     """Of which expert weights (divided by ep)."""
     tp_collectives: tuple[TPCollective, ...] = ()
     ep_alltoall_elements: float = 0.0
-    """Elements each dispatch (and each combine) all-to-all moves per sequence."""
+    """Elements each dispatch (and each combine) all-to-all moves per sequence: the (E, C, h)
+    slots of a capacity layer, the balanced ``top_k * T / E`` rows per expert of a dropless
+    one (``models/moe/model.py``)."""
+    ep_dropless: bool = False
+    """The experts drop nothing: the all-to-alls and the expert GEMMs of the busiest rank
+    grow with the load imbalance, and the per-expert counts are exchanged first."""
     no_rule_ops: tuple[str, ...] = ()
     """Ops the sharding rules did not know, costed as replicated."""
     backward: tuple[BackwardMoment, ...] = ()

@@ -79,17 +79,22 @@ def wants_fsdp(plan: Plan) -> bool:
 
 
 def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Plan,
-                        mesh: DeviceMesh) -> None:
+                        mesh: DeviceMesh, experts: Iterable[nn.Module] = (),
+                        expert_dp_mesh: DeviceMesh | None = None) -> None:
     """Wrap ``blocks`` and then ``stage`` with ``fully_shard`` as the plan's ZeRO stage says.
 
     Runs after tensor parallelism (FSDP2 then shards the tp DTensors along dp, a 2-D layout)
-    and after the pipeline split (each stage is its own FSDP root)."""
+    and after the pipeline split (each stage is its own FSDP root). Under expert parallelism
+    each of ``experts`` is its own unit over the expert data-parallel ranks
+    (``expert_dp_mesh``, ``passes/expert_parallel.py``), wrapped first."""
     c = plan.config
     if not wants_fsdp(plan):
         return
     kwargs = dict(mesh=data_parallel_mesh(mesh, c.zero), reshard_after_forward=c.zero == 3,
                   mp_policy=mixed_precision(plan.train.precision) or MixedPrecisionPolicy(),
                   offload_policy=offload_policy(c.offload))
+    for module in experts:
+        fully_shard(module, **{**kwargs, "mesh": expert_dp_mesh})
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(stage, **kwargs)

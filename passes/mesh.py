@@ -25,7 +25,9 @@ def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
     """Refuse, with what to do, a plan this version cannot run: the admissibility check for the
     model of ``facts`` (``autopar.admissibility.check_plan``; without ``facts``, the checks that
     need no model), then the passes' own limits -- fused kernels that exist (and
-    ``linear_cross_entropy`` at tp 1), no expert parallelism yet."""
+    ``linear_cross_entropy`` at tp 1). Context and expert parallelism run
+    (``passes/context_parallel.py``, ``passes/expert_parallel.py``); the admissibility check
+    refuses them together."""
     from autopar.passes.fuse import check_fusions  # the kernels' import, only when checking
 
     c = plan.config
@@ -36,12 +38,6 @@ def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
         if problem is not None:
             raise problem.error()
     check_fusions(c.fusions, c.tp)
-    for axis, value in (("ep", c.ep),):
-        if value > 1:
-            raise AutoparError(
-                f"the plan uses {axis}={value}; the execution passes do not yet apply "
-                "expert parallelism", where=f"plan.config.{axis}",
-                fix=f"re-plan with the constraint {axis}=1 (autopar plan --{axis} 1)")
 
 
 def executable_spec(plan: Plan, given: ModelSpec | None = None) -> ModelSpec:

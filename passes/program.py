@@ -46,7 +46,9 @@ from autopar.core.errors import AutoparError
 from autopar.core.specs import Precision
 from autopar.core.plan import Plan
 from autopar.passes.context_parallel import apply_context_parallel, chunk_positions, sequence_shard
+from autopar.models import set_aux_loss_grad_scale
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
+from autopar.passes.expert_parallel import apply_expert_parallel, expert_dp_mesh, expert_mesh
 from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions, keep_fused_head_gathered
 from autopar.passes.loss_scaling import grad_scaler, quiet_found_inf
 from autopar.core.mesh import MeshAxis
@@ -187,6 +189,11 @@ class ParallelProgram:
         return loss
 
     def _step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        m = self.plan.config.microbatches(self.plan.train)
+        loss_scale = 1.0 if self.scaler is None else float(self.scaler.get_scale())
+        for module in self.modules:  # the routers' load-balancing loss, scaled as the loss
+            # (pipelining divides the gradients by m after the step itself)
+            set_aux_loss_grad_scale(module, loss_scale / (1 if self.schedule is not None else m))
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
             args = (tokens,) if self.holds_first else ()
@@ -202,7 +209,6 @@ class ParallelProgram:
             scale = 1.0 if self.scaler is None else self.scaler.get_scale()
             return torch.stack([_plain(x) for x in losses]).mean() / scale
         module = self.modules[0]
-        m = self.plan.config.microbatches(self.plan.train)
         total = torch.zeros((), device=self.device)
         for k, (tok, tgt) in enumerate(zip(tokens.chunk(m), targets.chunk(m))):
             set_microbatch(module.modules(), self.plan.config.zero, last=k == m - 1)
@@ -247,11 +253,15 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     pp_rank = mesh.get_local_rank(MeshAxis.PP.value)
     stages = build_stages(model, parts, plan, pp_rank)
     num_stages = len(stage_layout(plan, len(model.get_submodule(parts.blocks))))
+    experts_mesh = expert_mesh(plan, mesh) if plan.config.ep > 1 else None
     for _, stage in stages:
         if cp > 1:
             stage.positions = partial(_positions, cp=cp, rank=cp_rank)
         apply_tensor_parallel(stage, plan, mesh[MeshAxis.TP.value], parts)
-        apply_data_parallel(stage, stage.blocks().values(), plan, mesh)
+        experts = ([] if experts_mesh is None
+                   else apply_expert_parallel(stage, plan, experts_mesh))
+        apply_data_parallel(stage, stage.blocks().values(), plan, mesh, experts,
+                            expert_dp_mesh(plan, experts_mesh))
         keep_fused_head_gathered(stage, parts.head)
     held = {n: p for _, stage in stages for n, p in stage.named_parameters(
         remove_duplicate=False)}

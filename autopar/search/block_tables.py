@@ -305,7 +305,7 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
     rows = {op.name for op, s in zip(sg.ops, chosen) if op.node is not None
             and s.name is Style.ROW and kept_by_selective(op.node, graph)}
     saved = _cached_partials(tuple(_saved_shard(graph, s, layout) for s in layer.saved), rows)
-    # expert weights (3-d) are divided by ep and tp in the step model already
+    # expert weights (3-d) are divided by ep in the step model; no tp split reaches them
     split_params = {p for op, s in zip(sg.ops, chosen) if op.node is not None
                     for p in op.node.params if p in graph.params and _is_split(graph, p, s)
                     and len(graph.params[p].shape) != 3}

@@ -6,7 +6,8 @@ forward and backward of the parallelized model, which must equal the tp collecti
 plan's solved workload (pre-block layer + blocks x count + post layer), kind by kind; GPT's
 tied embedding and head included. Under context parallelism the cp collectives the plan prices
 (``costmodel.step.cp_collectives``: one K/V all-gather per attention forward, one dK/dV
-reduce-scatter per backward) are counted beside the tp ones.
+reduce-scatter per backward) are counted beside the tp ones. The expert-parallel program's
+all-to-alls likewise equal ``costmodel.step.ep_alltoalls`` per MoE layer, forward and backward.
 """
 
 from __future__ import annotations
@@ -101,3 +102,49 @@ def test_cp_collectives_match_the_plan(fake_world, fields, model):
     # asks of their Partial DTensors) are the data-parallel term's, not counted here
     for kind in ("all-gather", "reduce-scatter"):
         assert counted[kind] == predicted[kind], kind
+
+
+A2A = "c10d_functional.all_to_all_single"
+
+
+def _moe_block_and_blocks(spec: ModelSpec, train: TrainSpec, config: ParallelConfig):
+    model = spec.build("meta")
+    strategies = strategies_of(autopar.trace(model, train), facts_of(model), spec.label,
+                               process_cluster(config.world_size), train,
+                               efficiency=DEFAULT_EFFICIENCY)
+    work = strategies(config)
+    return work.block, work.num_blocks
+
+
+@pytest.mark.parametrize("checkpoint", ["none", "full"])
+def test_ep_all_to_alls_match_the_plan(fake_world, checkpoint):
+    """dp 2 x ep 2 (capacity dispatch, static shapes: the fake backend moves no data, which a
+    dropless layer's count exchange needs): forward and backward all-to-alls per step equal
+    the cost model's ``ep_alltoalls`` per MoE layer times the blocks."""
+    from autopar.core.specs import Checkpoint
+    from autopar.costmodel.step import ep_alltoalls
+
+    spec = ModelSpec("tiny-moe")
+    train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")
+    config = ParallelConfig(dp=2, ep=2, zero=1, checkpoint=checkpoint)
+    plan = autopar.plan_for(spec.build("meta"), process_cluster(2), train, config)
+    program = autopar.parallelize(spec.build("cpu"), plan, autopar.device_mesh(plan))
+    tokens = torch.randint(256, (1, 32))
+    with CommDebugMode() as forward:
+        loss = program.loss(program.modules[0](tokens), tokens)
+    forward_a2a = forward.get_comm_counts().get(_op(forward, A2A), 0)
+    # one mode over forward and backward: a mode entered for the backward alone loses track
+    # of the modules a checkpointed block recomputes (CommDebugMode's module tracker, 2.13)
+    with CommDebugMode() as step:
+        loss = program.loss(program.modules[0](tokens), tokens)
+        loss.backward()
+    backward_a2a = step.get_comm_counts().get(_op(step, A2A), 0) - forward_a2a
+    block, blocks = _moe_block_and_blocks(spec, train, config)
+    fwd, bwd = ep_alltoalls(block, Checkpoint(checkpoint))
+    assert fwd == 2 and bwd == (2 if checkpoint == "none" else 4)
+    assert (forward_a2a, backward_a2a) == (fwd * blocks, bwd * blocks)
+
+
+def _op(mode: CommDebugMode, name: str):
+    """The counted op called ``name`` (the counts are keyed by op overload packets)."""
+    return next((op for op in mode.get_comm_counts() if str(op) == name), name)

@@ -60,12 +60,18 @@ class DecoderConfig:
     """Epsilon of every RMSNorm."""
     tie_embeddings: bool = False
     """Share the head's weight with ``tok_emb`` (Llama 3 does not, Llama 3.2 1B/3B do)."""
+    head_size: int | None = None
+    """Width of each attention head; ``None``: ``hidden_size / num_heads`` (Qwen3 sets 128
+    where that is 64: q and o then map ``hidden_size`` to and from ``num_heads * head_size``)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
                      "vocab_size", "seq_len"):
             check_positive_int(self, name)
-        check_divides(self, "num_heads", "hidden_size")
+        if self.head_size is None:
+            check_divides(self, "num_heads", "hidden_size")
+        else:
+            check_positive_int(self, "head_size")
         check_divides(self, "num_kv_heads", "num_heads")
         if self.head_dim % 2 != 0:
             raise AutoparError(
@@ -79,11 +85,11 @@ class DecoderConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
     def _num_params(self, mlp_params: int) -> int:
         h = self.hidden_size
-        attn = 2 * h * h + 2 * h * self.num_kv_heads * self.head_dim
+        attn = 2 * h * self.num_heads * self.head_dim + 2 * h * self.num_kv_heads * self.head_dim
         block = attn + mlp_params + 2 * h
         head = 0 if self.tie_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * block + h + head
