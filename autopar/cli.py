@@ -22,6 +22,7 @@ from autopar.cli_args import config_from_fields, model_spec, progress_bar, write
 from autopar.cli_compare import add_compare_parser, cmd_compare
 from autopar.cli_dryrun import add_dryrun_parser, add_workers_argument, cmd_dryrun
 from autopar.cli_export import add_export_parser, cmd_export
+from autopar.cli_profile import add_profile_parsers, cmd_calibrate, cmd_profile
 from autopar.cli_verify import add_verify_parser
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
@@ -46,6 +47,11 @@ def _add_model_cluster_train(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-headroom", type=float, default=None, metavar="F",
                    help="fraction of usable HBM a plan leaves free for what the memory model "
                         "can miss (default: the cluster's, 0.05 for presets; 0 fills it)")
+    g.add_argument("--profile", default=None, metavar="FILE",
+                   help="price with this machine's measurements (autopar profile); without "
+                        "--cluster, plan for the profiled machine's own processes")
+    g.add_argument("--calibration", default=None, metavar="FILE",
+                   help="efficiency constants fitted by autopar calibrate")
     g.add_argument("--global-batch", type=int, required=True, help="sequences per step")
     g.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the model's)")
@@ -92,6 +98,10 @@ def _cluster(args: argparse.Namespace) -> ClusterSpec:
     """``--cluster`` (a preset name, or a cluster file) or ``--cluster-file``, with
     ``--nodes`` (default: the file's nodes, one node of a preset) and ``--memory-headroom``."""
     cluster = _cluster_of(args)
+    if getattr(args, "profile", None):
+        from autopar.costmodel.profile import Profile
+
+        cluster = cluster.with_profile(Profile.load(args.profile))
     if getattr(args, "memory_headroom", None) is None:
         return cluster
     try:
@@ -114,11 +124,24 @@ def _cluster_of(args: argparse.Namespace) -> ClusterSpec:
     if path:
         cluster = ClusterSpec.from_file(path)
         return cluster.with_nodes(args.nodes) if args.nodes else cluster
+    if not args.cluster and getattr(args, "profile", None):
+        from autopar.costmodel.cluster import profile_cluster
+        from autopar.costmodel.profile import Profile
+
+        return profile_cluster(Profile.load(args.profile)).with_nodes(args.nodes or 1)
     if not args.cluster:
         raise AutoparError("no cluster given", where="--cluster / --cluster-file",
                            fix=f"pass --cluster with one of {', '.join(preset_names())}, "
                                "or a cluster file (--cluster my.yaml)")
     return ClusterSpec.preset(args.cluster, nodes=args.nodes or 1)
+
+
+def _efficiency(args: argparse.Namespace):
+    """``--calibration``'s constants, or the defaults."""
+    from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, load_calibration
+
+    path = getattr(args, "calibration", None)
+    return load_calibration(path) if path else DEFAULT_EFFICIENCY
 
 
 def _train(args: argparse.Namespace, model) -> TrainSpec:
@@ -176,7 +199,7 @@ def cmd_estimate(args: argparse.Namespace, console: Console) -> int:
     train = _train(args, model)
     config = _config(args, cluster)
     with console.status("tracing and costing..."):
-        est = estimate(model, cluster, train, config)
+        est = estimate(model, cluster, train, config, efficiency=_efficiency(args))
     console.print(estimate_tables(est, cluster, title=f"{args.model} on {cluster.name}"))
     if args.json:
         write_text(args.json, json.dumps(est.to_dict(), indent=2, default=str), "--json")
@@ -199,7 +222,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         check_dry_run_call(args.workers)
     with _searching(f"{spec.label} on {cluster.num_gpus} GPUs") as progress:
         plan = optimize(model, cluster, train, constraints, keep=args.keep + 1,
-                        progress=progress, name=spec.label, model_spec=spec)
+                        progress=progress, name=spec.label, model_spec=spec,
+                        efficiency=_efficiency(args))
     checked = ""
     if args.check:
         plan, checked = _checked(plan, spec, args.workers, console)
@@ -254,6 +278,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "export": cmd_export,
     "compare": cmd_compare,
     "dryrun": cmd_dryrun,
+    "profile": cmd_profile,
+    "calibrate": cmd_calibrate,
 }
 
 
@@ -302,6 +328,7 @@ def parser() -> argparse.ArgumentParser:
     add_export_parser(sub, [debug])
     add_compare_parser(sub, [debug])
     add_dryrun_parser(sub, [debug])
+    add_profile_parsers(sub, [debug])
     return p
 
 

@@ -53,6 +53,17 @@ def _seconds(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.3f} s"
 
 
+def measured_text(measured: dict[str, float]) -> str:
+    """Which terms a profile priced: ``measured: gemm, all-reduce; partly: attention (50%);
+    analytical: optimizer`` (``Estimate.measured``)."""
+    full = [t for t, f in measured.items() if f >= 1.0]
+    part = [f"{t} ({f:.0%})" for t, f in measured.items() if 0.0 < f < 1.0]
+    none = [t for t, f in measured.items() if f <= 0.0]
+    words = [(label, names) for label, names in
+             (("measured", full), ("partly measured", part), ("analytical", none)) if names]
+    return "; ".join(f"{label}: {', '.join(names)}" for label, names in words)
+
+
 def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "") -> Group:
     """The estimate as tables under the title ``title: configuration summary`` (``Title``),
     then its notes."""
@@ -91,6 +102,8 @@ def head_table(est: Estimate, cluster: ClusterSpec | None) -> Table:
                                     f"{est.usable_host_memory_bytes / GIB:,.2f} GiB per node, "
                                     "the offloaded optimizer states ("
                                     f"{_fits(est.host_memory_bytes, est.usable_host_memory_bytes)})")
+    if est.measured:
+        head.add_row("priced by", measured_text(est.measured))
     return head
 
 

@@ -10,11 +10,11 @@ behind the backward pass and the optimizer step, and sizes every stage's memory.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .cluster import ClusterSpec
 from .collectives import Collective, Group, estimate_collective_s
-from .compute import PhaseTimes, Split, estimate_layer_s
+from .compute import PhaseTimes, Split, estimate_layer_s, measured
 from .efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, StageMemory
@@ -30,8 +30,10 @@ from .memory import (
     transient_bytes,
 )
 from .peak import StageActivations, StageParams, stage_peak
+from .profile import recording
 from .pipeline import StagePartition, bubble_fraction, even_partition, in_flight_microbatches
-from autopar.core.specs import Checkpoint, ParallelConfig, Precision, Schedule, TrainSpec
+from autopar.core.specs import (Checkpoint, Optimizer, ParallelConfig, Precision, Schedule,
+                                TrainSpec)
 from .topology import MeshGroups, mesh_groups
 from .workload import LayerCost, OpCost, OpKind, Phase, Shard, TPCollective, Workload
 
@@ -360,6 +362,11 @@ def _optimizer_s(dense: float, expert: float, config: ParallelConfig, train: Tra
         cpu = shard / eff.cpu_adam_params_per_s
         moved = shard * (sb.grads + sb.weights)
         return cpu + scaling, moved / (cluster.host_link.bytes_per_s * eff.host_link)
+    p = cluster.profile
+    if p is not None and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
+        t = measured("optimizer", p.optimizer_s(shard), cluster)
+        if t is not None:
+            return t + scaling, 0.0
     traffic = 2 * sb.optimizer + sb.grads + sb.weights  # read+write states, read grads, write weights
     return shard * traffic / (cluster.gpu.hbm_bytes_per_s * eff.memory) + scaling, 0.0
 
@@ -374,7 +381,16 @@ def estimate_step(
     partition: StagePartition | None = None,
 ) -> Estimate:
     """Predict one optimizer step of ``workload`` on ``cluster`` under ``config``; the
-    workload's strategies must be solved for ``config.tp`` (``Workload.tp``)."""
+    workload's strategies must be solved for ``config.tp`` (``Workload.tp``). With a
+    ``cluster.profile``, ``Estimate.measured`` says which terms its measurements priced."""
+    with recording() as usage:
+        est = _priced_step(workload, cluster, train, config, efficiency, partition)
+    return replace(est, measured=usage.fractions()) if cluster.profile is not None else est
+
+
+def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
+                 config: ParallelConfig, efficiency: Efficiency,
+                 partition: StagePartition | None) -> Estimate:
     eff = efficiency
     check_world(config, cluster)
     if workload.tp != config.tp:
