@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -16,11 +15,10 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from autopar.costmodel.cluster import CLUSTER_FILE_SUFFIXES, ClusterSpec, preset_names
 from autopar.core.errors import AutoparError
-from autopar.cli_args import config_from_fields, model_spec, progress_bar
+from autopar.cli_args import config_from_fields, model_spec, progress_bar, write_text
 from autopar.cli_compare import add_compare_parser, cmd_compare
 from autopar.cli_dryrun import add_dryrun_parser, add_workers_argument, cmd_dryrun
 from autopar.cli_export import add_export_parser, cmd_export
@@ -204,7 +202,7 @@ def cmd_estimate(args: argparse.Namespace, console: Console) -> int:
         est = estimate(model, cluster, train, config, efficiency=_efficiency(args))
     console.print(estimate_tables(est, cluster, title=f"{args.model} on {cluster.name}"))
     if args.json:
-        _write(args.json, json.dumps(est.to_dict(), indent=2, default=str), "--json")
+        write_text(args.json, json.dumps(est.to_dict(), indent=2, default=str), "--json")
     return 0
 
 
@@ -233,11 +231,11 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     text += f"\n{checked}" if checked else ""
     console.file.write(text)
     if args.json:
-        _write(args.json, plan.to_json(), "--json")
+        write_text(args.json, plan.to_json(), "--json")
     if args.html:
-        page = Console(record=True, file=io.StringIO(), width=120, color_system=None)
-        page.print(Text(text), soft_wrap=True)
-        _write(args.html, page.export_html(), "--html")
+        from autopar.report_html import plan_page
+
+        write_text(args.html, plan_page(plan, cluster, check=checked), "--html")
     return 0
 
 
@@ -263,16 +261,6 @@ def _searching(label: str) -> Iterator[Callable[[int, int], None]]:
     with progress_bar(f"planning {label}") as update:
         # candidates come best bound first; the bound usually ends the search before total
         yield lambda done, total: update(done, total, f"searching {label}: candidates")
-
-
-def _write(path: str, text: str, flag: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as err:
-        raise AutoparError(f"cannot write {path}: {err.strerror}", where=flag,
-                           fix="pass a path in a folder that exists and that you can write to"
-                           ) from None
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
@@ -324,7 +312,8 @@ def parser() -> argparse.ArgumentParser:
     _add_parallel(plan, "constraints (ParallelConfig fields the search must keep)")
     out = plan.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="F", help="write the plan as JSON")
-    out.add_argument("--html", default=None, metavar="F", help="write the report as HTML")
+    out.add_argument("--html", default=None, metavar="F", help="write the report as one self-contained HTML page (charts: memory per "
+                          "stage, pipeline schedule, time per step, runner-ups)")
     out.add_argument("--keep", type=_nonnegative, default=3, metavar="N",
                      help="runner-up plans to keep and compare (default 3)")
     out.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,

@@ -13,13 +13,14 @@ if TYPE_CHECKING:
 
 
 def parse_value(text: str) -> object:
-    """``12`` -> 12, ``0.1`` -> 0.1, ``true`` -> True, anything else the text."""
+    """``12`` -> 12, ``0.1`` -> 0.1, ``true`` -> True, ``none``/``null`` -> None (e.g.
+    ``capacity_factor=none``: a dropless MoE), anything else the text."""
     for cast in (int, float):
         try:
             return cast(text)
         except ValueError:
             pass
-    return {"true": True, "false": False}.get(text.lower(), text)
+    return {"true": True, "false": False, "none": None, "null": None}.get(text.lower(), text)
 
 
 def model_overrides(items: list[str]) -> dict[str, object]:
@@ -74,6 +75,18 @@ def read_plan(path: str, where: str = "PLAN"):
         return Plan.from_file(path)
     except AutoparError as err:
         raise AutoparError(err.what, where=f"{where} {path}", fix=err.fix) from None
+
+
+def write_text(path: str, text: str, flag: str) -> None:
+    """Write ``text`` to ``path`` (a command's output file), or an ``AutoparError`` located at
+    ``flag`` saying why not."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as err:
+        raise AutoparError(f"cannot write {path}: {err.strerror}", where=flag,
+                           fix="pass a path in a folder that exists and that you can write to"
+                           ) from None
 
 
 @contextmanager

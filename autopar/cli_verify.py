@@ -57,8 +57,14 @@ def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model):
 
     config = config_from_fields(fields, args.nproc, "--nproc")
     if args.nproc is not None and args.nproc != config.world_size:
+        fix = "make them equal, or leave --nproc out"
+        dp = args.nproc // (config.tp * config.pp * config.cp)
+        if config.ep > 1 and dp % config.ep == 0:  # ep counts inside dp, not beside it
+            fix = (f"ep is carved from the dp ranks: for {dp // config.ep} expert data-parallel "
+                   f"group(s) of {config.ep} ep ranks on {args.nproc} processes give --dp {dp} "
+                   f"--ep {config.ep}")
         raise AutoparError(f"--nproc {args.nproc} but dp*tp*pp*cp = {config.world_size}",
-                           where="--nproc", fix="make them equal, or leave --nproc out")
+                           where="--nproc", fix=fix)
     batch = args.global_batch or config.dp * config.micro_batch * (
         config.num_microbatches or 2 * config.pp)
     seq = resolve_seq_len(model, None, args.seq_len)

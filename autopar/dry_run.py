@@ -364,7 +364,8 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
         vocab = vocab_size(model)
         with FakeTensorMode(allow_non_fake_inputs=True):
             _to_empty(model, "cpu")
-            micro = torch.randint(vocab, (c.micro_batch, train.seq_len))
+            # a pipeline stage's micro-batch: this cp rank's share of the sequence
+            micro = torch.randint(vocab, (c.micro_batch, train.seq_len // c.cp))
             program = parallelize(model, plan, mesh, "cpu",
                                   stage_shapes=_shape_finder(micro, shapes))
             del model
@@ -641,10 +642,16 @@ def _mesh_tensors_real() -> Iterator[None]:
         return run
 
     init, mesh = DeviceMesh.__init__, DeviceMesh.mesh
+    # expert parallelism's mesh is the dp ranks flattened and unflattened (expert_parallel.py)
+    flatten, unflatten = DeviceMesh._flatten, DeviceMesh._unflatten
     DeviceMesh.__init__ = real(init)  # type: ignore[method-assign]
     DeviceMesh.mesh = property(real(mesh.fget))  # type: ignore[method-assign,assignment]
+    DeviceMesh._flatten = real(flatten)  # type: ignore[method-assign]
+    DeviceMesh._unflatten = real(unflatten)  # type: ignore[method-assign]
     try:
         yield
     finally:
         DeviceMesh.__init__ = init  # type: ignore[method-assign]
         DeviceMesh.mesh = mesh  # type: ignore[method-assign]
+        DeviceMesh._flatten = flatten  # type: ignore[method-assign]
+        DeviceMesh._unflatten = unflatten  # type: ignore[method-assign]

@@ -170,4 +170,6 @@ def verify(spec: ModelSpec | None, plan: Plan, *, steps: int = 3, seed: int = 0,
     return VerifyResult(
         plan=plan, model=spec.label, nproc=nproc, steps=steps, reference_losses=refs[0].losses,
         losses=losses, loss=loss, grads=grad, params=param, tolerance=TOLERANCES[precision],
-        wall_s=time.monotonic() - start, missing=sorted(set(refs[0].params) - set(params)))
+        wall_s=time.monotonic() - start, missing=sorted(set(refs[0].params) - set(params)),
+        ep_busiest_share=max((r["ep_busiest_share"] for r in ranks
+                              if r.get("ep_busiest_share") is not None), default=None))

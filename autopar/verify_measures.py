@@ -193,6 +193,10 @@ class VerifyResult:
     wall_s: float
     missing: list[str] = field(default_factory=list)
     """Reference parameters the sharded program did not report (a failure)."""
+    ep_busiest_share: float | None = None
+    """Expert parallelism: the busiest ep rank's share of its group's routed assignments over
+    the run (``passes.expert_parallel.ep_load``; 1/ep is a perfect balance). Times ep it is the
+    measured load imbalance, ``costmodel/efficiency.py``'s ``moe_load_imbalance``."""
 
     @property
     def passed(self) -> bool:
@@ -219,6 +223,11 @@ class VerifyResult:
         console.print(t)
         steps = "  ".join(f"{r:.6f}/{s:.6f}" for r, s in zip(self.reference_losses, self.losses))
         console.print(f"losses (reference/sharded): {steps}")
+        if self.ep_busiest_share is not None:
+            ep = self.plan.config.ep
+            console.print(f"expert load: the busiest of {ep} ep ranks received "
+                          f"{self.ep_busiest_share:.1%} of its group's assignments "
+                          f"(imbalance {self.ep_busiest_share * ep:.2f} x the mean)")
         if self.missing:
             console.print(f"missing parameters: {', '.join(self.missing)}")
         console.print("PASSED" if self.passed else "FAILED")

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from autopar.core.specs import Precision
 from autopar.core.model_spec import ModelSpec
+from autopar.models import set_aux_loss_grad_scale
 from autopar.passes.data_parallel import COMPUTE_DTYPE
 from autopar.core.plan import Plan
 from autopar.training import (
@@ -122,6 +123,10 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
         if resample and runner is not model:
             _one_ulp_to_zero(runner)
         total = 0.0
+        # the routers' load-balancing loss is differentiated with the loss's own scale
+        aux_scale = ((1.0 / len(chunks) if runner is model else rank_scale)
+                     * (1.0 if scaler is None else float(scaler.get_scale())))
+        set_aux_loss_grad_scale(runner, aux_scale)
         for rows in chunks:
             loss = F.cross_entropy(logits_of(runner, tokens[rows]).float().flatten(0, 1),
                                    targets[rows].flatten(0, 1))

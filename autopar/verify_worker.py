@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from autopar.core.errors import AutoparError
 from autopar.passes import device_mesh, parallelize
+from autopar.passes.expert_parallel import ep_load
 from autopar.passes.materialize import materialize
 from autopar.passes.program import ParallelProgram
 from autopar.core.mesh import MeshAxis
@@ -75,6 +76,7 @@ def run(job: dict) -> dict:
         program.optimizer_step([opt])
     params = {n: full(p).float() for n, p in program.named_parameters(False)}
     result = {"rank": dist.get_rank(), "dp_rank": program.dp_rank,
+              "ep_busiest_share": ep_load(program.modules),
               "tp_rank": mesh.get_local_rank(MeshAxis.TP.value),
               "pp_rank": mesh.get_local_rank(MeshAxis.PP.value),
               "losses": losses if program.holds_last else None}

@@ -35,6 +35,7 @@ from autopar.costmodel.workload import (
     Workload,
 )
 from autopar.graph import GraphIR, NodeInfo
+from autopar.models.moe.model import DROPLESS_MARK
 from autopar.ops import (
     PATTERNS,
     find_fusions,
@@ -238,6 +239,7 @@ def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: flo
         params_tp=0,
         params_expert=_numel(graph, expert),
         ep_alltoall_elements=a2a,
+        ep_dropless=any(n.target.endswith(DROPLESS_MARK) for n in nodes),
         no_rule_ops=ops_without_rules(nodes),
     )
 

@@ -14,6 +14,9 @@ DIMMs, i.e. 2 TiB binary):
   hgx-h100-80g   H100-SXM5-80GB, NVLink4, IB NDR 400G per GPU, PCIe Gen5, 2 TiB host (DGX H100)
   hgx-h100-roce  hgx-h100-80g with 400GbE RoCE v2 (ConnectX-7) between the nodes
   hgx-h200       H200-SXM-141GB, NVLink4, IB NDR 400G per GPU, PCIe Gen5, 2 TiB host (DGX H200)
+  hgx-h800       H800-SXM5-80GB, NVLink 400 GB/s total, IB 50 GB/s per GPU, PCIe Gen5 (DeepSeek-V3's
+                 cluster, arXiv 2412.19437 section 3.1: 2048 GPUs = ``--nodes 256``); host
+                 memory not published, taken as DGX H100's 2 TiB
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from typing import Any, Iterator, Mapping
 import yaml
 
 from autopar.core.errors import AutoparError
-from .hardware import (A100_SXM4_40GB, A100_SXM4_80GB, H100_SXM5_80GB, H200_SXM_141GB, IB_HDR,
-                       IB_NDR, NVLINK3, NVLINK4, PCIE4_X16, PCIE5_X16, ROCE_400G, GiB, GPUSpec,
-                       PLAUSIBLE, LinkSpec, TiB, check_plausible, check_positive, did_you_mean,
+from .hardware import (A100_SXM4_40GB, A100_SXM4_80GB, H100_SXM5_80GB, H200_SXM_141GB,
+                       H800_SXM5_80GB, IB_HDR, IB_NDR, NVLINK3, NVLINK4, NVLINK4_H800, PCIE4_X16,
+                       PCIE5_X16, PLAUSIBLE, ROCE_400G, GiB, GPUSpec, LinkSpec, TiB,
+                       check_plausible, check_positive, did_you_mean,
                        format_bytes, format_bytes_per_s, gpu_preset, link_preset)
 from .profile import Profile, collective_key
 
@@ -355,6 +359,7 @@ _PRESETS: dict[str, ClusterSpec] = {name: ClusterSpec(name, gpu, 8, 1, intra, in
     ("hgx-h100-80g", H100_SXM5_80GB, NVLINK4, IB_NDR, PCIE5_X16, 2 * TiB),
     ("hgx-h100-roce", H100_SXM5_80GB, NVLINK4, ROCE_400G, PCIE5_X16, 2 * TiB),
     ("hgx-h200", H200_SXM_141GB, NVLINK4, IB_NDR, PCIE5_X16, 2 * TiB),
+    ("hgx-h800", H800_SXM5_80GB, NVLINK4_H800, IB_NDR, PCIE5_X16, 2 * TiB),
 )}
 
 

@@ -214,37 +214,6 @@ def _gemm_s(gemm: Gemm, split: Split, cluster: ClusterSpec, eff: Efficiency) -> 
     return max(gemm.flop / rate, gemm.bytes / hbm) + eff.kernel_overhead_s
 
 
-def ring_attention_merge_s(op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency
-                           ) -> PhaseTimes:
-    """Seconds context parallelism adds to one attention op besides its communication.
-
-    Ring attention runs one attention kernel per ring step, on this rank's queries against the
-    K/V chunk held at that step, and merges each step's partial output into the running one
-    with the log-sum-exp correction (Liu et al., "Ring Attention with Blockwise Transformers",
-    2023; TransformerEngine's ``AttnFuncWithCPAndKVP2P``: ``flash_attn_fwd_out_correction``
-    reads the step's output and reads and writes the running output). The backward likewise
-    adds each step's dQ into the running dQ and the dK/dV it produces into the chunk's running
-    dK/dV (``dq.add_``, ``dkv.add_``). Those merges are memory-bound kernels separate from the
-    attention, so ``cp - 1`` of them add, three activation-sized passes each, and so does a
-    launch per extra attention kernel and merge. The FLOPs are unchanged (each rank does
-    1/cp of them). At cp=8 on a 2048-token sequence this doubles the attention's forward time;
-    at cp=2 on 8192 tokens it adds a few per cent.
-    """
-    if split.cp == 1 or op.kv_elements <= 0:
-        return PhaseTimes()
-    a = split.act_bytes
-    s = split.scale(op.shard)
-    # an attention op reads Q, K, V and writes O, which has Q's size
-    q = max(0.0, (op.bytes / a - op.kv_elements) / 2.0) * s
-    kv = op.kv_elements * s
-    hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
-    k = eff.kernel_overhead_s
-    steps = split.cp - 1
-    fwd = steps * (3.0 * a * q / hbm + 2 * k)
-    bwd = steps * (3.0 * a * (q + kv) / hbm + 3 * k)
-    return PhaseTimes(fwd, bwd, 0.0)
-
-
 def estimate_op_s(
     op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency, *, expert_scale: float = 1.0
 ) -> PhaseTimes:
@@ -278,8 +247,10 @@ def estimate_op_s(
             fwd = max(flop / (peak * eff.attention_fwd), nbytes / hbm) + k
         if bwd is None:
             bwd = max(2 * flop / (peak * eff.attention_bwd), 2 * nbytes / hbm) + k
-        ring = ring_attention_merge_s(op, split, cluster, eff)
-        return PhaseTimes(fwd + ring.forward, bwd + ring.backward_act, 0.0)
+        # under context parallelism: this rank's queries against the whole gathered K/V with
+        # an explicit causal mask (passes/context_parallel.py), 1/cp of the full score matrix
+        # the FLOPs count (ops/attention.py), no ring steps to merge
+        return PhaseTimes(fwd, bwd, 0.0)
     bwd_bytes = 2 * nbytes if op.backward_bytes is None else op.backward_bytes * s
     fwd = measured("memory-bound", p and p.memory_s(nbytes), cluster)
     bwd = measured("memory-bound", p and p.memory_s(bwd_bytes), cluster)

@@ -71,8 +71,14 @@ class Efficiency:
     reduction can hide: bucketed reduction (DDP, FSDP) starts with the first ready bucket and
     the last bucket is always exposed."""
     moe_load_imbalance: float = 1.10
-    """The busiest expert rank receives this multiple of the mean tokens (top-k routing with a
-    load-balancing loss keeps it near 1.1; Switch/GShard reports), which sets the expert step."""
+    """A dropless MoE layer's busiest expert-parallel rank receives this multiple of the mean
+    rows, which sets its all-to-all bytes and expert GEMMs (``costmodel/step.py``; a capacity
+    layer's slots are static and take no factor). Basis (the value this constant had before
+    the engine ran ep): top-k routing with a load-balancing loss keeps it near 1.1 (Switch,
+    GShard). Calibrate it per model from
+    ``autopar verify``'s "expert load" line (the busiest ep rank's share times ep) or a
+    cluster run's token counts; tiny-moe at random init measured 1.05 (dp 4, ep 2, capacity)
+    and 1.07 (dp 2, ep 2, dropless)."""
     cpu_adam_params_per_s: float = 1.0e9
     """CPU Adam step throughput per GPU's share of the host (ZeRO-Offload's CPU-Adam: ~1 billion
     parameters per second per socket share with AVX-512), for optimizer offload."""

@@ -19,6 +19,11 @@ Sources:
          ConnectX-6 HDR 200 Gb/s for the compute fabric, one per GPU; PCIe Gen4 GPU<->CPU.
   [DGXH100] NVIDIA DGX H100 User Guide: 8x ConnectX-7 400 Gb/s (NDR) compute ports, one per GPU;
          PCIe Gen5 GPU<->CPU.
+  [H800] NVIDIA H800 SXM5 (the export variant of H100 SXM5): the H100 SXM's compute and 80 GB
+         HBM3, NVLink cut to 400 GB/s total (both directions). DeepSeek-V3 Technical Report
+         (arXiv 2412.19437), section 3.1: 2048 H800, 8 per node over NVLink/NVSwitch, InfiniBand
+         between nodes; section 3.2.2: "NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times
+         that of IB (50 GB/s)" -- the achieved figures in their all-to-all kernels.
   [A100-WP] NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): SMs per product.
   [H100-WP] NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): SMs per product.
   [PCIe] PCI-SIG base specifications 4.0 (16 GT/s) and 5.0 (32 GT/s) per lane, 128b/130b coding.
@@ -309,8 +314,18 @@ H200_SXM_141GB = GPUSpec(
     sm_count=132,  # [H200]: the H100 SXM5's GH100 configuration with HBM3e
 )
 
+H800_SXM5_80GB = GPUSpec(
+    "H800-SXM5-80GB", _HOPPER_PEAK,
+    hbm_bytes=80 * GiB,  # [H800] the H100 SXM's 80GB HBM3
+    hbm_bytes_per_s=3.35e12,  # [H800] as [H100]
+    source="NVIDIA H100 datasheet (H100 SXM compute and 80 GiB HBM3 at 3.35 TB/s; the H800 "
+    "SXM5 is its export variant with NVLink cut to 400 GB/s total)",
+    sm_count=132,  # [H800]: the H100 SXM5's GH100 configuration
+)
+
 GPUS: dict[str, GPUSpec] = {g.name: g for g in (A100_SXM4_80GB, A100_SXM4_40GB,
-                                                H100_SXM5_80GB, H200_SXM_141GB)}
+                                                H100_SXM5_80GB, H200_SXM_141GB,
+                                                H800_SXM5_80GB)}
 
 # --- Links ------------------------------------------------------------------------------------
 
@@ -324,6 +339,10 @@ NVLINK3 = LinkSpec("NVLink3", 300e9, _NVLINK_LAT,
 NVLINK4 = LinkSpec("NVLink4", 450e9, _NVLINK_LAT,
                    "[H100]/[H200] NVLink 900 GB/s total (18 links x 50 GB/s, both directions) -> "
                    "450 GB/s per direction; latency: NCCL tuning model (typical, LL128)")
+NVLINK4_H800 = LinkSpec("NVLink4-H800", 200e9, _NVLINK_LAT,
+                        "[H800] NVLink 400 GB/s total (both directions) -> 200 GB/s per "
+                        "direction (DeepSeek-V3 measured 160 GB/s in its all-to-all); latency: "
+                        "NCCL tuning model (typical, LL128)")  # no datasheet in the sources
 IB_HDR = LinkSpec("IB-HDR-200G", 25e9, _NET_LAT,
                   "[DGXA100] one ConnectX-6 HDR 200 Gb/s per GPU = 25 GB/s per direction; "
                   "latency: NCCL tuning model (typical, LL128)")
@@ -340,8 +359,8 @@ PCIE5_X16 = LinkSpec("PCIe-Gen5-x16", 64e9, _PCIE_LAT,
                      "[PCIe] 32 GT/s x 16 lanes = 64 GB/s per direction nominal (63 after "
                      "128b/130b); [H100] lists 128 GB/s both directions; latency: NCCL PCI (LL128)")
 
-LINKS: dict[str, LinkSpec] = {lk.name: lk for lk in (NVLINK3, NVLINK4, IB_HDR, IB_NDR, ROCE_400G,
-                                                     PCIE4_X16, PCIE5_X16)}
+LINKS: dict[str, LinkSpec] = {lk.name: lk for lk in (NVLINK3, NVLINK4, NVLINK4_H800, IB_HDR,
+                                                     IB_NDR, ROCE_400G, PCIE4_X16, PCIE5_X16)}
 
 
 def gpu_preset(name: str) -> GPUSpec:

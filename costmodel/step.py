@@ -20,6 +20,8 @@ from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, StageMemory
 from .memory import (
     StateBytes,
+    backward_peak,
+    dtype_bytes,
     activation_bytes_per_element,
     model_state_bytes,
     recompute_working_bytes,
@@ -33,7 +35,7 @@ from .pipeline import StagePartition, bubble_fraction, even_partition, in_flight
 from autopar.core.specs import (Checkpoint, Optimizer, ParallelConfig, Precision, Schedule,
                                 TrainSpec)
 from .topology import MeshGroups, mesh_groups
-from .workload import LayerCost, OpKind, Phase, Shard, TPCollective, Workload
+from .workload import LayerCost, OpCost, OpKind, Phase, Shard, TPCollective, Workload
 
 BUCKET_BYTES = 25 * 2**20
 """One gradient bucket: DDP's default ``bucket_cap_mb`` of 25 MiB."""
@@ -113,41 +115,68 @@ def tp_comm_s(
     return total
 
 
+def cp_collectives(layer: LayerCost) -> list[tuple[Collective, Phase, OpCost]]:
+    """The collectives context parallelism runs in one layer for one micro-batch (cp > 1), as
+    (kind, phase, the attention op, whose ``kv_elements`` are gathered): the engine
+    (``passes/context_parallel.py``) all-gathers each attention's K and V together over the cp
+    group in its forward and reduce-scatters dK and dV in its backward."""
+    return [(kind, phase, op) for op in layer.ops
+            if op.kind is OpKind.ATTENTION and op.kv_elements > 0
+            for kind, phase in ((Collective.ALL_GATHER, Phase.FORWARD),
+                                (Collective.REDUCE_SCATTER, Phase.BACKWARD_ACT))]
+
+
 def _cp_comm_s(
-    layer: LayerCost, split: Split, g: MeshGroups, cluster: ClusterSpec, eff: Efficiency
+    layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
+    eff: Efficiency,
 ) -> float:
-    """Ring attention: cp-1 exchanges of a K/V chunk each way, each hidden under one chunk of
-    attention compute when it can be (forward once, backward twice the data: K/V and dK/dV)."""
+    """Seconds of ``cp_collectives`` (this tp rank's heads; none overlapped with compute); a
+    recomputed forward gathers again (``tp_comm_s``'s rule: the selective policy keeps the
+    attention's output, not its gathered inputs)."""
     if split.cp == 1:
         return 0.0
     total = 0.0
-    for op in layer.ops:
-        if op.kind is not OpKind.ATTENTION or op.kv_elements == 0:
-            continue
-        chunk = op.kv_elements * split.micro_batch * split.act_bytes / (split.cp * split.tp)
-        # ring neighbours: the ring is as slow as its slowest hop, between nodes when the cp
-        # group spans nodes
-        ring = Group(size=2, per_node=2 if g.cp.per_node == g.cp.size else 1)
-        step = estimate_collective_s(Collective.SEND_RECV, chunk, ring, cluster, eff)
-        peak = cluster.gpu.peak(split.compute_dtype)
-        fwd_chunk = op.flop * split.scale(Shard.TP) / (peak * eff.attention_fwd) / split.cp
-        bwd_chunk = 2 * op.flop * split.scale(Shard.TP) / (peak * eff.attention_bwd) / split.cp
-        total += (split.cp - 1) * (max(0.0, step - fwd_chunk) + max(0.0, 2 * step - bwd_chunk))
+    for kind, phase, op in cp_collectives(layer):
+        heads = split.tp if op.shard is Shard.TP else 1  # this tp rank's key/value heads
+        nbytes = op.kv_elements * split.micro_batch * split.act_bytes / heads
+        repeats = 2 if (phase is Phase.FORWARD and policy is not Checkpoint.NONE) else 1
+        total += repeats * estimate_collective_s(kind, nbytes, g.cp, cluster, eff)
     return total
+
+
+def ep_alltoalls(layer: LayerCost, policy: Checkpoint) -> tuple[int, int]:
+    """(forward, backward) all-to-alls one MoE layer runs per micro-batch under expert
+    parallelism (``passes/expert_parallel.py``): dispatch and combine forward (after the
+    per-expert counts when dropless), their reverses backward, and the forward's again in the
+    backward when the block is recomputed."""
+    if layer.ep_alltoall_elements == 0:
+        return (0, 0)
+    forward = 3 if layer.ep_dropless else 2
+    return forward, 2 + (forward if policy is not Checkpoint.NONE else 0)
 
 
 def _ep_comm_s(
     layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
     eff: Efficiency,
 ) -> float:
-    """Dispatch and combine all-to-alls, forward and backward (and again when recomputed)."""
+    """The all-to-alls of ``ep_alltoalls``: a capacity layer moves its static (E, C, h) slots,
+    a dropless one its routed rows, the busiest rank's grown by the load imbalance; a count
+    exchange moves ep integers (latency)."""
     if layer.ep_alltoall_elements == 0 or g.ep.size == 1:
         return 0.0
+    imbalance = eff.moe_load_imbalance if layer.ep_dropless else 1.0
     nbytes = (layer.ep_alltoall_elements * split.act_bytes * split.scale(Shard.SEQ)
-              * eff.moe_load_imbalance)
+              * imbalance)
     one = estimate_collective_s(Collective.ALL_TO_ALL, nbytes, g.ep, cluster, eff)
-    passes = 2 if policy is Checkpoint.NONE else 3
-    return 2 * one * passes
+    forward, backward = ep_alltoalls(layer, policy)
+    count_exchanges = 0
+    if layer.ep_dropless:
+        count_exchanges = 1 + (policy is not Checkpoint.NONE)
+        counts = estimate_collective_s(Collective.ALL_TO_ALL, 8.0 * g.ep.size, g.ep, cluster,
+                                       eff)
+    else:
+        counts = 0.0
+    return (forward + backward - count_exchanges) * one + count_exchanges * counts
 
 
 def _layer_time(
@@ -155,7 +184,9 @@ def _layer_time(
     cluster: ClusterSpec, eff: Efficiency,
 ) -> tuple[PhaseTimes, float, float, float, float]:
     """(compute, recompute, tp, cp, ep seconds) of one layer for one micro-batch."""
-    imbalance = eff.moe_load_imbalance if config.ep > 1 else 1.0
+    # a capacity layer's experts compute their static slots; a dropless one's busiest rank
+    # computes its share of the rows
+    imbalance = eff.moe_load_imbalance if config.ep > 1 and layer.ep_dropless else 1.0
     t = estimate_layer_s(layer, split, cluster, eff, expert_scale=imbalance)
     recompute = 0.0
     if policy is Checkpoint.FULL:
@@ -165,7 +196,7 @@ def _layer_time(
         recompute = estimate_layer_s(layer, split, cluster, eff, only_recomputed_by_selective=True,
                                      expert_scale=imbalance).forward
     return (t, recompute, tp_comm_s(layer, split, policy, g, cluster, eff),
-            _cp_comm_s(layer, split, g, cluster, eff),
+            _cp_comm_s(layer, split, policy, g, cluster, eff),
             _ep_comm_s(layer, split, policy, g, cluster, eff))
 
 
@@ -202,9 +233,12 @@ def _stage_time(
 
 
 def _layer_params(layer: LayerCost, config: ParallelConfig) -> tuple[float, float]:
-    """(dense, expert) parameters of one ``layer`` on one GPU."""
+    """(dense, expert) parameters of one ``layer`` on one GPU: the experts split over ep only
+    -- the strategy solve never splits an expert GEMM over tp (``ops/gemm.py`` splits
+    ``nn.Linear`` layers), so every tp rank holds its ep rank's experts whole, as
+    ``passes/expert_parallel.py`` runs them."""
     plain = layer.params - layer.params_tp - layer.params_expert
-    return plain + layer.params_tp / config.tp, layer.params_expert / (config.ep * config.tp)
+    return plain + layer.params_tp / config.tp, layer.params_expert / config.ep
 
 
 def _stage_params(workload: Workload, part: StagePartition, stage: int, config: ParallelConfig
@@ -385,7 +419,7 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
 
     dp_exposed, optimizer_s, offload_s, offloaded = 0.0, 0.0, 0.0, 0.0
     stage_mem = []
-    sized: dict[tuple[str, Checkpoint], tuple[float, float]] = {}
+    sized: dict[tuple[str, Checkpoint], tuple[float, float, tuple[float, float]]] = {}
     for s in range(config.pp):
         dense, expert = _stage_params(workload, part, s, config)
         exposed = _dp_comm_s(dense, expert, sb.grads, sb.weights, config, m, times[s].backward,
@@ -448,22 +482,27 @@ def _stage_memory(
     workload: Workload, part: StagePartition, stage: int, split: Split,
     policies: tuple[Checkpoint, ...], config: ParallelConfig, m: int, v: int,
     dense: float, expert: float, train: TrainSpec, sb: StateBytes, g: MeshGroups,
-    memo: dict[tuple[str, Checkpoint], tuple[float, float]],
+    memo: dict[tuple[str, Checkpoint], tuple[float, float, tuple[float, float]]],
 ) -> StageMemory:
     groups = _stage_groups(workload, part, stage, policies)
     kept = 0.0
     working = 0.0
-    block_working = 0.0
+    block_grad_bytes = sum(_layer_params(workload.block, config)) * \
+        dtype_bytes(train.precision, train.optimizer)[1]
+    walked: tuple[float, float] | None = None  # (activations, gradients) of a block's backward
     for layer, policy, n in groups:
         key = (layer.name, policy)
         if key not in memo:  # every block costs the same: size it once
-            memo[key] = (saved_bytes(layer, split, policy),
-                         recompute_working_bytes(layer, split, policy)
-                         + transient_bytes(layer, split))
+            working_bytes = recompute_working_bytes(layer, split, policy) \
+                + transient_bytes(layer, split)
+            memo[key] = (saved_bytes(layer, split, policy), working_bytes,
+                         backward_peak(layer, split, policy, block_grad_bytes)
+                         or (working_bytes, block_grad_bytes))
         kept += n * memo[key][0]
         working = max(working, memo[key][1])
-        if layer is workload.block:
-            block_working = max(block_working, memo[key][1])
+        if layer is workload.block and (walked is None or sum(memo[key][2]) > sum(walked)):
+            walked = memo[key][2]
+    block_working, block_grads = walked if walked is not None else (0.0, block_grad_bytes)
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
     if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet
         states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
@@ -483,7 +522,8 @@ def _stage_memory(
             head=sum(_layer_params(workload.post, config)) + workload.tied_params / config.tp
             if stage == config.pp - 1 else 0.0,
             embedding_extra=workload.pre.params_tp * (1.0 - 1.0 / config.tp))
-        acts = StageActivations(in_flight, kept, working, block_working)
+        acts = StageActivations(in_flight, kept, working, block_working,
+                                block_grads / block_grad_bytes if block_grad_bytes else 1.0)
         moment, breakdown = stage_peak(params, acts,
                                        train.precision, train.optimizer, zero=config.zero,
                                        pipelined=config.pp > 1, microbatches=m,

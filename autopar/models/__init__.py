@@ -65,6 +65,8 @@ from autopar.models.moe import (  # noqa: E402
     MoELayer,
     MoETransformer,
     expert_capacity,
+    moe_layers,
+    set_aux_loss_grad_scale,
 )
 
 ModelConfig = GPTConfig | LlamaConfig | MoEConfig
@@ -249,6 +251,8 @@ __all__ = [
     "make_config",
     "describe",
     "expert_capacity",
+    "moe_layers",
+    "set_aux_loss_grad_scale",
     "families",
     "family_named",
     "family_of",

@@ -112,7 +112,7 @@ class GPT2Init(nn.Module):
     def init_scheme(self) -> InitScheme:
         """This model's ``InitScheme`` (on meta or allocated); a family's ``Family.init``."""
         num_layers = self.config.num_layers
-        residual = {f"layers.{i}.{w}" for i in range(num_layers) for w in self.RESIDUAL}
+        residual = self._residual_names()
         residual_std = INIT_STD / math.sqrt(2 * num_layers)
 
         def law_of(name: str) -> Law | None:
@@ -127,6 +127,11 @@ class GPT2Init(nn.Module):
             return self._other_law(name)
 
         return InitScheme.of(self, law_of, self._buffer)
+
+    def _residual_names(self) -> set[str]:
+        """The parameters drawn with the residual std: ``RESIDUAL`` in every block of
+        ``layers`` (a family with blocks elsewhere too adds theirs)."""
+        return {f"layers.{i}.{w}" for i in range(len(self.layers)) for w in self.RESIDUAL}
 
     def _other_law(self, name: str) -> Law | None:
         """The law of a parameter that is no Linear, Embedding or norm weight (none here)."""

@@ -28,6 +28,7 @@ from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, TP
 from autopar.graph import GraphIR, NodeInfo
 from autopar.ops import kept_by_selective, strategies_for
 from autopar.ops.loss import LOSS_PARALLEL_TRANSIENT_BYTES
+from autopar.search.backward_walk import backward_moments, saved_as_held
 from autopar.search.ilp_types import BlockProblem, Edge, StrategyTable
 from autopar.search.reshard import conversion
 from autopar.search.forced import forced_splits
@@ -304,7 +305,7 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
     rows = {op.name for op, s in zip(sg.ops, chosen) if op.node is not None
             and s.name is Style.ROW and kept_by_selective(op.node, graph)}
     saved = _cached_partials(tuple(_saved_shard(graph, s, layout) for s in layer.saved), rows)
-    # expert weights (3-d) are divided by ep and tp in the step model already
+    # expert weights (3-d) are divided by ep in the step model; no tp split reaches them
     split_params = {p for op, s in zip(sg.ops, chosen) if op.node is not None
                     for p in op.node.params if p in graph.params and _is_split(graph, p, s)
                     and len(graph.params[p].shape) != 3}
@@ -312,6 +313,12 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
                     layer.params - layer.params_expert)
     solved = replace(layer, ops=ops, saved=saved, params_tp=params_tp,
                      tp_collectives=tuple(collectives))
+    share = {op.node.name: sum(graph.params[p].numel / (tp if p in split_params else 1)
+                               for p in op.node.params if p in graph.params)
+             for op in sg.ops if op.node is not None}
+    held, released = saved_as_held(graph, sg, chosen, saved)
+    solved = replace(solved, backward=backward_moments(graph, sg, chosen, solved, held,
+                                                       released, share))
     strategies = tuple((op.name, s.name) for op, s in zip(sg.ops, chosen) if op.node is not None)
     stream = chosen[sg.stream_in].output if sg.stream_in is not None else None
     return SolvedLayer(solved, strategies, stream, chosen[sg.output].output)

@@ -12,7 +12,8 @@ between them) closes the region, by rows; the others open it, by columns. The so
 among the split strategies the rules offer; there is no other classification.
 
 A router (a linear whose output feeds a top-k over every expert) is never forced: each rank
-needs every expert's score.
+needs every expert's score. Nor is a module outside the repeated blocks whose split would need
+a row split, which the engine runs inside the blocks only.
 """
 
 from __future__ import annotations
@@ -61,7 +62,11 @@ def forced_splits(graph: GraphIR, nodes: list[NodeInfo], tp: int) -> frozenset[s
     for members in by_module.values():
         names = {n.name for n in members}
         kinds = [Style.ROW if upstream[n.name] & names else Style.COLUMN for n in members]
+        # a row split runs inside the repeated blocks only (ops/gemm.py): a module outside
+        # them that needs one (DeepSeek's dense first layers, run before the blocks) is left
+        # to the solve, which keeps it whole
         if all(splittable(*graph.layers[n.module_path], kind, tp)
+               and (kind is Style.COLUMN or n.block is not None)
                for n, kind in zip(members, kinds)):
             forced.update(names)
     return frozenset(forced)

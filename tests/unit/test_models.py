@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import autopar.models as models
 from autopar import AutoparError
 from autopar.models.llama import apply_rope, rope_tables
+from autopar.models.deepseek import DeepSeekConfig
 from autopar.models.moe import MoEConfig, MoELayer, expert_capacity
 
 TINY = ["tiny-gpt", "tiny-llama", "tiny-moe"]
@@ -40,11 +41,12 @@ def _tokens(model: torch.nn.Module, batch: int = 2, seq: int | None = None, devi
 
 def test_names_and_families_are_listed_in_zoo_order() -> None:
     assert models.names() == [
-        "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18b", "gpt-39b", "gpt-76b", "gpt-145b",
-        "gpt-175b", "gpt-310b", "gpt-530b", "gpt-1t", "llama3-8b", "llama3-70b", "llama3-405b",
-        "mixtral-8x7b", "tiny-gpt", "tiny-llama", "tiny-moe",
+        "deepseek-v3", "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18b", "gpt-39b", "gpt-76b",
+        "gpt-145b", "gpt-175b", "gpt-310b", "gpt-530b", "gpt-1t", "llama3-8b", "llama3-70b",
+        "llama3-405b", "qwen3-30b-a3b", "mixtral-8x7b", "qwen3-235b-a22b", "tiny-deepseek",
+        "tiny-gpt", "tiny-llama", "tiny-moe",
     ]
-    assert models.families() == ["gpt", "llama", "moe"]
+    assert models.families() == ["deepseek", "gpt", "llama", "moe"]
 
 
 def _closed_form(cfg: models.ModelConfig) -> int:
@@ -56,8 +58,15 @@ def _closed_form(cfg: models.ModelConfig) -> int:
         assert cfg.ffn_hidden_size == 4 * h
         head = 0 if cfg.tie_embeddings else V * h
         return 12 * L * h * h + 13 * L * h + (V + cfg.seq_len) * h + 2 * h + head
-    kv = cfg.num_kv_heads * (h // cfg.num_heads)
-    attn = h * h + 2 * h * kv + h * h
+    d = cfg.head_size or h // cfg.num_heads
+    kv = cfg.num_kv_heads * d
+    attn = 2 * h * cfg.num_heads * d + 2 * h * kv
+    if isinstance(cfg, DeepSeekConfig):  # k dense layers, then routed + shared experts
+        k, f = cfg.first_k_dense, cfg.moe_ffn_hidden_size
+        dense = attn + 3 * h * cfg.ffn_hidden_size + 2 * h
+        moe = (attn + cfg.num_experts * 3 * h * f + h * cfg.num_experts
+               + cfg.num_shared_experts * 3 * h * f + 2 * h)
+        return k * dense + (L - k) * moe + h + V * h * (1 if cfg.tie_embeddings else 2)
     if isinstance(cfg, MoEConfig):
         ffn = cfg.num_experts * 3 * h * cfg.ffn_hidden_size + h * cfg.num_experts
     else:
@@ -70,7 +79,8 @@ def test_preset_builds_on_meta_with_closed_form_param_count(name: str) -> None:
     model = models.build(name)
     assert all(p.device.type == "meta" for p in model.parameters())
     assert isinstance(model.layers, torch.nn.ModuleList)
-    assert len(model.layers) == model.config.num_layers
+    dense = len(getattr(model, "dense_layers", ()))  # DeepSeek's first k layers
+    assert len(model.layers) + dense == model.config.num_layers
     count = _num_params(model)
     assert count == _closed_form(model.config)
     assert count == models.describe(name)["params"] == model.config.num_params()

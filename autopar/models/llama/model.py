@@ -60,12 +60,18 @@ class DecoderConfig:
     """Epsilon of every RMSNorm."""
     tie_embeddings: bool = False
     """Share the head's weight with ``tok_emb`` (Llama 3 does not, Llama 3.2 1B/3B do)."""
+    head_size: int | None = None
+    """Width of each attention head; ``None``: ``hidden_size / num_heads`` (Qwen3 sets 128
+    where that is 64: q and o then map ``hidden_size`` to and from ``num_heads * head_size``)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
                      "vocab_size", "seq_len"):
             check_positive_int(self, name)
-        check_divides(self, "num_heads", "hidden_size")
+        if self.head_size is None:
+            check_divides(self, "num_heads", "hidden_size")
+        else:
+            check_positive_int(self, "head_size")
         check_divides(self, "num_kv_heads", "num_heads")
         if self.head_dim % 2 != 0:
             raise AutoparError(
@@ -79,11 +85,11 @@ class DecoderConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
     def _num_params(self, mlp_params: int) -> int:
         h = self.hidden_size
-        attn = 2 * h * h + 2 * h * self.num_kv_heads * self.head_dim
+        attn = 2 * h * self.num_heads * self.head_dim + 2 * h * self.num_kv_heads * self.head_dim
         block = attn + mlp_params + 2 * h
         head = 0 if self.tie_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * block + h + head
@@ -138,6 +144,9 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
+        self.context_parallel: nn.Module | None = None
+        """Set by ``passes/context_parallel.py`` under cp > 1: attention of this rank's queries
+        against the whole sequence's keys and values, in place of causal SDPA."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -148,7 +157,10 @@ class LlamaAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa broadcasts each kv head over its group of query heads (torch >= 2.5; checked
         # on CPU and meta in tests/unit/test_models.py), so k and v are never repeated in memory.
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
+        if self.context_parallel is not None:
+            out = self.context_parallel(q, k, v, enable_gqa=self.gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 

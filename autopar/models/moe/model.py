@@ -23,6 +23,32 @@ Proxy. ``expert_capacity`` is registered with ``torch.fx.wrap``, so the trace re
 ``call_function`` node taking ``x.size(0)`` and the graph recomputes C with plain Python ints
 whenever it runs (on meta, CPU or GPU). The cap at T only matters when capacity_factor * top_k > E;
 it never drops a token since an expert can take each token at most once.
+
+Dropless (``capacity_factor=None``; Megatron-Core's default, what DeepSeek-V3 and Qwen3-MoE
+train with): every assignment is computed. The assignments are sorted by expert (stable: choice-
+major order within an expert), each expert runs its SwiGLU on its own rows (``Experts.forward`` with ``counts``),
+and the rows go back to their tokens. The number of rows per expert depends on the data, so the
+trace (a ``torch.fx`` Proxy, or fake tensors in the dry run) records the balanced load instead:
+the capacity form with ``capacity_factor = 1`` (``C = ceil(top_k * T / E)``), exactly the mean
+rows an expert computes -- the cost model scales the busiest rank's share by its imbalance
+factor (``costmodel/efficiency.py``).
+
+The load-balancing loss (Switch, Fedus et al. 2021, eq. 4-6; GShard's aux loss): ``E * sum_i
+f_i * P_i`` over the tokens of the call, ``f_i`` the fraction of tokens routing to expert ``i``
+(over all ``top_k`` choices, before drops: transformers' ``load_balancing_loss_func`` for
+Mixtral) and ``P_i`` the mean router probability (softmax over all experts, fp32), times
+``router_aux_loss_coef``. It adds to the training loss's gradient without entering the loss
+the caller computes from the logits (Megatron-Core's ``MoEAuxLossAutoScaler``): the layer's
+output carries it, and its backward adds ``coef * aux_loss_grad_scale`` as the aux loss's
+gradient -- the scale being what the caller multiplies the cross-entropy by before backward
+(1 for ``loss.backward()`` of one call; ``passes/program.py`` sets 1/micro-batches, and the
+fp16 loss scale, through ``set_aux_loss_grad_scale``). So a pipeline stage without the head
+trains its routers too, and activation checkpointing recomputes the loss with the layer.
+
+Expert parallelism replaces the local dispatch with ``MoELayer.dispatch`` (a callable
+``passes/expert_parallel.py`` sets): the routing, the drop decisions and the aux loss stay
+this module's, computed on the rank's own tokens, so the program's math is the one-process
+model's on each rank's micro-batch.
 """
 
 from __future__ import annotations
@@ -35,6 +61,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from autopar.core.errors import AutoparError
 from autopar.models.init import Law, Normal
@@ -52,8 +79,12 @@ class MoEConfig(DecoderConfig):
     """Experts per MoE layer (E)."""
     top_k: int
     """Experts each token is routed to; at most ``num_experts``."""
-    capacity_factor: float = 1.25
-    """Slots per expert relative to a perfectly balanced load: C = ceil(cf * top_k * T / E)."""
+    capacity_factor: float | None = 1.25
+    """Slots per expert relative to a perfectly balanced load: C = ceil(cf * top_k * T / E);
+    ``None``: dropless (every assignment computed)."""
+    router_aux_loss_coef: float = 0.01
+    """Weight of the load-balancing loss (Switch Transformer's alpha = 1e-2, Fedus et al.
+    2021, section 2.2); 0 turns it off."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -65,7 +96,14 @@ class MoEConfig(DecoderConfig):
                 where="MoEConfig.top_k",
                 fix="route each token to at most num_experts experts",
             )
-        check_positive_float(self, "capacity_factor")
+        if self.capacity_factor is not None:
+            check_positive_float(self, "capacity_factor")
+        coef = self.router_aux_loss_coef
+        if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not (
+                math.isfinite(coef) and coef >= 0):
+            raise AutoparError(f"router_aux_loss_coef must be a finite number >= 0, got {coef!r}",
+                               where=f"{type(self).__name__}.router_aux_loss_coef",
+                               fix="pass 0 (no load-balancing loss) or e.g. 0.01")
 
     def num_params(self) -> int:
         """Exact parameter count of the built model (all experts, a tied head counted once)."""
@@ -82,6 +120,17 @@ def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_fact
 torch.fx.wrap("expert_capacity")
 
 
+def dropless_rows(num_tokens: int, num_experts: int, top_k: int) -> int:
+    """A dropless expert's mean rows, ``ceil(top_k * T / E)``: the slots the trace records
+    for a dropless layer (its node tells the workload the layer is dropless)."""
+    return expert_capacity(num_tokens, num_experts, top_k, 1.0)
+
+
+torch.fx.wrap("dropless_rows")
+DROPLESS_MARK = "dropless_rows"
+"""The name of the traced call that marks a dropless MoE layer (``autopar/workload.py``)."""
+
+
 class Experts(nn.Module):
     """E SwiGLU experts as stacked weights; maps (E, C, h) to (E, C, h) with batched matmuls."""
 
@@ -92,9 +141,26 @@ class Experts(nn.Module):
         self.w_up = nn.Parameter(torch.empty(e, h, f))
         self.w_down = nn.Parameter(torch.empty(e, f, h))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = F.silu(torch.bmm(x, self.w_gate)) * torch.bmm(x, self.w_up)
-        return torch.bmm(hidden, self.w_down)
+    def forward(self, x: torch.Tensor, counts: list[int] | None = None,
+                grad_scale: float | None = None) -> torch.Tensor:
+        """(E, C, h) to (E, C, h); with ``counts``, expert ``i`` on its ``counts[i]``
+        consecutive rows of ``x`` (rows, h) instead (dropless). ``grad_scale`` (expert
+        parallelism) runs the local shards of DTensor weights and scales the weights'
+        gradients by it. A call through ``__call__`` in every case, so FSDP2 gathers the
+        weights first."""
+        if counts is None and grad_scale is None:  # the one-process, traced form
+            hidden = F.silu(torch.bmm(x, self.w_gate)) * torch.bmm(x, self.w_up)
+            return torch.bmm(hidden, self.w_down)
+        scale = 1.0 if grad_scale is None else grad_scale
+        w_gate, w_up, w_down = (_local(w, scale) for w in (self.w_gate, self.w_up, self.w_down))
+        if counts is None:
+            hidden = F.silu(torch.bmm(x, w_gate)) * torch.bmm(x, w_up)
+            return torch.bmm(hidden, w_down)
+        outs = []
+        for i, part in enumerate(torch.split(x, counts)):
+            hidden = F.silu(part @ w_gate[i]) * (part @ w_up[i])
+            outs.append(hidden @ w_down[i])
+        return torch.cat(outs) if outs else x
 
 
 class Fp32Linear(nn.Linear):
@@ -108,40 +174,161 @@ class Fp32Linear(nn.Linear):
         return F.linear(x.float(), self.weight.float(), bias)
 
 
-class MoELayer(nn.Module):
-    """Top-k routed SwiGLU experts with capacity-based dispatch (see the module docstring)."""
+def load_balancing_loss(logits: torch.Tensor, top_experts: torch.Tensor) -> torch.Tensor:
+    """Switch's aux loss of one call: ``E * sum_i f_i * P_i`` (see the module docstring)."""
+    num_tokens, e = logits.shape
+    counts = F.one_hot(top_experts.reshape(-1), e).sum(dim=0)  # (E,) assignments per expert
+    probs = torch.softmax(logits.float(), dim=-1).mean(dim=0)  # (E,)
+    return e * (counts.to(probs.dtype) / num_tokens * probs).sum()
 
-    def __init__(self, config: MoEConfig) -> None:
+
+class _AuxLossGrad(torch.autograd.Function):
+    """Identity on the layer's output whose backward adds ``scale`` as the aux loss's gradient
+    (Megatron-Core's ``MoEAuxLossAutoScaler``)."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        ctx.save_for_backward(aux)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (aux,) = ctx.saved_tensors
+        return grad, torch.full_like(aux, ctx.scale), None
+
+
+def set_aux_loss_grad_scale(module: nn.Module, scale: float) -> None:
+    """What the caller multiplies the loss by before backward, for every MoE layer under
+    ``module``: the load-balancing loss's gradient is scaled the same."""
+    for m in module.modules():
+        if hasattr(m, "aux_loss_grad_scale"):
+            m.aux_loss_grad_scale = scale
+
+
+def capacity_slots(top_experts: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """Each assignment's row in the (E * C + 1, h) dispatch buffer, choice-major (row j * T + t
+    is token t's j-th choice); a dropped assignment gets the last row, E * C."""
+    expert_of = top_experts.t().reshape(-1)  # (k T,)
+    onehot = F.one_hot(expert_of, num_experts)  # (k T, E) int64
+    slot_in_expert = (torch.cumsum(onehot, dim=0) * onehot).sum(dim=-1) - 1  # (k T,)
+    kept = slot_in_expert < capacity
+    return torch.where(kept, expert_of * capacity + slot_in_expert, num_experts * capacity)
+
+
+def dispatch_capacity(tokens: torch.Tensor, slot: torch.Tensor, num_experts: int,
+                      capacity: int) -> torch.Tensor:
+    """The (E, C, h) buffer of every expert's slots (empty slots zero)."""
+    h = tokens.size(-1)
+    k = slot.size(0) // tokens.size(0)
+    rows = num_experts * capacity
+    buf = tokens.new_zeros(rows + 1, h).index_add(0, slot, tokens.repeat(k, 1))
+    return buf[:rows].view(num_experts, capacity, h)
+
+
+def combine_capacity(expert_out: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor
+                     ) -> torch.Tensor:
+    """Each token's kept experts' outputs (rows of the (E, C, h) ``expert_out``) summed with
+    the routing weights (T, k); a dropped assignment adds nothing."""
+    h = expert_out.size(-1)
+    num_tokens, k = weights.shape
+    gathered = torch.cat((expert_out.reshape(-1, h), expert_out.new_zeros(1, h)))[slot]
+    return (gathered.view(k, num_tokens, h) * weights.t().unsqueeze(-1)).sum(dim=0)
+
+
+def dropless_order(top_experts: torch.Tensor, num_experts: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, counts): the choice-major assignments sorted by expert (stable) and the
+    assignments of each expert (E,)."""
+    expert_of = top_experts.t().reshape(-1)
+    order = torch.argsort(expert_of, stable=True)
+    return order, torch.bincount(expert_of, minlength=num_experts)
+
+
+def combine_dropless(out_sorted: torch.Tensor, order: torch.Tensor, weights: torch.Tensor
+                     ) -> torch.Tensor:
+    """Rows sorted by expert back to their tokens, summed with the routing weights (T, k)."""
+    num_tokens, k = weights.shape
+    out = torch.empty_like(out_sorted).index_copy(0, order, out_sorted)
+    return (out.view(k, num_tokens, -1) * weights.t().unsqueeze(-1)).sum(dim=0)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity whose backward multiplies the gradient by ``scale``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+def _local(w: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
+    """A parameter's local tensor (expert parallelism makes the stacked weights DTensors),
+    its gradient scaled by ``grad_scale``."""
+    local = w.to_local() if isinstance(w, DTensor) else w
+    return local if grad_scale == 1.0 else _ScaleGrad.apply(local, grad_scale)
+
+
+def is_symbolic(x: torch.Tensor) -> bool:
+    """Whether ``x`` has no data to branch on: a ``torch.fx`` Proxy or a fake tensor."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(x, (torch.fx.Proxy, FakeTensor)) or x.is_meta
+
+
+class MoELayer(nn.Module):
+    """Top-k routed SwiGLU experts, capacity-based or dropless (see the module docstring)."""
+
+    def __init__(self, config: MoEConfig, ffn_hidden_size: int | None = None) -> None:
         super().__init__()
         self.num_experts = config.num_experts
         self.top_k = config.top_k
-        self.capacity_factor = float(config.capacity_factor)
+        cf = config.capacity_factor
+        self.capacity_factor = None if cf is None else float(cf)
+        self.aux_loss_coef = float(config.router_aux_loss_coef)
+        self.aux_loss_grad_scale = 1.0
+        self.dispatch = None
+        """Expert parallelism's dispatch (``passes/expert_parallel.py``); ``None``: local."""
         self.router = Fp32Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = Experts(config.num_experts, config.hidden_size, config.ffn_hidden_size)
+        self.experts = Experts(config.num_experts, config.hidden_size,
+                               ffn_hidden_size or config.ffn_hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         e, k = self.num_experts, self.top_k
         tokens = x.reshape(-1, h)  # (T, h)
-        num_tokens = tokens.size(0)
         logits = self.router(tokens)
         top_logits, top_experts = torch.topk(logits, k, dim=-1)  # (T, k)
         weights = torch.softmax(top_logits, dim=-1).to(x.dtype)  # Mixtral: over the top k
-        capacity = expert_capacity(num_tokens, e, k, self.capacity_factor)
-
-        # Choice-major order: row j * T + t is token t's j-th choice.
-        expert_of = top_experts.t().reshape(-1)  # (k T,)
-        onehot = F.one_hot(expert_of, e)  # (k T, E) int64
-        slot_in_expert = (torch.cumsum(onehot, dim=0) * onehot).sum(dim=-1) - 1  # (k T,)
-        kept = slot_in_expert < capacity
-        dropped_row = e * capacity  # the extra last row of the dispatch buffer
-        slot = torch.where(kept, expert_of * capacity + slot_in_expert, dropped_row)
-
-        dispatched = tokens.new_zeros(dropped_row + 1, h).index_add(0, slot, tokens.repeat(k, 1))
-        expert_out = self.experts(dispatched[:dropped_row].view(e, capacity, h))  # (E, C, h)
-        gathered = torch.cat((expert_out.reshape(-1, h), expert_out.new_zeros(1, h)))[slot]
-        combined = (gathered.view(k, num_tokens, h) * weights.t().unsqueeze(-1)).sum(dim=0)
+        if self.dispatch is not None:
+            combined = self.dispatch(self, tokens, top_experts, weights)
+        elif self.capacity_factor is None and not is_symbolic(tokens):
+            order, counts = dropless_order(top_experts, e)
+            rows = tokens.repeat(k, 1)[order]
+            out = self.experts(rows, counts=counts.tolist())
+            combined = combine_dropless(out, order, weights)
+        else:
+            if self.capacity_factor is None:  # traced: the balanced load (module docstring)
+                capacity = dropless_rows(tokens.size(0), e, k)
+            else:
+                capacity = expert_capacity(tokens.size(0), e, k, self.capacity_factor)
+            slot = capacity_slots(top_experts, e, capacity)
+            expert_out = self.experts(dispatch_capacity(tokens, slot, e, capacity))
+            combined = combine_capacity(expert_out, slot, weights)
+        if self.aux_loss_coef and not isinstance(tokens, torch.fx.Proxy):
+            aux = load_balancing_loss(logits, top_experts)
+            combined = _AuxLossGrad.apply(combined, aux,
+                                          self.aux_loss_coef * self.aux_loss_grad_scale)
         return combined.view(b, s, h)
+
+
+def moe_layers(module: nn.Module) -> list[MoELayer]:
+    """Every MoE layer under ``module`` (of any family built on ``MoELayer``)."""
+    return [m for m in module.modules() if isinstance(m, MoELayer)]
 
 
 class MoEBlock(nn.Module):

@@ -1,0 +1,141 @@
+"""DeepSeek-V3-style mixture-of-experts decoder: fine-grained routed experts, shared experts,
+the first k layers dense (DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv 2412.19437,
+section 2.1.2 and section 4.2's hyper-parameters; DeepSeekMoE, Dai et al. 2024).
+
+Layout: ``tok_emb``; ``dense_layers[0..k)`` -- Llama blocks with the dense SwiGLU of
+``ffn_hidden_size``; ``layers[0..L-k)`` -- blocks whose MLP is ``moe`` (``MoELayer``: the
+``num_experts`` routed experts of hidden ``moe_ffn_hidden_size``, top-``top_k``) plus
+``shared_experts`` (one SwiGLU of hidden ``num_shared_experts * moe_ffn_hidden_size``, every
+token: DeepSeekMoE's shared experts fused, as DeepSeek-V3's reference code does); ``norm_f``;
+``head``. The dense layers are a list of their own so ``layers`` stays the list of identical
+blocks that the tracer, the cost model and the pipeline split count (``tracing_blocks.py``):
+the passes run the dense layers on the first pipeline stage with the embedding
+(``parts.py``), and the cost model prices them there (the workload's ``pre`` layer).
+
+What differs from DeepSeek-V3, stated:
+
+* **attention**: grouped-query attention with RoPE (``LlamaAttention``; the preset uses 128
+  query and 128 key/value heads of ``hidden / heads`` = 56 dims), not multi-head latent
+  attention (MLA: low-rank q and kv projections, 192-dim q/k heads with a decoupled RoPE part,
+  128-dim v heads). Per layer this GQA holds 205.5 M parameters where MLA holds 187.0 M, and
+  it computes its attention scores over 56-dim heads where MLA's are 192-dim.
+* **gating**: a softmax over the top-k logits (Mixtral's; ``models/moe``), where DeepSeek-V3
+  uses sigmoid affinities normalised over the top k, with the auxiliary-loss-free bias
+  balancing; the load-balancing loss here is Switch's over the tokens of a call, DeepSeek-V3's
+  a sequence-wise one (both weighted by ``router_aux_loss_coef``).
+* no multi-token prediction module, no node-limited routing (each token's experts on at most 4
+  nodes).
+* dispatch: dropless (``capacity_factor=None``, DeepSeek-V3 drops no token, section 2.1.2)
+  or with a capacity factor, as ``models/moe``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from autopar.core.errors import AutoparError
+from autopar.models.init import Law, Normal
+from autopar.models.layers import INIT_STD, check_positive_int, lm_loss
+from autopar.models.llama.model import DecoderLM, LlamaAttention, LlamaBlock, SwiGLU
+from autopar.models.moe.model import MoEConfig, MoELayer
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepSeekConfig(MoEConfig):
+    """The MoE fields plus DeepSeekMoE's: ``ffn_hidden_size`` is the dense layers' MLP width,
+    ``moe_ffn_hidden_size`` each routed and shared expert's."""
+
+    family: ClassVar[str] = "deepseek"
+
+    moe_ffn_hidden_size: int
+    """Hidden width of one routed (and one shared) expert."""
+    num_shared_experts: int = 1
+    """Experts every token goes through, besides its routed ones; 0 for none."""
+    first_k_dense: int = 1
+    """The first layers with a dense MLP instead of experts; fewer than ``num_layers``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int(self, "moe_ffn_hidden_size")
+        for name in ("num_shared_experts", "first_k_dense"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise AutoparError(f"{name} must be an integer >= 0, got {value!r}",
+                                   where=f"DeepSeekConfig.{name}", fix=f"pass {name} >= 0")
+        if self.first_k_dense >= self.num_layers:
+            raise AutoparError(
+                f"first_k_dense={self.first_k_dense} leaves no MoE layer of {self.num_layers}",
+                where="DeepSeekConfig.first_k_dense", fix="keep first_k_dense < num_layers")
+
+    def num_params(self) -> int:
+        """Exact parameter count of the built model."""
+        h, e, f = self.hidden_size, self.num_experts, self.moe_ffn_hidden_size
+        attn = 2 * h * self.num_heads * self.head_dim + 2 * h * self.num_kv_heads * self.head_dim
+        dense = attn + 3 * h * self.ffn_hidden_size + 2 * h
+        moe = attn + 3 * e * h * f + h * e + 3 * h * f * self.num_shared_experts + 2 * h
+        head = 0 if self.tie_embeddings else self.vocab_size * h
+        k = self.first_k_dense
+        return self.vocab_size * h + k * dense + (self.num_layers - k) * moe + h + head
+
+
+class DeepSeekMoEBlock(nn.Module):
+    """Pre-norm block: ``x + attn(attn_norm(x))``, then ``x + moe(h) + shared_experts(h)`` with
+    ``h = ffn_norm(x)``."""
+
+    def __init__(self, config: DeepSeekConfig) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.attn = LlamaAttention(config)
+        self.ffn_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.moe = MoELayer(config, config.moe_ffn_hidden_size)
+        shared = config.num_shared_experts * config.moe_ffn_hidden_size
+        self.shared_experts = SwiGLU(config.hidden_size, shared) if shared else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        h = self.ffn_norm(x)
+        out = self.moe(h)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(h)
+        return x + out
+
+
+class DeepSeekV3(DecoderLM):
+    """DeepSeek-V3-style decoder (module docstring); ``forward(tokens, targets=None)``."""
+
+    RESIDUAL = ("attn.o_proj.weight", "moe.experts.w_down", "shared_experts.down_proj.weight")
+    DENSE_RESIDUAL = ("attn.o_proj.weight", "mlp.down_proj.weight")
+
+    def __init__(self, config: DeepSeekConfig) -> None:
+        k = config.first_k_dense
+        blocks = nn.ModuleList(DeepSeekMoEBlock(config) for _ in range(config.num_layers - k))
+        super().__init__(config, blocks)
+        self.dense_layers = nn.ModuleList(LlamaBlock(config) for _ in range(k))
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        _, s = tokens.shape
+        x = self.tok_emb(tokens)
+        cos, sin = self.rope_cos.narrow(0, 0, s), self.rope_sin.narrow(0, 0, s)
+        for layer in self.dense_layers:
+            x = layer(x, cos, sin)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        logits = self.head(self.norm_f(x))
+        if targets is None:
+            return logits
+        return lm_loss(logits, targets)
+
+    def _residual_names(self) -> set[str]:
+        dense = {f"dense_layers.{i}.{w}" for i in range(len(self.dense_layers))
+                 for w in self.DENSE_RESIDUAL}
+        return super()._residual_names() | dense
+
+    def _other_law(self, name: str) -> Law | None:
+        """N(0, 0.02) for the stacked routed-expert gate and up weights."""
+        if name.endswith((".experts.w_gate", ".experts.w_up")):
+            return Normal(INIT_STD)
+        return None

@@ -1,0 +1,195 @@
+"""Expert parallelism: each MoE layer's experts split over the ep ranks, tokens sent to them.
+
+``expert_mesh(plan, mesh)`` is the engine's view of the experts: the data-parallel ranks
+(``dp_replicate`` x ``dp_shard``, one of them of size 1) unflattened into (expert data parallel,
+``ep``), ``ep`` innermost -- ``autopar.core.mesh``'s carving, the ranks ``costmodel/topology.py``
+prices the all-to-all over (torchtitan's ``dp_shard`` -> (``dp_shard_mod_ep``,
+``dp_shard_in_ep``)). It is one ``DeviceMesh`` with the world mesh as its root
+(``DeviceMesh._flatten`` / ``_unflatten``), so FSDP2 can shard an ep DTensor over the expert
+data-parallel ranks (its FSDP + EP layout).
+
+``apply_expert_parallel(stage, plan, ep_mesh)`` makes every MoE layer of the stage:
+
+* hold ``E / ep`` experts: the stacked ``w_gate``/``w_up``/``w_down`` become DTensors
+  ``Shard(0)`` on the ep mesh (rank ``r`` holds experts ``r * E/ep ..``), so ``materialize``
+  draws, and ``torch.distributed.checkpoint`` saves and reloads under another plan, each
+  rank's slice of the one-process weights;
+* dispatch with the autograd all-to-all (``_functional_collectives.all_to_all_single_autograd``;
+  its backward is the reverse all-to-all). The routing, the drops and the load-balancing loss
+  stay the layer's, on the rank's own tokens (``models/moe/model.py``), so each rank computes
+  what the one-process model computes on its micro-batch:
+
+  - **capacity** (``capacity_factor`` set): the rank's (E, C, h) dispatch buffer, the model's
+    own slots and drops, goes to the experts' owners in equal parts -- one all-to-all of
+    ``E * C * h`` elements there and one back, static shapes (GShard); an owner runs its
+    ``E / ep`` experts on the ``ep * C`` rows it received;
+  - **dropless** (``capacity_factor=None``): the rank's assignments sorted by expert; one
+    all-to-all of the per-expert counts (``ep * E/ep`` integers), then the rows with uneven
+    splits, ``top_k * T`` rows sent in all; the owner regroups them by expert, runs each on its
+    rows, and the reverse all-to-all brings them home.
+
+Per layer and micro-batch that is 2 all-to-alls forward (dispatch, combine) and 2 backward in
+capacity mode; dropless adds the count exchange (forward only: counts have no gradient).
+The cost model prices these (``costmodel/step.py:ep_alltoalls``); ``tests/dist/
+test_comm_counts.py`` holds the program to it.
+
+Expert weights' gradients are summed over the ep ranks by the all-to-all's backward (every
+rank's tokens reach the owner); FSDP2 then averages over the expert data-parallel ranks only
+(dp / ep of them), so the experts scale their weights' gradients by 1 / ep in the backward
+(``Experts.forward``'s ``grad_scale``): the mean over all dp ranks, as for the dense weights
+(``passes/data_parallel.py``). (torchtitan sets FSDP2's ``gradient_divide_factor`` instead;
+on gloo that needs sum reductions, and with a shard group of one -- ZeRO-0's HSDP, or
+ep = dp -- torch 2.13 divides by the factor twice.)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._functional_collectives import (all_to_all_single,
+                                                      all_to_all_single_autograd)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+from autopar.core.errors import AutoparError
+from autopar.core.mesh import DATA_PARALLEL
+from autopar.core.plan import Plan
+from autopar.models import moe_layers
+from autopar.models.moe.model import (
+    capacity_slots,
+    combine_capacity,
+    combine_dropless,
+    dispatch_capacity,
+    dropless_order,
+    dropless_rows,
+    expert_capacity,
+    is_symbolic,
+)
+
+EXPERT_DP = ("edp_replicate", "edp_shard")
+"""The expert mesh's data-parallel dimensions (ZeRO-0 replicates over the first, 1-3 shard over
+the second; the other has size 1, as ``core.mesh.DATA_PARALLEL``)."""
+EP = "ep"
+EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
+
+
+def expert_mesh(plan: Plan, mesh: DeviceMesh) -> DeviceMesh:
+    """(``edp_replicate``, ``edp_shard``, ``ep``) over this rank's data-parallel ranks."""
+    c = plan.config
+    if c.ep == 1:
+        raise AutoparError("expert_mesh of a plan without expert parallelism",
+                           where="passes.expert_parallel.expert_mesh", fix="call it for ep > 1")
+    dp_names = tuple(a.value for a in DATA_PARALLEL)
+    flat = mesh[dp_names]._flatten("dp_ep")
+    edp = c.dp // c.ep
+    sizes = (edp, 1, c.ep) if c.zero == 0 else (1, edp, c.ep)
+    return flat._unflatten(0, sizes, (*EXPERT_DP, EP))
+
+
+def expert_dp_mesh(plan: Plan, experts_mesh: DeviceMesh | None) -> DeviceMesh | None:
+    """The ranks FSDP2 shards (ZeRO 1-3) or replicates (ZeRO-0, as HSDP) the experts over."""
+    if experts_mesh is None:
+        return None
+    return experts_mesh[EXPERT_DP] if plan.config.zero == 0 else experts_mesh[EXPERT_DP[1]]
+
+
+def apply_expert_parallel(stage: nn.Module, plan: Plan, ep_mesh: DeviceMesh) -> list[nn.Module]:
+    """Shard every MoE layer's experts of ``stage`` over ``ep_mesh[EP]`` and give it the
+    all-to-all dispatch; returns the layers' ``experts`` modules (for FSDP over the expert
+    data-parallel ranks)."""
+    ep = ep_mesh[EP]
+    out = []
+    for layer in moe_layers(stage):
+        if layer.num_experts % ep.size():
+            raise AutoparError(f"ep={ep.size()} does not divide the {layer.num_experts} experts",
+                               where="plan.config.ep",
+                               fix=f"choose ep among the divisors of {layer.num_experts}")
+        experts = layer.experts
+        for name in EXPERT_WEIGHTS:
+            param = getattr(experts, name)
+            sharded = distribute_tensor(param.data, ep, [Shard(0)], src_data_rank=None)
+            setattr(experts, name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        layer.dispatch = ExpertDispatch(ep)
+        out.append(experts)
+    return out
+
+
+class ExpertDispatch:
+    """The all-to-all dispatch and combine of one MoE layer over the ep group (see the
+    module docstring); called by ``MoELayer.forward`` with the layer's routing."""
+
+    def __init__(self, ep_mesh: DeviceMesh) -> None:
+        self.mesh = ep_mesh
+        self.ep = ep_mesh.size()
+        self.rows_sent: torch.Tensor | None = None
+        """Assignments this rank sent to each ep rank's experts (ep,), summed over the calls
+        (kept ones only in capacity mode): ``ep_load`` adds them up over the group."""
+
+    def _count(self, per_owner: torch.Tensor) -> None:
+        per_owner = per_owner.detach().to("cpu", torch.int64)
+        self.rows_sent = per_owner if self.rows_sent is None else self.rows_sent + per_owner
+
+    def __call__(self, layer: nn.Module, tokens: torch.Tensor, top_experts: torch.Tensor,
+                 weights: torch.Tensor) -> torch.Tensor:
+        if layer.capacity_factor is None and not is_symbolic(tokens):
+            return self._dropless(layer, tokens, top_experts, weights)
+        return self._capacity(layer, tokens, top_experts, weights)
+
+    def _capacity(self, layer, tokens, top_experts, weights) -> torch.Tensor:
+        e, k, ep, h = layer.num_experts, layer.top_k, self.ep, tokens.size(-1)
+        if layer.capacity_factor is None:  # a dropless layer on fake tensors: the mean load
+            capacity = dropless_rows(tokens.size(0), e, k)
+        else:
+            capacity = expert_capacity(tokens.size(0), e, k, layer.capacity_factor)
+        slot = capacity_slots(top_experts, e, capacity)
+        if not is_symbolic(tokens):  # the kept assignments per owner (data-dependent)
+            kept_expert = torch.div(slot[slot < e * capacity], capacity, rounding_mode="floor")
+            self._count(torch.bincount(kept_expert, minlength=e).view(ep, -1).sum(dim=1))
+        buf = dispatch_capacity(tokens, slot, e, capacity)  # (E, C, h), experts by owner
+        recv = all_to_all_single_autograd(buf.reshape(-1, h), None, None, self.mesh)
+        local = e // ep  # recv: (source rank, local expert, slot, h)
+        x = recv.view(ep, local, capacity, h).transpose(0, 1).reshape(local, ep * capacity, h)
+        y = layer.experts(x, grad_scale=1.0 / ep)
+        y = y.view(local, ep, capacity, h).transpose(0, 1).reshape(-1, h)
+        back = all_to_all_single_autograd(y, None, None, self.mesh)
+        return combine_capacity(back.view(e, capacity, h), slot, weights)
+
+    def _dropless(self, layer, tokens, top_experts, weights) -> torch.Tensor:
+        e, k, ep = layer.num_experts, layer.top_k, self.ep
+        local = e // ep
+        order, counts = dropless_order(top_experts, e)  # counts: (E,), experts by owner
+        rows = tokens.repeat(k, 1)[order]
+        # counts[j] of every source for this rank's experts: (ep sources x local experts)
+        got = all_to_all_single(counts, None, None, self.mesh).view(ep, local)
+        self._count(counts.view(ep, local).sum(dim=1))
+        send_splits = counts.view(ep, local).sum(dim=1).tolist()
+        recv_splits = got.sum(dim=1).tolist()
+        recv = all_to_all_single_autograd(rows, recv_splits, send_splits, self.mesh)
+        # regroup (source, expert) blocks as (expert, source): each expert's rows together
+        blocks = list(torch.split(recv, got.reshape(-1).tolist()))
+        by_expert = [blocks[s * local + j] for j in range(local) for s in range(ep)]
+        y = layer.experts(torch.cat(by_expert), counts=got.sum(dim=0).tolist(),
+                          grad_scale=1.0 / ep)
+        out_blocks = list(torch.split(y, [int(got[s, j]) for j in range(local)
+                                          for s in range(ep)]))
+        by_source = [out_blocks[j * ep + s] for s in range(ep) for j in range(local)]
+        back = all_to_all_single_autograd(torch.cat(by_source), send_splits, recv_splits,
+                                          self.mesh)
+        return combine_dropless(back, order, weights)
+
+
+def ep_load(modules: list[nn.Module]) -> float | None:
+    """The busiest ep rank's share of the assignments its ep group routed in the calls so far
+    (1/ep is a perfect balance), over every MoE layer of ``modules``; ``None`` without expert
+    parallelism. One all-reduce over the ep group (every rank of it calls this)."""
+    dispatches = [layer.dispatch for m in modules for layer in moe_layers(m)
+                  if isinstance(layer.dispatch, ExpertDispatch)]
+    if not dispatches:
+        return None
+    load = sum(d.rows_sent for d in dispatches if d.rows_sent is not None)
+    if not isinstance(load, torch.Tensor):
+        return None
+    load = load.clone()
+    dist.all_reduce(load, group=dispatches[0].mesh.get_group())
+    return float(load.max()) / max(1.0, float(load.sum()))
