@@ -226,6 +226,12 @@ def context_parallel_problem(facts: ModelFacts, seq_len: int, cp: int) -> Proble
                        "(an eager attention, or a family without the hook: models.family."
                        "Family.context_attention)", "cp",
                        "use cp=1, or SDPA attention of a family with the hook")
+    if facts.num_experts:
+        return Problem(f"cp={cp} with a mixture of experts: its routing capacity and its "
+                       "load-balancing loss are computed over the tokens of a call, which "
+                       "context parallelism splits over the cp ranks, so the program would "
+                       "not compute the model's function (the counts and probabilities are not "
+                       "yet summed over the cp group)", "cp", "use cp=1 for this model")
     return None
 
 

@@ -88,15 +88,17 @@ def dp_rank(mesh: DeviceMesh) -> int:
 
 def data_parallel_mesh(mesh: DeviceMesh, zero: int) -> DeviceMesh:
     """The mesh FSDP2 reduces the gradients over: the dp ranks and, under context parallelism,
-    the cp ranks too (they hold the same weights and different tokens). ZeRO-0: the 2-D
-    (replicate, shard) mesh with ``dp_replicate`` x ``cp`` flattened into the replicate
-    dimension; ZeRO 1-3: ``dp_shard`` x ``cp`` flattened into one (torchtitan's
-    ``dp_shard_cp``). ``DeviceMesh._flatten``, no group of our own."""
+    the cp ranks too (they hold the same weights and different tokens). ZeRO-0: a 2-D
+    (replicate, shard) mesh, the shard dimension of size 1 -- under cp, ``dp_replicate`` x
+    ``dp_shard`` x ``cp`` flattened, unflattened into (``dp_replicate_cp``, a dimension of 1);
+    ZeRO 1-3: ``dp_shard`` x ``cp`` flattened into one (torchtitan's ``dp_shard_cp``). Made
+    with ``DeviceMesh._flatten``/``_unflatten`` (no group of our own), and the flattened mesh
+    used as returned, not sliced from the root again (torch deprecates that)."""
     replicate, shard = (a.value for a in DATA_PARALLEL)
     cp = MeshAxis.CP.value
     if mesh[cp].size() == 1:
         return mesh[(replicate, shard)] if zero == 0 else mesh[shard]
     if zero == 0:
-        mesh[(replicate, cp)]._flatten(f"{replicate}_{cp}")
-        return mesh[(f"{replicate}_{cp}", shard)]
+        flat = mesh[(replicate, shard, cp)]._flatten(f"{replicate}_{shard}_{cp}")
+        return flat._unflatten(0, (flat.size(), 1), (f"{replicate}_{cp}", f"{shard}_1"))
     return mesh[(shard, cp)]._flatten(f"{shard}_{cp}")

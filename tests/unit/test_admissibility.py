@@ -52,6 +52,9 @@ def test_facts_come_from_the_config_and_the_module_tree(facts):
     (dict(tp=2, sequence_parallel=True), TrainSpec(global_batch=8, seq_len=31),
      "2 does not divide 31"),
     (dict(cp=2), TrainSpec(global_batch=8, seq_len=30), "4 does not divide 30"),
+    # 8 divides the 24 tokens, not a cp rank's 12 of them
+    (dict(cp=2, tp=8, sequence_parallel=True), TrainSpec(global_batch=8, seq_len=24),
+     "this cp rank's 12 of 24"),
     (dict(dp=2, ep=2), TRAIN, "ep=2 for a model without experts"),
     (dict(pp=2, micro_batch=8), TRAIN, "needs at least one micro-batch per stage"),
     (dict(pp=2, schedule="interleaved", num_microbatches=5, micro_batch=1, dp=1),
@@ -62,6 +65,16 @@ def test_facts_come_from_the_config_and_the_module_tree(facts):
 def test_each_rule_names_what_cannot_run(facts, fields, train, message):
     found = _what(facts, train, **fields)
     assert any(message in f for f in found), found
+
+
+def test_context_parallelism_is_refused_where_the_program_would_differ(facts):
+    # experts: routing capacity and the load-balancing loss are per call, and cp splits it
+    moe = dataclasses.replace(facts, num_experts=8)
+    assert any("mixture of experts" in f for f in _what(moe, TRAIN, cp=2))
+    # an attention no family gives the hook (transformers', GPT's eager one)
+    unhooked = dataclasses.replace(facts, context_attention=False)
+    assert any("hook" in f for f in _what(unhooked, TRAIN, cp=2))
+    assert _what(facts, cp=2) == [] and _what(unhooked, TRAIN) == []
 
 
 def test_an_admissible_configuration_has_no_problem(facts):
