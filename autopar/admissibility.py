@@ -244,7 +244,7 @@ def positions_problem(facts: ModelFacts, seq_len: int) -> Problem | None:
     return None
 
 
-def experts_problem(facts: ModelFacts, ep: int, cp: int = 1) -> Problem | None:
+def experts_problem(facts: ModelFacts, ep: int) -> Problem | None:
     if ep == 1:
         return None
     if not facts.num_experts:
@@ -252,10 +252,6 @@ def experts_problem(facts: ModelFacts, ep: int, cp: int = 1) -> Problem | None:
     if facts.num_experts % ep:
         return Problem(f"ep={ep} does not divide the {facts.num_experts} experts", "ep",
                        f"choose ep among the divisors of {facts.num_experts}")
-    if cp > 1:
-        return Problem(f"ep={ep} with cp={cp}: the passes carve the expert groups from the dp "
-                       "ranks (passes/expert_parallel.py), not yet from dp x cp", "ep",
-                       "use ep=1 or cp=1")
     return None
 
 
@@ -292,7 +288,7 @@ def problems(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> lis
                           if config.schedule is Schedule.INTERLEAVED else 1)
     found = [heads_problem(facts, config.tp), stages_problem(facts, config.pp, chunks),
              microbatch_problem(config, train), positions_problem(facts, train.seq_len),
-             experts_problem(facts, config.ep, config.cp),
+             experts_problem(facts, config.ep),
              context_parallel_problem(facts, train.seq_len, config.cp)]
     if config.sequence_parallel:
         found.append(sequence_parallel_problem(train.seq_len, config.tp, config.cp))

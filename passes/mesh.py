@@ -27,7 +27,7 @@ def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
     need no model), then the passes' own limits -- fused kernels that exist (and
     ``linear_cross_entropy`` at tp 1). Context and expert parallelism run
     (``passes/context_parallel.py``, ``passes/expert_parallel.py``); the admissibility check
-    refuses them together."""
+    refuses cp for a mixture of experts, so never the two together."""
     from autopar.passes.fuse import check_fusions  # the kernels' import, only when checking
 
     c = plan.config
