@@ -63,7 +63,11 @@ class ModelFacts:
     max_positions: int | None = None
     """Longest sequence the model takes (``seq_len``, ``max_position_embeddings``)."""
     ring_attention: bool = True
-    """The blocks' attention is a fused op that context parallelism can run as a ring."""
+    """The blocks' attention is a fused op, which context parallelism can run across ranks."""
+    context_attention: bool = True
+    """The model's family gives its attention a context-parallel hook
+    (``models.family.Family.context_attention``; ``passes/context_parallel.py``); True for a
+    model no family describes (the passes refuse it anyway)."""
     layers: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     """Module name -> (``linear`` | ``embedding``, weight shape) of every layer a
     tensor-parallel style could split."""
@@ -118,8 +122,21 @@ def facts_of(model: object) -> ModelFacts:
         return ModelFacts(num_blocks=0, **found)
     group = find_block_group(model)
     found["vocab_size"] = vocab_of(model)
+    found["context_attention"] = _context_attention(model)
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), **found)
+
+
+def _context_attention(model: object) -> bool:
+    """Whether the passes can run ``model`` context-parallel: its family names attention
+    modules of it that take the hook; True for a model of no family."""
+    from autopar.models.family import family_of
+
+    try:
+        family = family_of(model)  # type: ignore[arg-type]
+    except AutoparError:
+        return True
+    return any(family.context_attention(m) for m in model.modules())  # type: ignore[attr-defined]
 
 
 def vocab_of(model: object) -> int | None:
@@ -176,13 +193,17 @@ def stages_problem(facts: ModelFacts, pp: int, chunks: int) -> Problem | None:
     return None
 
 
-def sequence_parallel_problem(seq_len: int, tp: int) -> Problem | None:
-    if tp > 1 and seq_len % tp:
-        return Problem(f"sequence parallelism over tp={tp} splits the sequence of {seq_len} "
-                       f"tokens into equal shards, and {tp} does not divide {seq_len}",
+def sequence_parallel_problem(seq_len: int, tp: int, cp: int = 1) -> Problem | None:
+    """``seq_len``: the whole sequence; a cp rank's share of it (``seq_len / cp``) is what
+    sequence parallelism splits."""
+    held = seq_len // cp
+    if tp > 1 and held % tp:
+        share = f" (this cp rank's {held} of {seq_len})" if cp > 1 else ""
+        return Problem(f"sequence parallelism over tp={tp} splits the sequence of {held} "
+                       f"tokens{share} into equal shards, and {tp} does not divide {held}",
                        "sequence_parallel",
                        f"plan without sequence parallelism (the planner does so when it is "
-                       f"free to), or use a sequence length that is a multiple of {tp}")
+                       f"free to), or use a sequence length that is a multiple of {tp * cp}")
     return None
 
 
@@ -199,6 +220,12 @@ def context_parallel_problem(facts: ModelFacts, seq_len: int, cp: int) -> Proble
                        "attention) to run as a ring; this model's attention is eager",
                        "cp", "use cp=1, or write the attention with "
                        "F.scaled_dot_product_attention")
+    if not facts.context_attention:
+        return Problem("the passes run context parallelism through a hook of the model "
+                       "family's fused attention modules, and none of this model's takes one "
+                       "(an eager attention, or a family without the hook: models.family."
+                       "Family.context_attention)", "cp",
+                       "use cp=1, or SDPA attention of a family with the hook")
     return None
 
 
@@ -211,7 +238,7 @@ def positions_problem(facts: ModelFacts, seq_len: int) -> Problem | None:
     return None
 
 
-def experts_problem(facts: ModelFacts, ep: int) -> Problem | None:
+def experts_problem(facts: ModelFacts, ep: int, cp: int = 1) -> Problem | None:
     if ep == 1:
         return None
     if not facts.num_experts:
@@ -219,6 +246,10 @@ def experts_problem(facts: ModelFacts, ep: int) -> Problem | None:
     if facts.num_experts % ep:
         return Problem(f"ep={ep} does not divide the {facts.num_experts} experts", "ep",
                        f"choose ep among the divisors of {facts.num_experts}")
+    if cp > 1:
+        return Problem(f"ep={ep} with cp={cp}: the passes carve the expert groups from the dp "
+                       "ranks (passes/expert_parallel.py), not yet from dp x cp", "ep",
+                       "use ep=1 or cp=1")
     return None
 
 
@@ -255,10 +286,10 @@ def problems(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> lis
                           if config.schedule is Schedule.INTERLEAVED else 1)
     found = [heads_problem(facts, config.tp), stages_problem(facts, config.pp, chunks),
              microbatch_problem(config, train), positions_problem(facts, train.seq_len),
-             experts_problem(facts, config.ep),
+             experts_problem(facts, config.ep, config.cp),
              context_parallel_problem(facts, train.seq_len, config.cp)]
     if config.sequence_parallel:
-        found.append(sequence_parallel_problem(train.seq_len, config.tp))
+        found.append(sequence_parallel_problem(train.seq_len, config.tp, config.cp))
     return [p for p in found if p is not None]
 
 

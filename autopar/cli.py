@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -16,14 +15,14 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from autopar.costmodel.cluster import CLUSTER_FILE_SUFFIXES, ClusterSpec, preset_names
 from autopar.core.errors import AutoparError
-from autopar.cli_args import config_from_fields, model_spec, progress_bar
+from autopar.cli_args import config_from_fields, model_spec, progress_bar, write_text
 from autopar.cli_compare import add_compare_parser, cmd_compare
 from autopar.cli_dryrun import add_dryrun_parser, add_workers_argument, cmd_dryrun
 from autopar.cli_export import add_export_parser, cmd_export
+from autopar.cli_profile import add_profile_parsers, cmd_calibrate, cmd_profile
 from autopar.cli_verify import add_verify_parser
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
@@ -48,6 +47,11 @@ def _add_model_cluster_train(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-headroom", type=float, default=None, metavar="F",
                    help="fraction of usable HBM a plan leaves free for what the memory model "
                         "can miss (default: the cluster's, 0.05 for presets; 0 fills it)")
+    g.add_argument("--profile", default=None, metavar="FILE",
+                   help="price with this machine's measurements (autopar profile); without "
+                        "--cluster, plan for the profiled machine's own processes")
+    g.add_argument("--calibration", default=None, metavar="FILE",
+                   help="efficiency constants fitted by autopar calibrate")
     g.add_argument("--global-batch", type=int, required=True, help="sequences per step")
     g.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the model's)")
@@ -94,6 +98,10 @@ def _cluster(args: argparse.Namespace) -> ClusterSpec:
     """``--cluster`` (a preset name, or a cluster file) or ``--cluster-file``, with
     ``--nodes`` (default: the file's nodes, one node of a preset) and ``--memory-headroom``."""
     cluster = _cluster_of(args)
+    if getattr(args, "profile", None):
+        from autopar.costmodel.profile import Profile
+
+        cluster = cluster.with_profile(Profile.load(args.profile))
     if getattr(args, "memory_headroom", None) is None:
         return cluster
     try:
@@ -116,11 +124,24 @@ def _cluster_of(args: argparse.Namespace) -> ClusterSpec:
     if path:
         cluster = ClusterSpec.from_file(path)
         return cluster.with_nodes(args.nodes) if args.nodes else cluster
+    if not args.cluster and getattr(args, "profile", None):
+        from autopar.costmodel.cluster import profile_cluster
+        from autopar.costmodel.profile import Profile
+
+        return profile_cluster(Profile.load(args.profile)).with_nodes(args.nodes or 1)
     if not args.cluster:
         raise AutoparError("no cluster given", where="--cluster / --cluster-file",
                            fix=f"pass --cluster with one of {', '.join(preset_names())}, "
                                "or a cluster file (--cluster my.yaml)")
     return ClusterSpec.preset(args.cluster, nodes=args.nodes or 1)
+
+
+def _efficiency(args: argparse.Namespace):
+    """``--calibration``'s constants, or the defaults."""
+    from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, load_calibration
+
+    path = getattr(args, "calibration", None)
+    return load_calibration(path) if path else DEFAULT_EFFICIENCY
 
 
 def _train(args: argparse.Namespace, model) -> TrainSpec:
@@ -178,10 +199,10 @@ def cmd_estimate(args: argparse.Namespace, console: Console) -> int:
     train = _train(args, model)
     config = _config(args, cluster)
     with console.status("tracing and costing..."):
-        est = estimate(model, cluster, train, config)
+        est = estimate(model, cluster, train, config, efficiency=_efficiency(args))
     console.print(estimate_tables(est, cluster, title=f"{args.model} on {cluster.name}"))
     if args.json:
-        _write(args.json, json.dumps(est.to_dict(), indent=2, default=str), "--json")
+        write_text(args.json, json.dumps(est.to_dict(), indent=2, default=str), "--json")
     return 0
 
 
@@ -201,7 +222,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         check_dry_run_call(args.workers)
     with _searching(f"{spec.label} on {cluster.num_gpus} GPUs") as progress:
         plan = optimize(model, cluster, train, constraints, keep=args.keep + 1,
-                        progress=progress, name=spec.label, model_spec=spec)
+                        progress=progress, name=spec.label, model_spec=spec,
+                        efficiency=_efficiency(args))
     checked = ""
     if args.check:
         plan, checked = _checked(plan, spec, args.workers, console)
@@ -209,11 +231,11 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     text += f"\n{checked}" if checked else ""
     console.file.write(text)
     if args.json:
-        _write(args.json, plan.to_json(), "--json")
+        write_text(args.json, plan.to_json(), "--json")
     if args.html:
-        page = Console(record=True, file=io.StringIO(), width=120, color_system=None)
-        page.print(Text(text), soft_wrap=True)
-        _write(args.html, page.export_html(), "--html")
+        from autopar.report_html import plan_page
+
+        write_text(args.html, plan_page(plan, cluster, check=checked), "--html")
     return 0
 
 
@@ -241,16 +263,6 @@ def _searching(label: str) -> Iterator[Callable[[int, int], None]]:
         yield lambda done, total: update(done, total, f"searching {label}: candidates")
 
 
-def _write(path: str, text: str, flag: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as err:
-        raise AutoparError(f"cannot write {path}: {err.strerror}", where=flag,
-                           fix="pass a path in a folder that exists and that you can write to"
-                           ) from None
-
-
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     from autopar.cli_verify import cmd_verify as run_verify
 
@@ -266,6 +278,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "export": cmd_export,
     "compare": cmd_compare,
     "dryrun": cmd_dryrun,
+    "profile": cmd_profile,
+    "calibrate": cmd_calibrate,
 }
 
 
@@ -298,7 +312,8 @@ def parser() -> argparse.ArgumentParser:
     _add_parallel(plan, "constraints (ParallelConfig fields the search must keep)")
     out = plan.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="F", help="write the plan as JSON")
-    out.add_argument("--html", default=None, metavar="F", help="write the report as HTML")
+    out.add_argument("--html", default=None, metavar="F", help="write the report as one self-contained HTML page (charts: memory per "
+                          "stage, pipeline schedule, time per step, runner-ups)")
     out.add_argument("--keep", type=_nonnegative, default=3, metavar="N",
                      help="runner-up plans to keep and compare (default 3)")
     out.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
@@ -313,6 +328,7 @@ def parser() -> argparse.ArgumentParser:
     add_export_parser(sub, [debug])
     add_compare_parser(sub, [debug])
     add_dryrun_parser(sub, [debug])
+    add_profile_parsers(sub, [debug])
     return p
 
 

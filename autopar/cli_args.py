@@ -77,6 +77,18 @@ def read_plan(path: str, where: str = "PLAN"):
         raise AutoparError(err.what, where=f"{where} {path}", fix=err.fix) from None
 
 
+def write_text(path: str, text: str, flag: str) -> None:
+    """Write ``text`` to ``path`` (a command's output file), or an ``AutoparError`` located at
+    ``flag`` saying why not."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as err:
+        raise AutoparError(f"cannot write {path}: {err.strerror}", where=flag,
+                           fix="pass a path in a folder that exists and that you can write to"
+                           ) from None
+
+
 @contextmanager
 def progress_bar(description: str) -> Iterator[Callable[[int, int, str], None]]:
     """A transient progress bar on stderr, shown only when stderr is a terminal; yields

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autopar.cli_args import read_plan
+from autopar.cli_args import read_plan, write_text
 
 
 def add_compare_parser(sub: argparse._SubParsersAction,
@@ -28,6 +28,9 @@ def add_compare_parser(sub: argparse._SubParsersAction,
                    help="two or more plan files (autopar plan --json F)")
     p.add_argument("--any-model", action="store_true",
                    help="allow plans of different models (a warning is printed)")
+    p.add_argument("--html", default=None, metavar="F",
+                   help="also write the comparison as one self-contained HTML page (charts of "
+                        "time and memory by kind, side by side)")
     p.add_argument("--width", type=int, default=None, metavar="N",
                    help="table width in characters (default: the terminal's, at least 100)")
     return p
@@ -40,6 +43,10 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     labels = _labels(args.plans)
     width = args.width or max(console.width, 100)
     console.file.write(compare(plans, labels, width=width, any_model=args.any_model))
+    if args.html:
+        from autopar.report_html import compare_page
+
+        write_text(args.html, compare_page(plans, labels, any_model=args.any_model), "--html")
     return 0
 
 

@@ -364,7 +364,8 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
         vocab = vocab_size(model)
         with FakeTensorMode(allow_non_fake_inputs=True):
             _to_empty(model, "cpu")
-            micro = torch.randint(vocab, (c.micro_batch, train.seq_len))
+            # a pipeline stage's micro-batch: this cp rank's share of the sequence
+            micro = torch.randint(vocab, (c.micro_batch, train.seq_len // c.cp))
             program = parallelize(model, plan, mesh, "cpu",
                                   stage_shapes=_shape_finder(micro, shapes))
             del model

@@ -126,12 +126,14 @@ def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
     if config.offload:
         rows.append(("offload", "FSDP2 CPUOffloadPolicy: sharded parameters, gradients and the "
                                 "optimizer step on the CPU"))
+    if config.cp > 1:
+        rows.append(("context parallel",
+                     f"cp {config.cp}: each rank two of {2 * config.cp} chunks of every "
+                     "sequence (load-balanced); K/V all-gathered with autograd per attention "
+                     "(passes/context_parallel.py); FSDP2 reduces gradients over dp x cp"))
     if config.ep > 1:
         rows.append(("experts", f"ep {config.ep}: each MoE layer's experts DTensor Shard(0) over "
                                 f"the ep ranks, tokens sent with the autograd all-to-all, the "
                                 f"experts' FSDP2 over dp/ep = {config.dp // config.ep} ranks "
                                 "(passes/expert_parallel.py)"))
-    if config.cp > 1:
-        rows.append(("not executable", "context parallelism is planned but not "
-                                       "applied by this version's passes"))
     return rows

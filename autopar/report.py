@@ -53,9 +53,31 @@ def _seconds(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.3f} s"
 
 
+def measured_text(measured: dict[str, float]) -> str:
+    """Which terms a profile priced: ``measured: gemm, all-reduce; partly: attention (50%);
+    analytical: optimizer`` (``Estimate.measured``)."""
+    full = [t for t, f in measured.items() if f >= 1.0]
+    part = [f"{t} ({f:.0%})" for t, f in measured.items() if 0.0 < f < 1.0]
+    none = [t for t, f in measured.items() if f <= 0.0]
+    words = [(label, names) for label, names in
+             (("measured", full), ("partly measured", part), ("analytical", none)) if names]
+    return "; ".join(f"{label}: {', '.join(names)}" for label, names in words)
+
+
 def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "") -> Group:
     """The estimate as tables under the title ``title: configuration summary`` (``Title``),
     then its notes."""
+    parts: list[Table | Title] = [Title(title or "Estimate", est.summary()),
+                                  head_table(est, cluster), memory_table(est), time_table(est)]
+    if len(est.stage_memory) > 1:
+        parts.append(stage_table(est))
+    if est.notes:
+        parts.append(notes_table(est))
+    return Group(*parts)
+
+
+def head_table(est: Estimate, cluster: ClusterSpec | None) -> Table:
+    """The configuration and the headline figures: step time, throughput, MFU, peak memory."""
     c = est.config
     head = Table(show_header=False, box=None)
     head.add_column(style="bold")
@@ -80,7 +102,13 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "")
                                     f"{est.usable_host_memory_bytes / GIB:,.2f} GiB per node, "
                                     "the offloaded optimizer states ("
                                     f"{_fits(est.host_memory_bytes, est.usable_host_memory_bytes)})")
+    if est.measured:
+        head.add_row("priced by", measured_text(est.measured))
+    return head
 
+
+def memory_table(est: Estimate) -> Table:
+    """Bytes by kind on the most loaded GPU, with their share."""
     mem = titled_table("Memory per GPU (most loaded stage)")
     mem.add_column("kind")
     mem.add_column("GiB", justify="right")
@@ -88,7 +116,11 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "")
     for k, v in est.memory_breakdown.items():
         mem.add_row(k, f"{v / GIB:,.2f}", f"{v / est.peak_memory_bytes:.1%}")
     mem.add_row("total", f"{est.peak_memory_bytes / GIB:,.2f}", "100%", style="bold")
+    return mem
 
+
+def time_table(est: Estimate) -> Table:
+    """Seconds per step by kind (those above zero), with their share."""
     tim = titled_table("Time per step")
     tim.add_column("kind")
     tim.add_column("time", justify="right")
@@ -97,28 +129,73 @@ def estimate_tables(est: Estimate, cluster: ClusterSpec | None, title: str = "")
         if v > 0:
             tim.add_row(k, _seconds(v), f"{v / est.step_time_s:.1%}")
     tim.add_row("step", _seconds(est.step_time_s), "100%", style="bold")
+    return tim
 
-    parts: list[Table | Title] = [Title(title or "Estimate", est.summary()), head, mem, tim]
-    if len(est.stage_memory) > 1:
-        st = titled_table("Peak memory per pipeline stage (GiB)")
-        st.add_column("stage", justify="right")
-        st.add_column("blocks", justify="right")
-        for k in est.stage_memory[0].breakdown:
-            st.add_column(k, justify="right")
-        st.add_column("total", justify="right")
-        st.add_column("peak at")
-        for sm in est.stage_memory:
-            st.add_row(str(sm.stage), str(sm.blocks),
-                       *(f"{v / GIB:,.2f}" for v in sm.breakdown.values()),
-                       f"{sm.peak_bytes / GIB:,.2f}", sm.moment)
-        parts.append(st)
-    if est.notes:
-        notes = titled_table("Notes", show_header=False)
-        notes.add_column()
-        for n in est.notes:
-            notes.add_row(n)
-        parts.append(notes)
-    return Group(*parts)
+
+def stage_table(est: Estimate) -> Table:
+    """Each pipeline stage's peak by kind, its total and when in the step it is."""
+    st = titled_table("Peak memory per pipeline stage (GiB)")
+    st.add_column("stage", justify="right")
+    st.add_column("blocks", justify="right")
+    for k in est.stage_memory[0].breakdown:
+        st.add_column(k, justify="right")
+    st.add_column("total", justify="right")
+    st.add_column("peak at")
+    for sm in est.stage_memory:
+        st.add_row(str(sm.stage), str(sm.blocks),
+                   *(f"{v / GIB:,.2f}" for v in sm.breakdown.values()),
+                   f"{sm.peak_bytes / GIB:,.2f}", sm.moment)
+    return st
+
+
+def notes_table(est: Estimate) -> Table:
+    """What the estimate assumed or could not cost."""
+    notes = titled_table("Notes", show_header=False)
+    notes.add_column()
+    for n in est.notes:
+        notes.add_row(n)
+    return notes
+
+
+def plan_title(plan: Plan) -> str:
+    """``model on cluster (nodes x GPUs)``: the title of a plan's report."""
+    return f"{plan.model} on {plan.cluster} ({plan.nodes} x {plan.gpus_per_node} GPUs)"
+
+
+def runner_up_table(plan: Plan) -> Table:
+    """The runner-ups, best first: each one's configuration, step time against the plan's,
+    peak memory and whether it fits."""
+    t = titled_table("Runner-up plans")
+    for col in ("#", "plan", "step time", "vs best", "peak GiB", "fits"):
+        t.add_column(col, justify="right" if col != "plan" else "left")
+    for i, alt in enumerate(plan.alternatives, 1):
+        t.add_row(str(i), alt.summary(), f"{alt.estimate.step_time_s:.3f} s",
+                  f"{alt.estimate.step_time_s / plan.estimate.step_time_s - 1:+.1%}",
+                  f"{alt.estimate.peak_memory_bytes / GIB:.1f}",
+                  "yes" if alt.estimate.fits else "no")
+    return t
+
+
+def solver_line(plan: Plan) -> str:
+    """How the search ended, in one line (empty when the plan records no search)."""
+    if plan.solver is None:
+        return ""
+    return (f"search: {plan.solver.candidates} candidates priced, {plan.solver.pruned} pruned, "
+            f"{plan.solver.status}" + (f" (gap {plan.solver.gap:.2%})" if plan.solver.gap else ""))
+
+
+def sharding_table(plan: Plan) -> Table:
+    """Per module, the tensor-parallel style the passes apply (``Plan.module_strategies``), then
+    per op of a block its strategy (``Plan.block_strategies``)."""
+    t = titled_table(f"Per-module sharding (tp {plan.config.tp})")
+    t.add_column("module or op")
+    t.add_column("style or strategy")
+    last = len(plan.module_strategies) - 1
+    for i, (m, s) in enumerate(plan.module_strategies):
+        t.add_row(m, str(s), end_section=i == last)
+    for op, s in plan.block_strategies:  # in the block's order
+        t.add_row(f"op {op}", s)
+    return t
 
 
 def plan_report(plan: Plan, width: int = 110) -> str:
@@ -127,28 +204,18 @@ def plan_report(plan: Plan, width: int = 110) -> str:
     ops without a strategy rule among them), what runs, runner-ups."""
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    title = f"{plan.model} on {plan.cluster} ({plan.nodes} x {plan.gpus_per_node} GPUs)"
-    console.print(estimate_tables(plan.estimate, None, title=title), crop=False)
-    extra = [_execution_table(plan)]
+    console.print(estimate_tables(plan.estimate, None, title=plan_title(plan)), crop=False)
+    extra: list[Table | str] = [execution_table(plan)]
     if plan.alternatives:
-        t = titled_table("Runner-up plans")
-        for col in ("#", "plan", "step time", "vs best", "peak GiB", "fits"):
-            t.add_column(col, justify="right" if col != "plan" else "left")
-        for i, alt in enumerate(plan.alternatives, 1):
-            t.add_row(str(i), alt.summary(), f"{alt.estimate.step_time_s:.3f} s",
-                      f"{alt.estimate.step_time_s / plan.estimate.step_time_s - 1:+.1%}",
-                      f"{alt.estimate.peak_memory_bytes / GIB:.1f}",
-                      "yes" if alt.estimate.fits else "no")
-        extra.append(t)
+        extra.append(runner_up_table(plan))
     if plan.solver is not None:
-        extra.append(f"search: {plan.solver.candidates} candidates priced, "
-                     f"{plan.solver.pruned} pruned, {plan.solver.status}"
-                     + (f" (gap {plan.solver.gap:.2%})" if plan.solver.gap else ""))
+        extra.append(solver_line(plan))
     console.print(Group(*extra))
     return buf.getvalue()
 
 
-def _execution_table(plan: Plan) -> Table:
+def execution_table(plan: Plan) -> Table:
+    """What ``autopar.parallelize`` runs for the plan, aspect by aspect."""
     t = titled_table("What runs (autopar.parallelize on torch.distributed)",
                      show_header=False)
     t.add_column(style="bold")

@@ -21,7 +21,7 @@ import torch.nn as nn
 from autopar import models
 from autopar.admissibility import facts_of
 from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
+from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
@@ -36,6 +36,11 @@ MEGATRON_FUSIONS = ("scale_mask_softmax", "bias_dropout_add")
 
 def load_published(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def published_step_s(row: dict) -> float:
+    """The iteration time a Table 1 row implies: its FLOPs over its achieved rate."""
+    return megatron_flops(row) / (row["achieved_teraflops_per_gpu"] * 1e12 * row["num_gpus"])
 
 
 def megatron_flops(row: dict) -> float:
@@ -70,13 +75,14 @@ def megatron_inputs(row: dict, cluster_preset: str = "dgx-a100-80g"
     return model, cluster, train
 
 
-def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g") -> RunCheck:
+def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
+                       efficiency: Efficiency = DEFAULT_EFFICIENCY) -> RunCheck:
     gpus, tp, pp = row["num_gpus"], row["tensor_parallel_size"], row["pipeline_parallel_size"]
     dp = gpus // (tp * pp)
     model, cluster, train = megatron_inputs(row, cluster_preset)
     graph = trace(model, train)
     strategies = strategies_of(graph, facts_of(model), graph.model_name, cluster, train,
-                               efficiency=DEFAULT_EFFICIENCY, fusions=MEGATRON_FUSIONS)
+                               efficiency=efficiency, fusions=MEGATRON_FUSIONS)
     per_stage = row["num_layers"] // pp
     best: Estimate | None = None
     for mb in MICRO_BATCHES:

@@ -96,7 +96,7 @@ def _model(rng: random.Random) -> ModelSpec:
 
 
 def _factor(world: int, rng: random.Random, spec: ModelSpec) -> dict[str, int]:
-    """dp, tp, pp, cp with product ``world``: cp > 1 rarely (not executed: refused), and three
+    """dp, tp, pp, cp with product ``world``: cp > 1 rarely, and three
     times in four a tp that divides the heads (the rest exercises the refusal)."""
     shape = spec.overrides
     heads = (shape["num_heads"], shape.get("num_kv_heads", shape["num_heads"]))

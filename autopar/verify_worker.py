@@ -86,14 +86,15 @@ def run(job: dict) -> dict:
 
 
 def main(argv: list[str], work: Callable[[dict], object] = run) -> None:
-    """One rank: ``work`` on the job of the file ``argv[0]`` under a gloo process group, its
+    """One rank: ``work`` on the job of the file ``argv[0]`` under a process group of the job's
+    ``backend`` (default gloo), its
     result saved as ``rank<R>.pt`` next to the job, or its failure as ``rank<R>.error``."""
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())
     out = job_path.parent
     torch.set_flush_denormal(True)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    dist.init_process_group(job.get("backend", "gloo"))
     rank = dist.get_rank()
     code = 0
     try:

@@ -25,7 +25,7 @@ import json
 import math
 import os
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -33,9 +33,11 @@ import yaml
 
 from autopar.core.errors import AutoparError
 from .hardware import (A100_SXM4_40GB, A100_SXM4_80GB, H100_SXM5_80GB, H200_SXM_141GB,
-                       H800_SXM5_80GB, IB_HDR, IB_NDR, NVLINK3, NVLINK4, NVLINK4_H800, PCIE4_X16, PCIE5_X16, ROCE_400G, GiB, GPUSpec,
-                       LinkSpec, TiB, check_plausible, check_positive, did_you_mean,
+                       H800_SXM5_80GB, IB_HDR, IB_NDR, NVLINK3, NVLINK4, NVLINK4_H800, PCIE4_X16,
+                       PCIE5_X16, PLAUSIBLE, ROCE_400G, GiB, GPUSpec, LinkSpec, TiB,
+                       check_plausible, check_positive, did_you_mean,
                        format_bytes, format_bytes_per_s, gpu_preset, link_preset)
+from .profile import Profile, collective_key
 
 DEFAULT_HBM_RESERVED_BYTES = 4 * GiB
 """HBM per GPU that a training program cannot use: 4 GiB (binary), a fixed amount because none of
@@ -97,6 +99,9 @@ class ClusterSpec:
     """HBM per GPU the training program cannot use; see ``DEFAULT_HBM_RESERVED_BYTES``."""
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM
     """Fraction of the rest the planner keeps free (``DEFAULT_MEMORY_HEADROOM``)."""
+    profile: Profile | None = field(default=None, compare=False, repr=False)
+    """Measured times of this machine (``autopar profile``); the cost model asks it first and
+    prices what it does not cover analytically. Not part of the cluster file: ``--profile``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -116,6 +121,9 @@ class ClusterSpec:
                                where="hbm_reserved_bytes", fix=_HINT["hbm_reserved_bytes"])
         if reserved:  # 0 reserves nothing: an idealized GPU, allowed
             check_plausible(reserved, "hbm_reserved_bytes", "hbm_reserved_bytes")
+        if self.profile is not None and not isinstance(self.profile, Profile):
+            raise AutoparError(f"profile must be a Profile, not a {type(self.profile).__name__}",
+                               where="profile", fix="pass Profile.load(path)")
         h = self.memory_headroom
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 0.5:
             raise AutoparError(f"memory_headroom must be a fraction from 0 to below 0.5, got "
@@ -134,6 +142,10 @@ class ClusterSpec:
     def with_nodes(self, nodes: int) -> ClusterSpec:
         """The same cluster with ``nodes`` nodes."""
         return replace(self, nodes=nodes)
+
+    def with_profile(self, profile: Profile | None) -> ClusterSpec:
+        """The same cluster priced with ``profile``'s measurements first."""
+        return replace(self, profile=profile)
 
     @classmethod
     def preset(cls, name: str, nodes: int = 1) -> ClusterSpec:
@@ -223,6 +235,10 @@ class ClusterSpec:
             rows.append((label, f"{lk.name}: {format_bytes_per_s(lk.bytes_per_s)} per GPU per "
                                 f"direction, {lk.latency_s * 1e6:.3g} us"))
         rows.append(("Host memory", f"{format_bytes(self.host_memory_bytes)} per node"))
+        if self.profile is not None:
+            p = self.profile
+            rows.append(("Profile", f"{p.source or 'given'}: {p.device}, {p.compute_dtype}, "
+                                    f"{p.nproc} x {p.backend}, measured {p.date}"))
         return rows
 
 
@@ -345,3 +361,52 @@ _PRESETS: dict[str, ClusterSpec] = {name: ClusterSpec(name, gpu, 8, 1, intra, in
     ("hgx-h200", H200_SXM_141GB, NVLINK4, IB_NDR, PCIE5_X16, 2 * TiB),
     ("hgx-h800", H800_SXM5_80GB, NVLINK4_H800, IB_NDR, PCIE5_X16, 2 * TiB),
 )}
+
+
+def profile_cluster(profile: Profile) -> ClusterSpec:
+    """The one-node cluster a profile measured, each process a "GPU": what a CPU machine's
+    processes (gloo) are planned on. Its figures come from the profile -- the peak is the
+    fastest GEMM of the grid, the memory bandwidth the fastest memory-bound point, each link the
+    largest send-recv's bandwidth and the smallest one's time as latency, memory the machine's
+    shared by the processes, less 512 MiB each for the interpreter and torch (~0.4-0.6 GB per
+    rank measured, ../shared/design/FINDINGS.md) -- and a figure outside ``PLAUSIBLE`` is put at
+    its edge, as its ``source`` says. The profile prices what it measured; these numbers price
+    the rest and are the MFU's denominator."""
+    src = f"measured by autopar profile ({profile.source or 'in memory'}, {profile.date})"
+    notes: list[str] = []
+
+    def within(value: float, kind: str, label: str) -> float:
+        r = PLAUSIBLE[kind]
+        clamped = min(max(value, r.low), r.high)
+        if clamped != value:
+            notes.append(f"{label} {value:.3g} outside the plausible range, set to {clamped:.3g}")
+        return clamped
+
+    if profile.gemm is None or profile.memory is None or profile.host_memory_bytes is None:
+        raise AutoparError("the profile lacks the GEMM, memory-bound or host-memory figures a "
+                           "cluster is made of", where=profile.source or "profile",
+                           fix="measure a full profile with `autopar profile`")
+    g = profile.gemm
+    peak = max(2 * m * n * k / g.at(m, n, k) for m in g.rows for n in g.cols for k in g.depth)
+    hbm_s = max(x / s for x, s in zip(profile.memory.x, profile.memory.seconds))
+    share = profile.host_memory_bytes // profile.nproc
+    link = profile.collectives.get(collective_key("send-recv", 2, 2))
+    if link is not None:
+        bandwidth, latency = link.x[-1] / link.seconds[-1], link.seconds[0]
+    else:  # one process: no link to measure; the memory stands in for it
+        bandwidth, latency = hbm_s, 1e-6
+    peak = within(peak, "peak_flop_per_s", "peak")
+    hbm_s = within(hbm_s, "hbm_bytes_per_s", "memory bandwidth")
+    bandwidth = within(bandwidth, "bytes_per_s", "link bandwidth")
+    latency = within(latency, "latency_s", "link latency")
+    host = within(hbm_s, "bytes_per_s", "host link")
+    hbm = int(within(share - 512 * 2**20, "hbm_bytes", "memory"))
+    host_memory = int(within(profile.host_memory_bytes, "host_memory_bytes", "host memory"))
+    src += ("; " + "; ".join(notes)) if notes else ""
+    gpu = GPUSpec(f"process of {profile.device}", {profile.compute_dtype: peak},
+                  hbm, hbm_s, src)
+    one = LinkSpec(f"{profile.backend} (same host)", bandwidth, latency, src)
+    return ClusterSpec(f"profiled-{profile.backend}-{profile.nproc}", gpu, profile.nproc, 1, one,
+                       one, LinkSpec("host memory", host, 1e-6, src),
+                       host_memory,
+                       hbm_reserved_bytes=0, profile=profile)

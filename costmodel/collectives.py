@@ -10,6 +10,9 @@ Sizes (``nbytes``):
 * all-gather: the gathered (full) output; reduce-scatter: the full input;
 * all-to-all: what one rank holds and scatters to the group (its own share included);
 * send/recv: what is sent.
+
+With a measured profile (``ClusterSpec.profile``) a collective whose group layout and size were
+measured takes the measured time (``profile.Profile.collective_s``); the rest is priced here.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from enum import StrEnum
 
 from .cluster import ClusterSpec
 from .efficiency import Efficiency
+from .profile import note
 
 
 class Collective(StrEnum):
@@ -64,6 +68,11 @@ def estimate_collective_s(
     """Seconds one collective of ``nbytes`` takes on ``group`` (0 for a group of one)."""
     if group.size == 1 or nbytes <= 0:
         return 0.0
+    if cluster.profile is not None:
+        t = cluster.profile.collective_s(str(kind), nbytes, group.size, group.per_node)
+        note(str(kind), t is not None)
+        if t is not None:
+            return t
     if kind in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
         return _half_ring(nbytes, group, cluster, eff)
     if kind is Collective.ALL_REDUCE:

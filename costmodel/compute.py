@@ -15,6 +15,10 @@ length (``Split.seq_len``): tokens = micro-batch x seq_len / cp rows, the weight
 ``Efficiency.matmul_mainloop`` times ``gemm_efficiency`` (tile and wave quantisation, split-K,
 the epilogue), and the weight is read (and its gradient accumulated) once per micro-batch, not
 once per token. A GEMM whose shape is unknown keeps the whole-run rate ``Efficiency.matmul``.
+
+With a measured profile (``ClusterSpec.profile``, ``costmodel/profile.py``) a linear layer's
+GEMMs, attention and memory-bound ops take the measured time wherever their size lies inside the
+measured range (the measurement includes the launch cost); everything else stays analytical.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from functools import lru_cache
 
 from .cluster import ClusterSpec
 from .efficiency import Efficiency
+from .profile import note
 from .workload import LayerCost, OpCost, OpKind, Shard
 
 
@@ -188,42 +193,25 @@ def linear_gemms(op: OpCost, split: Split) -> tuple[Gemm, Gemm, Gemm] | None:
             Gemm(wide, narrow, m, a * (m * wide + m * narrow + 2.0 * wide * narrow), 2.0 * a))
 
 
+def measured(term: str, seconds: float | None, cluster: ClusterSpec) -> float | None:
+    """``seconds`` (a profile lookup), counted as a measured or an analytical ``term`` of the
+    step being priced (``profile.note``) when the cluster has a profile."""
+    if cluster.profile is not None:
+        note(term, seconds is not None)
+    return seconds
+
+
 def _gemm_s(gemm: Gemm, split: Split, cluster: ClusterSpec, eff: Efficiency) -> float:
+    p = cluster.profile
+    if p is not None:
+        t = measured("gemm", p.gemm_s(gemm.rows, gemm.cols, gemm.depth, split.compute_dtype),
+                     cluster)
+        if t is not None:
+            return t
     rate = (cluster.gpu.peak(split.compute_dtype) * eff.matmul_mainloop
             * gemm_efficiency(gemm, cluster, eff, split.compute_dtype))
     hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
     return max(gemm.flop / rate, gemm.bytes / hbm) + eff.kernel_overhead_s
-
-
-def ring_attention_merge_s(op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency
-                           ) -> PhaseTimes:
-    """Seconds context parallelism adds to one attention op besides its communication.
-
-    Ring attention runs one attention kernel per ring step, on this rank's queries against the
-    K/V chunk held at that step, and merges each step's partial output into the running one
-    with the log-sum-exp correction (Liu et al., "Ring Attention with Blockwise Transformers",
-    2023; TransformerEngine's ``AttnFuncWithCPAndKVP2P``: ``flash_attn_fwd_out_correction``
-    reads the step's output and reads and writes the running output). The backward likewise
-    adds each step's dQ into the running dQ and the dK/dV it produces into the chunk's running
-    dK/dV (``dq.add_``, ``dkv.add_``). Those merges are memory-bound kernels separate from the
-    attention, so ``cp - 1`` of them add, three activation-sized passes each, and so does a
-    launch per extra attention kernel and merge. The FLOPs are unchanged (each rank does
-    1/cp of them). At cp=8 on a 2048-token sequence this doubles the attention's forward time;
-    at cp=2 on 8192 tokens it adds a few per cent.
-    """
-    if split.cp == 1 or op.kv_elements <= 0:
-        return PhaseTimes()
-    a = split.act_bytes
-    s = split.scale(op.shard)
-    # an attention op reads Q, K, V and writes O, which has Q's size
-    q = max(0.0, (op.bytes / a - op.kv_elements) / 2.0) * s
-    kv = op.kv_elements * s
-    hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
-    k = eff.kernel_overhead_s
-    steps = split.cp - 1
-    fwd = steps * (3.0 * a * q / hbm + 2 * k)
-    bwd = steps * (3.0 * a * (q + kv) / hbm + 3 * k)
-    return PhaseTimes(fwd, bwd, 0.0)
 
 
 def estimate_op_s(
@@ -245,17 +233,29 @@ def estimate_op_s(
     peak = cluster.gpu.peak(split.compute_dtype)
     hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
     k = eff.kernel_overhead_s
+    p = cluster.profile
     if op.kind is OpKind.MATMUL:
+        measured("gemm", None, cluster)  # a GEMM of unknown shape is not looked up
         fwd = max(flop / (peak * eff.matmul), nbytes / hbm) + k
         return PhaseTimes(fwd, fwd, fwd)
     if op.kind is OpKind.ATTENTION:
-        fwd = max(flop / (peak * eff.attention_fwd), nbytes / hbm) + k
-        bwd = max(2 * flop / (peak * eff.attention_bwd), 2 * nbytes / hbm) + k
-        ring = ring_attention_merge_s(op, split, cluster, eff)
-        return PhaseTimes(fwd + ring.forward, bwd + ring.backward_act, 0.0)
-    fwd = nbytes / hbm + k
-    bwd = 2 * nbytes if op.backward_bytes is None else op.backward_bytes * s
-    return PhaseTimes(fwd, bwd / hbm + k, 0.0)
+        fwd = measured("attention", p and p.attention_s(flop, split.compute_dtype,
+                                                        backward=False), cluster)
+        bwd = measured("attention", p and p.attention_s(flop, split.compute_dtype,
+                                                        backward=True), cluster)
+        if fwd is None:
+            fwd = max(flop / (peak * eff.attention_fwd), nbytes / hbm) + k
+        if bwd is None:
+            bwd = max(2 * flop / (peak * eff.attention_bwd), 2 * nbytes / hbm) + k
+        # under context parallelism: this rank's queries against the whole gathered K/V with
+        # an explicit causal mask (passes/context_parallel.py), 1/cp of the full score matrix
+        # the FLOPs count (ops/attention.py), no ring steps to merge
+        return PhaseTimes(fwd, bwd, 0.0)
+    bwd_bytes = 2 * nbytes if op.backward_bytes is None else op.backward_bytes * s
+    fwd = measured("memory-bound", p and p.memory_s(nbytes), cluster)
+    bwd = measured("memory-bound", p and p.memory_s(bwd_bytes), cluster)
+    return PhaseTimes(nbytes / hbm + k if fwd is None else fwd,
+                      bwd_bytes / hbm + k if bwd is None else bwd, 0.0)
 
 
 def estimate_layer_s(

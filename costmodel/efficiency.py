@@ -7,7 +7,12 @@ stands for and why it has its value; ``bench/validate_costmodel.py`` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from autopar.core.errors import AutoparError
 
 
 @dataclass(frozen=True)
@@ -81,3 +86,52 @@ class Efficiency:
 
 DEFAULT_EFFICIENCY = Efficiency()
 
+
+
+CALIBRATION_VERSION = 1
+"""Version of the calibration file layout (``autopar calibrate --out``)."""
+FITTABLE = ("matmul", "matmul_mainloop", "attention_fwd", "attention_bwd", "memory", "nvlink",
+            "network", "host_link", "dp_overlap")
+"""The constants ``autopar calibrate`` may fit: fractions of a peak, each bounded to (0, 1]."""
+
+
+def calibration_dict(fitted: dict[str, float], source: str, date: str) -> dict[str, object]:
+    """The calibration file's content: the fitted constants (the rest keep their defaults)."""
+    return {"format_version": CALIBRATION_VERSION, "efficiency": dict(fitted), "fitted_on": source,
+            "date": date}
+
+
+def load_calibration(path: str | os.PathLike[str]) -> Efficiency:
+    """The ``Efficiency`` of a calibration file: ``DEFAULT_EFFICIENCY`` with its fitted
+    constants. Refuses (``AutoparError``) a file of another version, an unknown constant or a
+    value outside (0, 1]."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as err:
+        raise AutoparError(f"cannot read the calibration ({err.strerror})", where=str(p),
+                           fix="write one with `autopar calibrate --runs RUNS --out FILE`"
+                           ) from None
+    except json.JSONDecodeError as err:
+        raise AutoparError(f"the calibration is not JSON: {err.msg}", where=f"{p}, line "
+                           f"{err.lineno}", fix="pass a file written by `autopar calibrate`"
+                           ) from None
+    version = data.get("format_version") if isinstance(data, dict) else None
+    if version != CALIBRATION_VERSION:
+        raise AutoparError(f"calibration format_version {version!r} is not the one this autopar "
+                           f"reads ({CALIBRATION_VERSION})", where=f"{p}: format_version",
+                           fix="re-fit it with this version: autopar calibrate")
+    values = data.get("efficiency")
+    if not isinstance(values, dict):
+        raise AutoparError("the calibration has no 'efficiency' map", where=f"{p}: efficiency",
+                           fix="re-fit it with autopar calibrate")
+    for name, value in values.items():
+        if name not in FITTABLE:
+            raise AutoparError(f"unknown efficiency constant {name!r}",
+                               where=f"{p}: efficiency.{name}",
+                               fix=f"use one of {', '.join(FITTABLE)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not 0.0 < value <= 1.0:
+            raise AutoparError(f"efficiency.{name} must be a fraction in (0, 1], got {value!r}",
+                               where=f"{p}: efficiency.{name}", fix="re-fit it")
+    return replace(DEFAULT_EFFICIENCY, **{k: float(v) for k, v in values.items()})

@@ -38,12 +38,12 @@ executed program keeps for tiny models.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .compute import Split
 from autopar.core.specs import Checkpoint, Optimizer, Precision
-from .workload import LayerCost, SavedTensor, Shard
+from .workload import LayerCost, OpKind, SavedTensor, Shard
 
 
 @dataclass(frozen=True)
@@ -128,16 +128,42 @@ def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
         return layer.input_elements * split.act_bytes * split.scale(Shard.SEQ)
     if policy is Checkpoint.SELECTIVE:
         return _bytes(layer, split, lambda t: t.selective)
-    return _bytes(layer, split, lambda t: t.without_checkpoint)
+    return _bytes(layer, split, lambda t: t.without_checkpoint) + gathered_kv_bytes(layer, split)
+
+
+def gathered_kv_bytes(layer: LayerCost, split: Split) -> float:
+    """What context parallelism adds to what an attention saves for its backward, beyond the
+    traced model's (which saved this rank's 1/cp of K and V): the whole sequence's K and V,
+    all-gathered (``passes/context_parallel.py``), and the causal mask of the rank's queries
+    against the whole sequence, which SDPA keeps in the query's dtype (measured on the CPU
+    kernel, ``_scaled_dot_product_flash_attention_for_cpu``: a bool (s/cp, s) mask is saved
+    as a float one), once per attention and micro-batch. Not kept under the selective policy,
+    which keeps the attention's output, not its inputs."""
+    if split.cp == 1:
+        return 0.0
+    total = 0.0
+    for op in layer.ops:
+        if op.kind is not OpKind.ATTENTION or op.kv_elements <= 0:
+            continue
+        heads = split.tp if op.shard is Shard.TP else 1
+        total += (op.kv_elements * split.micro_batch * split.act_bytes / heads
+                  * (1.0 - 1.0 / split.cp))
+        if split.seq_len is not None:
+            total += split.seq_len * split.seq_len / split.cp * split.act_bytes
+    return total
 
 
 def _bytes(layer: LayerCost, split: Split, which: Callable[[SavedTensor], bool]) -> float:
+    return _sized((t for t in layer.saved if which(t)), split)
+
+
+def _sized(tensors: Iterable[SavedTensor], split: Split) -> float:
+    """Bytes of ``tensors`` for one micro-batch on one GPU."""
     total = 0.0
-    for t in layer.saved:
-        if which(t):
-            size = t.bytes_per_element if t.bytes_per_element is not None else split.act_bytes
-            scale = split.scale(t.shard) if t.per_token else 1.0 / split.divisor(t.shard)
-            total += t.elements * size * scale
+    for t in tensors:
+        size = t.bytes_per_element if t.bytes_per_element is not None else split.act_bytes
+        scale = split.scale(t.shard) if t.per_token else 1.0 / split.divisor(t.shard)
+        total += t.elements * size * scale
     return total
 
 
@@ -153,5 +179,37 @@ def recompute_working_bytes(layer: LayerCost, split: Split, policy: Checkpoint) 
     if policy is Checkpoint.NONE:
         return 0.0
     if policy is Checkpoint.SELECTIVE:
-        return _bytes(layer, split, lambda t: t.without_checkpoint and not t.selective)
+        return (_bytes(layer, split, lambda t: t.without_checkpoint and not t.selective)
+                + gathered_kv_bytes(layer, split))
     return saved_bytes(layer, split, Checkpoint.NONE) - saved_bytes(layer, split, policy)
+
+
+def backward_peak(layer: LayerCost, split: Split, policy: Checkpoint, weight_grad_bytes: float
+                  ) -> tuple[float, float] | None:
+    """(activation bytes, weight-gradient bytes) one GPU holds at the largest moment of one
+    micro-batch's backward of ``layer`` beyond what the stage keeps for the layers' backward
+    (``LayerCost.backward``; None before the strategy solve walked it): the gradients of
+    activations alive, and the saved tensors the recomputation of ``policy`` rebuilt and ops
+    still to run hold; ``weight_grad_bytes`` is the layer's whole weight gradient on this GPU.
+    """
+    if not layer.backward:
+        return None
+    best: tuple[float, float] | None = None
+    for m in layer.backward:
+        acts = _sized(m.grads, split) + _sized((t for t in m.saved if _recomputed(t, policy)),
+                                               split)
+        grads = m.weight_grad_fraction * weight_grad_bytes
+        if best is None or acts + grads > sum(best):
+            best = (acts, grads)
+    return best
+
+
+def _recomputed(t: SavedTensor, policy: Checkpoint) -> bool:
+    """Whether the backward under ``policy`` holds ``t`` rebuilt by recomputation (without
+    checkpointing every saved tensor is kept from the forward and priced as kept)."""
+    if policy is Checkpoint.FULL:
+        return t.without_checkpoint
+    if policy is Checkpoint.SELECTIVE:
+        return t.without_checkpoint and not t.selective
+    return False
+

@@ -79,7 +79,11 @@ class StageActivations:
     """Bytes alive only while the first layer of a backward runs (the loss's working set on
     the last stage, a recomputed block's on the others)."""
     block_working: float = 0.0
-    """Bytes alive only while a block's backward runs: what its recomputation rebuilds."""
+    """Bytes alive only while a block's backward runs, at its largest moment: what its
+    recomputation rebuilt and ops still to run hold, and the gradients of activations alive
+    (``costmodel.memory.backward_peak``)."""
+    block_grad_fraction: float = 1.0
+    """Fraction of the block's parameters whose gradient exists at that moment."""
 
 
 def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
@@ -113,7 +117,8 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
     # gradient made, where the stage has the head
     found["blocks' backward"] = moment(
         p.whole * low if gathered_through else (p.root + p.block) * low,
-        earlier + (p.head + p.block) * low, a.in_flight * a.kept + a.block_working)
+        earlier + (p.head + p.block * a.block_grad_fraction) * low,
+        a.in_flight * a.kept + a.block_working)
     if holds_embedding:
         # the embedding's backward: its gradient (whole over tp) made in the compute dtype
         # beside the other micro-batches in flight (under pipelining)

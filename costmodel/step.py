@@ -10,16 +10,18 @@ behind the backward pass and the optimizer step, and sizes every stage's memory.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .cluster import ClusterSpec
 from .collectives import Collective, Group, estimate_collective_s
-from .compute import PhaseTimes, Split, estimate_layer_s
+from .compute import PhaseTimes, Split, estimate_layer_s, measured
 from .efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, StageMemory
 from .memory import (
     StateBytes,
+    backward_peak,
+    dtype_bytes,
     activation_bytes_per_element,
     model_state_bytes,
     recompute_working_bytes,
@@ -28,10 +30,12 @@ from .memory import (
     transient_bytes,
 )
 from .peak import StageActivations, StageParams, stage_peak
+from .profile import recording
 from .pipeline import StagePartition, bubble_fraction, even_partition, in_flight_microbatches
-from autopar.core.specs import Checkpoint, ParallelConfig, Precision, Schedule, TrainSpec
+from autopar.core.specs import (Checkpoint, Optimizer, ParallelConfig, Precision, Schedule,
+                                TrainSpec)
 from .topology import MeshGroups, mesh_groups
-from .workload import LayerCost, OpKind, Phase, Shard, TPCollective, Workload
+from .workload import LayerCost, OpCost, OpKind, Phase, Shard, TPCollective, Workload
 
 BUCKET_BYTES = 25 * 2**20
 """One gradient bucket: DDP's default ``bucket_cap_mb`` of 25 MiB."""
@@ -111,26 +115,32 @@ def tp_comm_s(
     return total
 
 
+def cp_collectives(layer: LayerCost) -> list[tuple[Collective, Phase, OpCost]]:
+    """The collectives context parallelism runs in one layer for one micro-batch (cp > 1), as
+    (kind, phase, the attention op, whose ``kv_elements`` are gathered): the engine
+    (``passes/context_parallel.py``) all-gathers each attention's K and V together over the cp
+    group in its forward and reduce-scatters dK and dV in its backward."""
+    return [(kind, phase, op) for op in layer.ops
+            if op.kind is OpKind.ATTENTION and op.kv_elements > 0
+            for kind, phase in ((Collective.ALL_GATHER, Phase.FORWARD),
+                                (Collective.REDUCE_SCATTER, Phase.BACKWARD_ACT))]
+
+
 def _cp_comm_s(
-    layer: LayerCost, split: Split, g: MeshGroups, cluster: ClusterSpec, eff: Efficiency
+    layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
+    eff: Efficiency,
 ) -> float:
-    """Ring attention: cp-1 exchanges of a K/V chunk each way, each hidden under one chunk of
-    attention compute when it can be (forward once, backward twice the data: K/V and dK/dV)."""
+    """Seconds of ``cp_collectives`` (this tp rank's heads; none overlapped with compute); a
+    recomputed forward gathers again (``tp_comm_s``'s rule: the selective policy keeps the
+    attention's output, not its gathered inputs)."""
     if split.cp == 1:
         return 0.0
     total = 0.0
-    for op in layer.ops:
-        if op.kind is not OpKind.ATTENTION or op.kv_elements == 0:
-            continue
-        chunk = op.kv_elements * split.micro_batch * split.act_bytes / (split.cp * split.tp)
-        # ring neighbours: the ring is as slow as its slowest hop, between nodes when the cp
-        # group spans nodes
-        ring = Group(size=2, per_node=2 if g.cp.per_node == g.cp.size else 1)
-        step = estimate_collective_s(Collective.SEND_RECV, chunk, ring, cluster, eff)
-        peak = cluster.gpu.peak(split.compute_dtype)
-        fwd_chunk = op.flop * split.scale(Shard.TP) / (peak * eff.attention_fwd) / split.cp
-        bwd_chunk = 2 * op.flop * split.scale(Shard.TP) / (peak * eff.attention_bwd) / split.cp
-        total += (split.cp - 1) * (max(0.0, step - fwd_chunk) + max(0.0, 2 * step - bwd_chunk))
+    for kind, phase, op in cp_collectives(layer):
+        heads = split.tp if op.shard is Shard.TP else 1  # this tp rank's key/value heads
+        nbytes = op.kv_elements * split.micro_batch * split.act_bytes / heads
+        repeats = 2 if (phase is Phase.FORWARD and policy is not Checkpoint.NONE) else 1
+        total += repeats * estimate_collective_s(kind, nbytes, g.cp, cluster, eff)
     return total
 
 
@@ -186,7 +196,7 @@ def _layer_time(
         recompute = estimate_layer_s(layer, split, cluster, eff, only_recomputed_by_selective=True,
                                      expert_scale=imbalance).forward
     return (t, recompute, tp_comm_s(layer, split, policy, g, cluster, eff),
-            _cp_comm_s(layer, split, g, cluster, eff),
+            _cp_comm_s(layer, split, policy, g, cluster, eff),
             _ep_comm_s(layer, split, policy, g, cluster, eff))
 
 
@@ -352,6 +362,11 @@ def _optimizer_s(dense: float, expert: float, config: ParallelConfig, train: Tra
         cpu = shard / eff.cpu_adam_params_per_s
         moved = shard * (sb.grads + sb.weights)
         return cpu + scaling, moved / (cluster.host_link.bytes_per_s * eff.host_link)
+    p = cluster.profile
+    if p is not None and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
+        t = measured("optimizer", p.optimizer_s(shard), cluster)
+        if t is not None:
+            return t + scaling, 0.0
     traffic = 2 * sb.optimizer + sb.grads + sb.weights  # read+write states, read grads, write weights
     return shard * traffic / (cluster.gpu.hbm_bytes_per_s * eff.memory) + scaling, 0.0
 
@@ -366,7 +381,16 @@ def estimate_step(
     partition: StagePartition | None = None,
 ) -> Estimate:
     """Predict one optimizer step of ``workload`` on ``cluster`` under ``config``; the
-    workload's strategies must be solved for ``config.tp`` (``Workload.tp``)."""
+    workload's strategies must be solved for ``config.tp`` (``Workload.tp``). With a
+    ``cluster.profile``, ``Estimate.measured`` says which terms its measurements priced."""
+    with recording() as usage:
+        est = _priced_step(workload, cluster, train, config, efficiency, partition)
+    return replace(est, measured=usage.fractions()) if cluster.profile is not None else est
+
+
+def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
+                 config: ParallelConfig, efficiency: Efficiency,
+                 partition: StagePartition | None) -> Estimate:
     eff = efficiency
     check_world(config, cluster)
     if workload.tp != config.tp:
@@ -395,7 +419,7 @@ def estimate_step(
 
     dp_exposed, optimizer_s, offload_s, offloaded = 0.0, 0.0, 0.0, 0.0
     stage_mem = []
-    sized: dict[tuple[str, Checkpoint], tuple[float, float]] = {}
+    sized: dict[tuple[str, Checkpoint], tuple[float, float, tuple[float, float]]] = {}
     for s in range(config.pp):
         dense, expert = _stage_params(workload, part, s, config)
         exposed = _dp_comm_s(dense, expert, sb.grads, sb.weights, config, m, times[s].backward,
@@ -458,22 +482,27 @@ def _stage_memory(
     workload: Workload, part: StagePartition, stage: int, split: Split,
     policies: tuple[Checkpoint, ...], config: ParallelConfig, m: int, v: int,
     dense: float, expert: float, train: TrainSpec, sb: StateBytes, g: MeshGroups,
-    memo: dict[tuple[str, Checkpoint], tuple[float, float]],
+    memo: dict[tuple[str, Checkpoint], tuple[float, float, tuple[float, float]]],
 ) -> StageMemory:
     groups = _stage_groups(workload, part, stage, policies)
     kept = 0.0
     working = 0.0
-    block_working = 0.0
+    block_grad_bytes = sum(_layer_params(workload.block, config)) * \
+        dtype_bytes(train.precision, train.optimizer)[1]
+    walked: tuple[float, float] | None = None  # (activations, gradients) of a block's backward
     for layer, policy, n in groups:
         key = (layer.name, policy)
         if key not in memo:  # every block costs the same: size it once
-            memo[key] = (saved_bytes(layer, split, policy),
-                         recompute_working_bytes(layer, split, policy)
-                         + transient_bytes(layer, split))
+            working_bytes = recompute_working_bytes(layer, split, policy) \
+                + transient_bytes(layer, split)
+            memo[key] = (saved_bytes(layer, split, policy), working_bytes,
+                         backward_peak(layer, split, policy, block_grad_bytes)
+                         or (working_bytes, block_grad_bytes))
         kept += n * memo[key][0]
         working = max(working, memo[key][1])
-        if layer is workload.block:
-            block_working = max(block_working, memo[key][1])
+        if layer is workload.block and (walked is None or sum(memo[key][2]) > sum(walked)):
+            walked = memo[key][2]
+    block_working, block_grads = walked if walked is not None else (0.0, block_grad_bytes)
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
     if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet
         states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
@@ -493,7 +522,8 @@ def _stage_memory(
             head=sum(_layer_params(workload.post, config)) + workload.tied_params / config.tp
             if stage == config.pp - 1 else 0.0,
             embedding_extra=workload.pre.params_tp * (1.0 - 1.0 / config.tp))
-        acts = StageActivations(in_flight, kept, working, block_working)
+        acts = StageActivations(in_flight, kept, working, block_working,
+                                block_grads / block_grad_bytes if block_grad_bytes else 1.0)
         moment, breakdown = stage_peak(params, acts,
                                        train.precision, train.optimizer, zero=config.zero,
                                        pipelined=config.pp > 1, microbatches=m,

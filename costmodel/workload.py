@@ -17,8 +17,8 @@ from enum import Enum
 from autopar.core.layout import Shard
 from autopar.core.roofline import OpKind
 
-__all__ = ["LayerCost", "OpCost", "OpKind", "Phase", "SavedTensor", "Shard", "TPCollective",
-           "Workload"]
+__all__ = ["BackwardMoment", "LayerCost", "OpCost", "OpKind", "Phase", "SavedTensor", "Shard",
+           "TPCollective", "Workload"]
 
 
 class Phase(Enum):
@@ -79,6 +79,26 @@ class SavedTensor:
 
 
 @dataclass(frozen=True)
+class BackwardMoment:
+    """What a layer holds while one of its ops runs its backward, beyond the activations the
+    stage keeps for the layers' backward (``autopar.search.backward_walk`` walks the layer's
+    ops in reverse and records one per op that allocates)."""
+
+    op: str
+    """The op whose backward runs."""
+    grads: tuple[SavedTensor, ...]
+    """Gradients of activations alive: one buffer per tensor whose producer's backward has not
+    run yet (in the producer's layout), and the op's new gradients of its inputs (in the layout
+    it reads them in: a column split's gradient of its gathered input is whole)."""
+    saved: tuple[SavedTensor, ...]
+    """The layer's saved tensors that ops whose backward has not run yet still hold, each in
+    the layout its saver holds it in (``LayerCost.saved``'s flags: a policy that recomputes one
+    has rebuilt it for this backward)."""
+    weight_grad_fraction: float
+    """Fraction of the layer's parameters whose gradient exists, this op's included."""
+
+
+@dataclass(frozen=True)
 class TPCollective:
     """A tensor-parallel collective over ``elements`` activations per sequence (the full tensor,
     before any split by tp).
@@ -121,6 +141,9 @@ class LayerCost:
     grow with the load imbalance, and the per-expert counts are exchanged first."""
     no_rule_ops: tuple[str, ...] = ()
     """Ops the sharding rules did not know, costed as replicated."""
+    backward: tuple[BackwardMoment, ...] = ()
+    """The layer's backward, op by op, in the layouts the strategy solve chose (empty before
+    the solve): where the working set of a block's backward peaks."""
 
     @cached_property
     def matmul_flop(self) -> float:

@@ -3,6 +3,9 @@
 Every block is one FSDP unit, then the stage root (torchtitan's wrapping). What the engine runs
 for each ZeRO stage (``autopar.execution.ENGINE_ZERO`` says it in the plan's report):
 
+Under context parallelism the cp ranks join the dp ranks in every one of these (they hold the
+same weights, other tokens of the sequences): ``passes/mesh.py:data_parallel_mesh``.
+
 * ZeRO-0: ``fully_shard`` over (``dp_replicate`` = dp, ``dp_shard`` = 1), i.e. FSDP2's hybrid
   mode with shard groups of one -- parameters, gradients and optimizer states replicated,
   gradients all-reduced (averaged) once per step, on the last micro-batch: DDP.
@@ -46,7 +49,7 @@ from torch.distributed.fsdp import (
 
 from autopar.core.specs import Precision
 from autopar.core.plan import Plan
-from autopar.core.mesh import DATA_PARALLEL, MeshAxis
+from autopar.passes.mesh import data_parallel_mesh
 
 COMPUTE_DTYPE = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 """The compute dtype of the mixed-precision policies (fp32 master weights); the one-process
@@ -71,7 +74,8 @@ def offload_policy(offload: bool) -> OffloadPolicy:
 
 
 def wants_fsdp(plan: Plan) -> bool:
-    return plan.config.dp > 1 or plan.config.offload or plan.train.precision in COMPUTE_DTYPE
+    return (plan.config.dp * plan.config.cp > 1 or plan.config.offload
+            or plan.train.precision in COMPUTE_DTYPE)
 
 
 def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Plan,
@@ -86,11 +90,7 @@ def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Pla
     c = plan.config
     if not wants_fsdp(plan):
         return
-    if c.zero == 0:
-        dp_mesh = mesh[tuple(a.value for a in DATA_PARALLEL)]
-    else:
-        dp_mesh = mesh[MeshAxis.DP_SHARD.value]
-    kwargs = dict(mesh=dp_mesh, reshard_after_forward=c.zero == 3,
+    kwargs = dict(mesh=data_parallel_mesh(mesh, c.zero), reshard_after_forward=c.zero == 3,
                   mp_policy=mixed_precision(plan.train.precision) or MixedPrecisionPolicy(),
                   offload_policy=offload_policy(c.offload))
     for module in experts:

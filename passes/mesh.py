@@ -17,17 +17,17 @@ from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 
 
-AXES: tuple[MeshAxis, ...] = tuple(a for a in ORDER if a is not MeshAxis.CP)
-"""The engine's mesh dimensions, outermost first: ``autopar.core.mesh.ORDER`` without ``cp``,
-which the passes do not apply yet (``check_executable`` refuses cp > 1)."""
+AXES: tuple[MeshAxis, ...] = ORDER
+"""The engine's mesh dimensions, outermost first: ``autopar.core.mesh.ORDER``."""
 
 
 def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
     """Refuse, with what to do, a plan this version cannot run: the admissibility check for the
     model of ``facts`` (``autopar.admissibility.check_plan``; without ``facts``, the checks that
     need no model), then the passes' own limits -- fused kernels that exist (and
-    ``linear_cross_entropy`` at tp 1), no context parallelism yet (expert parallelism runs:
-    ``passes/expert_parallel.py``)."""
+    ``linear_cross_entropy`` at tp 1). Context and expert parallelism run
+    (``passes/context_parallel.py``, ``passes/expert_parallel.py``); the admissibility check
+    refuses them together."""
     from autopar.passes.fuse import check_fusions  # the kernels' import, only when checking
 
     c = plan.config
@@ -38,13 +38,6 @@ def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
         if problem is not None:
             raise problem.error()
     check_fusions(c.fusions, c.tp)
-    for axis, value in (("cp", c.cp),):
-        if value > 1:
-            raise AutoparError(
-                f"the plan uses {axis}={value}; the execution passes do not yet apply "
-                f"{'context' if axis == 'cp' else 'expert'} parallelism",
-                where=f"plan.config.{axis}",
-                fix=f"re-plan with the constraint {axis}=1 (autopar plan --{axis} 1)")
 
 
 def executable_spec(plan: Plan, given: ModelSpec | None = None) -> ModelSpec:
@@ -79,7 +72,8 @@ def device_mesh(plan: Plan, device_type: str | None = None) -> DeviceMesh:
     if world != plan.config.world_size:
         raise AutoparError(
             f"the plan needs {plan.config.world_size} processes "
-            f"(dp {plan.config.dp} x tp {plan.config.tp} x pp {plan.config.pp}), "
+            f"(dp {plan.config.dp} x tp {plan.config.tp} x pp {plan.config.pp} x cp "
+            f"{plan.config.cp}), "
             f"{world} were started", where="the process group",
             fix=f"launch {plan.config.world_size} processes (torchrun --nproc-per-node ...)")
     return init_device_mesh(device_type or default_device_type(), mesh_shape(plan),
@@ -90,3 +84,19 @@ def dp_rank(mesh: DeviceMesh) -> int:
     """This rank's index among the data-parallel replicas (which slice of the batch it reads)."""
     replicate, shard = (mesh[a.value] for a in DATA_PARALLEL)
     return replicate.get_local_rank() * shard.size() + shard.get_local_rank()
+
+
+def data_parallel_mesh(mesh: DeviceMesh, zero: int) -> DeviceMesh:
+    """The mesh FSDP2 reduces the gradients over: the dp ranks and, under context parallelism,
+    the cp ranks too (they hold the same weights and different tokens). ZeRO-0: the 2-D
+    (replicate, shard) mesh with ``dp_replicate`` x ``cp`` flattened into the replicate
+    dimension; ZeRO 1-3: ``dp_shard`` x ``cp`` flattened into one (torchtitan's
+    ``dp_shard_cp``). ``DeviceMesh._flatten``, no group of our own."""
+    replicate, shard = (a.value for a in DATA_PARALLEL)
+    cp = MeshAxis.CP.value
+    if mesh[cp].size() == 1:
+        return mesh[(replicate, shard)] if zero == 0 else mesh[shard]
+    if zero == 0:
+        mesh[(replicate, cp)]._flatten(f"{replicate}_{cp}")
+        return mesh[(f"{replicate}_{cp}", shard)]
+    return mesh[(shard, cp)]._flatten(f"{shard}_{cp}")

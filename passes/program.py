@@ -3,20 +3,23 @@
 The passes run in this order, each for a reason:
 
 1. ``bf16-pure`` casts the model first, so every shard is made from bf16 weights.
-2. The pipeline split (``stage.build_stages``) comes before any sharding: each stage is its
+2. Context parallelism (``context_parallel``) gives each attention module its K/V all-gather
+   before the fusions, whose fx graphs then keep the call (a submodule is a leaf to them).
+3. The pipeline split (``stage.build_stages``) comes before any sharding: each stage is its
    own FSDP root and its own ``PipelineStage``; it keeps module names, so checkpoints match
    across plans.
-3. Tensor parallelism (``tensor_parallel``) comes before data parallelism: FSDP2 shards the tp
+4. Tensor parallelism (``tensor_parallel``) comes before data parallelism: FSDP2 shards the tp
    DTensors along dp (a 2-D layout); the engine does not support the reverse order.
-4. Activation checkpointing needs no rewrite: the stage runs each block under its policy.
-5. Data parallelism and mixed precision (``data_parallel``), per block then per stage.
-6. A weight tied across pipeline stages (GPT's embedding and head) gets one all-reduce of its
+5. Activation checkpointing needs no rewrite: the stage runs each block under its policy.
+6. Data parallelism and mixed precision (``data_parallel``), per block then per stage.
+7. A weight tied across pipeline stages (GPT's embedding and head) gets one all-reduce of its
    gradient between the two stages after each backward (``TiedWeights``).
-7. The schedule (``pipeline``), when pp > 1.
-8. fp16 plans get a gradient scaler (``loss_scaling``): dynamic loss scaling.
+8. The schedule (``pipeline``), when pp > 1.
+9. fp16 plans get a gradient scaler (``loss_scaling``): dynamic loss scaling.
 
 ``ParallelProgram.step(tokens, targets)`` runs forward and backward of this rank's share of
-the global batch (its data-parallel slice, all its micro-batches) and returns the mean loss
+the global batch (its data-parallel slice, all its micro-batches; under context parallelism
+its chunks of every sequence) and returns the mean loss
 on the ranks holding the last stage (``None`` elsewhere); ``optimizer_step(optimizers)`` then
 steps the caller's optimizers (through the scaler for fp16, which may skip the step), and
 ``unscale_(optimizers)`` before it gives the true gradients to look at.
@@ -27,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -41,6 +45,7 @@ from autopar.admissibility import facts_of
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Precision
 from autopar.core.plan import Plan
+from autopar.passes.context_parallel import apply_context_parallel, chunk_positions, sequence_shard
 from autopar.models import set_aux_loss_grad_scale
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
 from autopar.passes.expert_parallel import apply_expert_parallel, expert_dp_mesh, expert_mesh
@@ -48,7 +53,7 @@ from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions, keep_fuse
 from autopar.passes.loss_scaling import grad_scaler, quiet_found_inf
 from autopar.core.mesh import MeshAxis
 from autopar.passes.mesh import check_executable, dp_rank
-from autopar.passes.model_parts import ModelParts, parts_of
+from autopar.passes.model_parts import ModelParts, model_family, parts_of
 from autopar.passes.pipeline import StageShapes, build_schedule
 from autopar.passes.stage import StageModule, build_stages, stage_layout
 from autopar.passes.tensor_parallel import (
@@ -170,8 +175,20 @@ class ParallelProgram:
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """Forward and backward of this rank's batch: ``tokens`` and ``targets`` are
         (micro_batch * num_microbatches, seq_len); every rank of a data-parallel replica passes
-        the same ones. Returns the mean loss where the last stage is held, else ``None``."""
+        the same ones (under context parallelism the whole sequences: each cp rank runs its
+        chunks of them). Returns the mean loss where the last stage is held, else ``None``."""
         tokens, targets = tokens.to(self.device), targets.to(self.device)
+        cp = self.plan.config.cp
+        if cp > 1:  # this cp rank's chunks of every sequence (passes/context_parallel.py)
+            rank = self.mesh.get_local_rank(MeshAxis.CP.value)
+            tokens, targets = sequence_shard(tokens, cp, rank), sequence_shard(targets, cp, rank)
+        loss = self._step(tokens, targets)
+        if loss is not None and cp > 1:
+            # the mean over the whole sequences: every cp rank's mean is over as many tokens
+            dist.all_reduce(loss, dist.ReduceOp.AVG, group=self.mesh[MeshAxis.CP.value].get_group())
+        return loss
+
+    def _step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         m = self.plan.config.microbatches(self.plan.train)
         loss_scale = 1.0 if self.scaler is None else float(self.scaler.get_scale())
         for module in self.modules:  # the routers' load-balancing loss, scaled as the loss
@@ -225,6 +242,10 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     parts = parts_of(model)
     dtype = torch.bfloat16 if plan.train.precision is Precision.BF16_PURE else None
     _move(model, device, dtype)
+    cp, cp_rank = plan.config.cp, mesh.get_local_rank(MeshAxis.CP.value)
+    if cp > 1:  # before the fusions, whose graphs then keep the attention's call to it
+        apply_context_parallel(model, model_family(model), plan,
+                               mesh[MeshAxis.CP.value].get_group(), cp_rank)
     # Fusion after the cast (the fused modules hold the cast weights) and before the split
     # and sharding, which find the fused modules under the model's names.
     apply_fusions(model, plan.config.fusions, tp=plan.config.tp)
@@ -234,6 +255,8 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     num_stages = len(stage_layout(plan, len(model.get_submodule(parts.blocks))))
     experts_mesh = expert_mesh(plan, mesh) if plan.config.ep > 1 else None
     for _, stage in stages:
+        if cp > 1:
+            stage.positions = partial(_positions, cp=cp, rank=cp_rank)
         apply_tensor_parallel(stage, plan, mesh[MeshAxis.TP.value], parts)
         experts = ([] if experts_mesh is None
                    else apply_expert_parallel(stage, plan, experts_mesh))
@@ -250,6 +273,10 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
         program.schedule = build_schedule(stages, num_stages, plan, mesh, device,
                                           program._scaled_loss, shapes)
     return program
+
+
+def _positions(seq_len: int, device: torch.device, *, cp: int, rank: int) -> torch.Tensor:
+    return chunk_positions(seq_len, cp, rank, device)
 
 
 def _move(model: nn.Module, device: torch.device, dtype: torch.dtype | None) -> None:

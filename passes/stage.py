@@ -15,6 +15,8 @@ cut into ``pp * virtual_stages`` chunks as evenly as possible and rank ``r`` hol
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -37,6 +39,10 @@ class StageModule(nn.Module):
         self.policies = policies
         self.config = getattr(model, "config", None)
         """The model's config object (the families read it, e.g. the attention kernel)."""
+        self.positions: Callable[[int, torch.device], torch.Tensor] | None = None
+        """(seq_len, device) -> the global positions of the tokens this rank runs, where they
+        are not ``0 .. seq_len-1`` (context parallelism, ``passes/context_parallel.py``); the
+        families read it through ``models.parts.token_positions``."""
         keep = [*parts.shared, *(parts.first if first else ()), *(parts.last if last else ())]
         for path in keep:
             _attach(self, path, model.get_submodule(path))

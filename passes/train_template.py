@@ -32,7 +32,9 @@ a flat array of token ids: a ``.npy`` file (any integer dtype), or a raw file of
 ``--tokens-dtype`` (``uint16`` by default, as nanoGPT's ``.bin`` files; or ``int32``), read
 through a memory map. Row ``r`` of step ``s`` is the window of ``seq_len + 1`` tokens starting at
 ``((s - 1) * global_batch + r) * seq_len`` (wrapping around the file); inputs are its first
-``seq_len`` tokens, targets the last ``seq_len``. Each data-parallel replica reads its own rows.
+``seq_len`` tokens, targets the last ``seq_len``. Each data-parallel replica reads its own rows;
+under context parallelism each cp rank of it runs its two chunks of every row (the program's
+step cuts them: ``passes/context_parallel.py:sequence_shard``).
 
 Checkpoints: ``torch.distributed.checkpoint`` (DCP) in ``--checkpoint-dir/step-<N>/``. The
 state is keyed by the model's own parameter names (the stages keep them) with the optimizer
@@ -273,7 +275,8 @@ def train(args: argparse.Namespace) -> None:
     rows = train_spec.global_batch // c.dp
     mine = slice(program.dp_rank * rows, (program.dp_rank + 1) * rows)
     logs = (program.holds_last and program.dp_rank == 0
-            and mesh[MeshAxis.TP.value].get_local_rank() == 0)
+            and mesh[MeshAxis.TP.value].get_local_rank() == 0
+            and mesh[MeshAxis.CP.value].get_local_rank() == 0)
     data = TokenFile(args.tokens, args.tokens_dtype, vocab) if args.tokens else None
     ckpt_dir = Path(args.checkpoint_dir)
 

@@ -89,6 +89,11 @@ class Estimate:
     loaded stage's, times the GPUs per node); 0 without offload."""
     usable_host_memory_bytes: float = 0.0
     """The node's CPU memory (``ClusterSpec.host_memory_bytes``), all of it."""
+    measured: dict[str, float] = field(default_factory=dict)
+    """With a measured profile (``ClusterSpec.profile``): per priced term ("gemm", "attention",
+    "memory-bound", "optimizer", "all-reduce", ...), the fraction of its lookups the profile
+    answered (1.0: all measured; 0.0: all analytical, e.g. outside the measured sizes). Empty
+    when priced without a profile."""
 
     @property
     def fits(self) -> bool:

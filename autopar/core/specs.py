@@ -148,7 +148,8 @@ class ParallelConfig:
     pp: int = 1
     """Pipeline-parallel degree (stages)."""
     cp: int = 1
-    """Context-parallel degree (the sequence split across ranks, ring attention)."""
+    """Context-parallel degree (the sequence split across ranks in 2 x cp load-balanced chunks;
+    attention over all-gathered keys and values, ``passes/context_parallel.py``)."""
     ep: int = 1
     """Expert-parallel degree (experts split across ranks of the dp x cp group)."""
     zero: int = 0

@@ -39,6 +39,11 @@ def no_silu(module: nn.Module) -> bool:
     return False
 
 
+def no_context_attention(module: nn.Module) -> bool:
+    """A family whose attention takes no context-parallel hook (context parallelism refused)."""
+    return False
+
+
 @dataclass(frozen=True)
 class Family:
     """One model family: how to recognise its models and what the passes need to run them."""
@@ -63,6 +68,10 @@ class Family:
     is_silu: Callable[[nn.Module], bool] = no_silu
     """module -> whether it is a parameter-free SiLU of the family's own class (transformers'
     ``SiLUActivation``): the ``swiglu`` fusion reads it as ``F.silu``."""
+    context_attention: Callable[[nn.Module], bool] = no_context_attention
+    """module -> whether it is a causal attention of the family's that calls its
+    ``context_parallel`` submodule, when it has one, as ``(q, k, v, dropout_p=, enable_gqa=)``
+    in place of causal SDPA: ``passes/context_parallel.py`` gives it one under cp > 1."""
     shorthands: Mapping[str, Callable[[Mapping[str, Any]], ModelSpec]] = field(
         default_factory=dict)
     """``--model`` names the family answers beside its presets (``hf-llama``): name ->

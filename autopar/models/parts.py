@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
 
+def token_positions(root: nn.Module, seq_len: int, device: torch.device) -> torch.Tensor | None:
+    """The global positions of the tokens a stage holds where they are not ``0 .. seq_len-1``
+    (context parallelism gives each rank chunks of the sequence of ``seq_len`` tokens:
+    ``StageModule.positions``), on ``device``; ``None`` where they are."""
+    positions = getattr(root, "positions", None)
+    return None if positions is None else positions(seq_len, device)
+
+
 def no_block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
     """Blocks that take the activations only."""
     return ()

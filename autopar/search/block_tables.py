@@ -28,6 +28,7 @@ from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, TP
 from autopar.graph import GraphIR, NodeInfo
 from autopar.ops import kept_by_selective, strategies_for
 from autopar.ops.loss import LOSS_PARALLEL_TRANSIENT_BYTES
+from autopar.search.backward_walk import backward_moments, saved_as_held
 from autopar.search.ilp_types import BlockProblem, Edge, StrategyTable
 from autopar.search.reshard import conversion
 from autopar.search.forced import forced_splits
@@ -312,6 +313,12 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
                     layer.params - layer.params_expert)
     solved = replace(layer, ops=ops, saved=saved, params_tp=params_tp,
                      tp_collectives=tuple(collectives))
+    share = {op.node.name: sum(graph.params[p].numel / (tp if p in split_params else 1)
+                               for p in op.node.params if p in graph.params)
+             for op in sg.ops if op.node is not None}
+    held, released = saved_as_held(graph, sg, chosen, saved)
+    solved = replace(solved, backward=backward_moments(graph, sg, chosen, solved, held,
+                                                       released, share))
     strategies = tuple((op.name, s.name) for op, s in zip(sg.ops, chosen) if op.node is not None)
     stream = chosen[sg.stream_in].output if sg.stream_in is not None else None
     return SolvedLayer(solved, strategies, stream, chosen[sg.output].output)

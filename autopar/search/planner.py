@@ -120,7 +120,7 @@ def strategies_of(graph: GraphIR, facts: ModelFacts, name: str, cluster: Cluster
     act = activation_bytes_per_element(train.precision)
     work = build_workload(graph, act, name=name, fusions=fusions)
     solver = StrategySolver(graph, work, act, split_weights=split_weights)
-    # context parallelism rings the K/V of a fused attention op: the traced graph says whether
+    # context parallelism gathers the K/V of a fused attention op: the traced graph says whether
     # there is one, which the module tree alone (``facts_of``) cannot
     ring = any(op.kv_elements > 0 for op in work.block.ops)
     return Strategies(solver, cluster, train, efficiency, replace(facts, ring_attention=ring))

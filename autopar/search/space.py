@@ -145,7 +145,8 @@ def outer_candidates(num_gpus: int, facts: ModelFacts, train: TrainSpec,
                 m = per_replica // mb
                 for schedule, v in _schedules(pp, m, facts.num_blocks, constraints, stats):
                     for zero in _zero_stages(dp * cp, pp, constraints, stats):
-                        for sp in _sequence_parallel(tp, train.seq_len, constraints, stats):
+                        for sp in _sequence_parallel(tp, cp, train.seq_len, constraints,
+                                                     stats):
                             config = ParallelConfig(
                                 dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, micro_batch=mb,
                                 schedule=schedule, virtual_stages=v, sequence_parallel=sp,
@@ -203,11 +204,11 @@ def _zero_stages(replicas: int, pp: int, constraints: Mapping[str, object],
     return [1, 2, 3]
 
 
-def _sequence_parallel(tp: int, seq_len: int, constraints: Mapping[str, object],
+def _sequence_parallel(tp: int, cp: int, seq_len: int, constraints: Mapping[str, object],
                        stats: SpaceStats) -> list[bool]:
     if "sequence_parallel" in constraints:
         return [bool(constraints["sequence_parallel"]) and tp > 1]
-    if tp == 1 or sequence_parallel_problem(seq_len, tp) is not None:
+    if tp == 1 or sequence_parallel_problem(seq_len, tp, cp) is not None:
         return [False]  # the sequence does not split evenly: planned without it
     stats.prune("no-sp")
     return [True]

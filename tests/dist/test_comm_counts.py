@@ -4,8 +4,10 @@ One process with torch's ``fake`` process-group backend (collectives return with
 data) stands in for every rank of the tp group: ``CommDebugMode`` counts the collectives of a
 forward and backward of the parallelized model, which must equal the tp collectives of the
 plan's solved workload (pre-block layer + blocks x count + post layer), kind by kind; GPT's
-tied embedding and head included. The expert-parallel program's all-to-alls likewise equal
-``costmodel.step.ep_alltoalls`` per MoE layer, forward and backward.
+tied embedding and head included. Under context parallelism the cp collectives the plan prices
+(``costmodel.step.cp_collectives``: one K/V all-gather per attention forward, one dK/dV
+reduce-scatter per backward) are counted beside the tp ones. The expert-parallel program's
+all-to-alls likewise equal ``costmodel.step.ep_alltoalls`` per MoE layer, forward and backward.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import autopar
 from autopar.admissibility import facts_of
 from autopar import ParallelConfig, TrainSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
+from autopar.costmodel.step import cp_collectives
 from autopar.search.planner import strategies_of
 from autopar.training import ModelSpec
 from autopar.costmodel.cluster import process_cluster
@@ -32,8 +35,9 @@ KIND = {"c10d_functional.all_reduce": "all-reduce",
 
 
 @pytest.fixture
-def fake_world():
-    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+def fake_world(request):
+    world = getattr(request, "param", 2)
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     yield
     dist.destroy_process_group()
 
@@ -48,7 +52,22 @@ def _predicted(spec: ModelSpec, train: TrainSpec, config: ParallelConfig) -> Cou
     for layer, times in ((work.pre, 1), (work.block, work.num_blocks), (work.post, 1)):
         for c in layer.tp_collectives:
             counts[c.kind] += times
+        if config.cp > 1:
+            for kind, _, _ in cp_collectives(layer):
+                counts[kind] += times
     return counts
+
+
+def _counted(plan, spec: ModelSpec) -> Counter:
+    program = autopar.parallelize(spec.build("cpu"), plan, autopar.device_mesh(plan))
+    tokens = torch.randint(256, (2, plan.train.seq_len // plan.config.cp))
+    with CommDebugMode() as comm:
+        loss = program.loss(program.modules[0](tokens), tokens)
+        loss.backward()
+    counted = Counter()
+    for op, n in comm.get_comm_counts().items():
+        counted[KIND.get(str(op), str(op))] += n
+    return counted
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
@@ -61,15 +80,28 @@ def test_tp_collectives_match_the_plan(fake_world, sp, model):
     train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")
     config = ParallelConfig(tp=2, sequence_parallel=sp, micro_batch=2)
     plan = autopar.plan_for(spec.build("meta"), process_cluster(2), train, config)
-    program = autopar.parallelize(spec.build("cpu"), plan, autopar.device_mesh(plan))
-    tokens = torch.randint(256, (2, 32))
-    with CommDebugMode() as comm:
-        loss = program.loss(program.modules[0](tokens), tokens)
-        loss.backward()
-    counted = Counter()
-    for op, n in comm.get_comm_counts().items():
-        counted[KIND.get(str(op), str(op))] += n
-    assert counted == _predicted(spec, train, config)
+    assert _counted(plan, spec) == _predicted(spec, train, config)
+
+
+@pytest.mark.parametrize(("fake_world", "fields"), [
+    (2, dict(cp=2)), (4, dict(cp=2, tp=2, sequence_parallel=True))],
+    ids=["cp2", "cp2xtp2-sp"], indirect=["fake_world"])
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt"])
+def test_cp_collectives_match_the_plan(fake_world, fields, model):
+    # this rank's chunks of the sequence (the program's step cuts them; here any tokens do)
+    spec = ModelSpec(model)
+    train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")
+    config = ParallelConfig(micro_batch=2, **fields)
+    plan = autopar.plan_for(spec.build("meta"), process_cluster(config.world_size), train,
+                            config)
+    predicted = _predicted(spec, train, config)
+    assert predicted["all-gather"] >= 2  # one K/V gather per attention, two blocks
+    counted = _counted(plan, spec)
+    # cp > 1 puts the cp ranks under FSDP (ZeRO-0 here): the gradients' all-reduces over
+    # dp x cp (and, under SP, the norms' gradient all-reduce over tp that FSDP's reduction
+    # asks of their Partial DTensors) are the data-parallel term's, not counted here
+    for kind in ("all-gather", "reduce-scatter"):
+        assert counted[kind] == predicted[kind], kind
 
 
 A2A = "c10d_functional.all_to_all_single"

@@ -95,3 +95,29 @@ def test_interleaved_checkpoint_resumes_under_zero3_on_the_reference_losses(tmp_
     assert sorted(losses) == [1, 2, 3, 4], (out_i, out_z)
     for step, ref in enumerate(expected, 1):  # the same rounding argument as LOSS_REL's
         assert losses[step] == pytest.approx(ref, rel=LOSS_REL), (step, losses, expected)
+
+
+def test_context_parallel_folder_trains_and_resumes_under_dp2_tp2_on_the_reference(tmp_path):
+    # cp2 x tp2 with sequence parallelism: FSDP over the flattened dp x cp mesh, each rank two
+    # chunks of every sequence; its step-2 checkpoint resumes under plan A (no cp) -- DCP
+    # reshards -- and all four losses are the one-process reference's (LOSS_REL's argument)
+    spec = ModelSpec("tiny-llama")
+    model = spec.build("meta")
+    configs = {"cp": ParallelConfig(cp=2, tp=2, sequence_parallel=True, micro_batch=2),
+               "a": PLAN_A}
+    plans = {k: autopar.plan_for(model, process_cluster(4), TRAIN, c, name="tiny-llama")
+             for k, c in configs.items()}
+    folders = {k: p.export(tmp_path / k, spec) for k, p in plans.items()}
+    ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
+    wall_cp, out_cp = launch(folders["cp"], "--steps", "2", "--save-every", "2",
+                             "--checkpoint-dir", str(ckpt), "--log-file", str(log))
+    assert (ckpt / "step-2" / ".metadata").exists(), out_cp
+    wall_a, out_a = launch(folders["a"], "--steps", "4", "--resume", "--checkpoint-dir",
+                           str(ckpt), "--log-file", str(log))
+    print(f"cp2 x tp2 run: {wall_cp:.1f} s, resumed under dp2 x tp2: {wall_a:.1f} s")
+    assert [r["step"] for r in events(log, "resume")] == [2], out_a
+    losses = losses_of(log)
+    expected = reference(spec, plans["a"], steps=4, seed=0).losses
+    assert sorted(losses) == [1, 2, 3, 4], (out_cp, out_a)
+    for step, ref in enumerate(expected, 1):
+        assert losses[step] == pytest.approx(ref, rel=LOSS_REL), (step, losses, expected)

@@ -1,5 +1,6 @@
 """Closed-form checks of the cost model's pieces: collectives, pipeline schedules, model states,
-GEMM shape efficiency, ring-attention merges and data-parallel exposure by ZeRO stage."""
+GEMM shape efficiency, context parallelism's K/V all-gather and data-parallel exposure by ZeRO
+stage."""
 
 from __future__ import annotations
 
@@ -9,22 +10,20 @@ from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.collectives import Collective, Group, estimate_collective_s
 from autopar.costmodel.compute import (
     Gemm,
-    PhaseTimes,
     Split,
     epilogue_depth,
     estimate_op_s,
     gemm_efficiency,
     linear_gemms,
-    ring_attention_merge_s,
 )
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
-from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
+from autopar.costmodel.memory import model_state_bytes, saved_bytes, state_bytes_per_param
 from autopar.costmodel.pipeline import bubble_fraction, even_partition, in_flight_microbatches
-from autopar.core.specs import Optimizer, ParallelConfig, Precision, Schedule
-from autopar.costmodel.step import _dp_comm_s, _fsdp_exposed_s
+from autopar.core.specs import Checkpoint, Optimizer, ParallelConfig, Precision, Schedule
+from autopar.costmodel.step import _cp_comm_s, _dp_comm_s, _fsdp_exposed_s
 from autopar.costmodel.topology import mesh_groups
-from autopar.costmodel.workload import OpCost, OpKind, Shard
+from autopar.costmodel.workload import LayerCost, OpCost, OpKind, Shard
 
 IDEAL = Efficiency(nvlink=1.0, network=1.0)
 
@@ -226,23 +225,35 @@ def test_tp8_on_a_small_model_costs_more_per_flop(a100: ClusterSpec) -> None:
     assert split8 > 1.25 * alone
 
 
-def test_ring_attention_merges_grow_with_cp(a100: ClusterSpec) -> None:
+def test_context_parallel_prices_the_kv_all_gather_it_runs(a100: ClusterSpec) -> None:
+    # passes/context_parallel.py: K/V all-gathered over cp (forward), dK/dV reduce-scattered
+    # (backward), the gather again in a recomputed forward; the attention itself is 1/cp of
+    # the full score matrix with nothing to merge
     s, h, a = 2048, 2304, 2.0
-    q = s * h  # queries (and outputs) per sequence
     kv = 2 * s * h
     sdpa = OpCost("attn", "sdpa", OpKind.ATTENTION, flop=4.0 * s * s * h,
-                  bytes=a * (2 * q + kv), shard=Shard.TP, kv_elements=kv)
-    assert ring_attention_merge_s(sdpa, Split(1, 1, 1, False, a, "bf16"), a100, EFF) \
-        == PhaseTimes()
-    hbm = a100.gpu.hbm_bytes_per_s * EFF.memory
-    for cp in (2, 8):
-        r = ring_attention_merge_s(sdpa, Split(1, 1, cp, False, a, "bf16"), a100, EFF)
-        on_gpu = q / cp
-        assert r.forward == pytest.approx((cp - 1) * (3 * a * on_gpu / hbm
-                                                       + 2 * EFF.kernel_overhead_s))
-    two = ring_attention_merge_s(sdpa, Split(1, 1, 2, False, a, "bf16"), a100, EFF)
-    eight = ring_attention_merge_s(sdpa, Split(1, 1, 8, False, a, "bf16"), a100, EFF)
-    assert eight.backward > two.backward
+                  bytes=a * (2 * s * h + kv), shard=Shard.TP, kv_elements=kv)
+    layer = LayerCost("block", (sdpa,), (), 0.0, 0.0, 0, 0)
+    config = ParallelConfig(dp=2, tp=2, cp=8)
+    g = mesh_groups(config, a100)
+    split = Split(2, 2, 8, False, a, "bf16")
+    gathered = kv * 2 * a / 2  # micro-batch 2, this tp rank's half of the heads
+    ag = estimate_collective_s(Collective.ALL_GATHER, gathered, g.cp, a100, EFF)
+    rs = estimate_collective_s(Collective.REDUCE_SCATTER, gathered, g.cp, a100, EFF)
+    assert _cp_comm_s(layer, split, Checkpoint.NONE, g, a100, EFF) == pytest.approx(ag + rs)
+    assert _cp_comm_s(layer, split, Checkpoint.FULL, g, a100, EFF) == pytest.approx(2 * ag + rs)
+    assert _cp_comm_s(layer, Split(2, 2, 1, False, a, "bf16"), Checkpoint.NONE, g, a100,
+                      EFF) == 0.0
+    # memory: the whole sequence's K/V (this tp rank's heads) and the (s/cp, s) mask in the
+    # activation dtype are saved beyond the traced 1/cp share, without checkpointing only
+    with_seq = Split(2, 2, 8, False, a, "bf16", s)
+    assert saved_bytes(layer, with_seq, Checkpoint.NONE) == pytest.approx(
+        gathered * (1 - 1 / 8) + s * s / 8 * a)
+    assert saved_bytes(layer, with_seq, Checkpoint.SELECTIVE) == 0.0
+    one = estimate_op_s(sdpa, Split(2, 2, 1, False, a, "bf16"), a100, EFF)
+    eight = estimate_op_s(sdpa, split, a100, EFF)
+    k = EFF.kernel_overhead_s
+    assert eight.forward - k == pytest.approx((one.forward - k) / 8)
 
 
 # --- data-parallel exposure by ZeRO stage ------------------------------------------------------

@@ -96,10 +96,13 @@ def test_another_model_than_the_plans_is_refused(plan, tmp_path):
 
 
 def test_a_plan_the_passes_cannot_run_is_refused(tiny_llama, tmp_path):
-    cp = autopar.plan_for(tiny_llama, process_cluster(4), TRAIN,
-                          ParallelConfig(dp=2, cp=2, micro_batch=2), name="tiny-llama")
-    with pytest.raises(AutoparError, match="cp=2"):
-        cp.export(tmp_path)
+    # priced by the cost model, but no kernel runs it
+    unrunnable = autopar.plan_for(tiny_llama, process_cluster(4), TRAIN,
+                                  ParallelConfig(dp=4, micro_batch=2,
+                                                 fusions=("scale_mask_softmax",)),
+                                  name="tiny-llama")
+    with pytest.raises(AutoparError, match="no kernel"):
+        unrunnable.export(tmp_path)
     assert not any(tmp_path.iterdir())
 
 

@@ -28,7 +28,8 @@ SPEC = ModelSpec.zoo("tiny-gpt")
 TRAIN = TrainSpec(global_batch=8, seq_len=32)
 BIG = dict(dp=2, zero=1, micro_batch=4)     # the chosen plan: states sharded by dp only
 SMALL = dict(dp=2, zero=3, micro_batch=4)   # the runner-up: parameters sharded too
-CP = dict(cp=2, zero=3, micro_batch=4)      # priced by the planner, refused by the passes
+UNRUNNABLE = dict(dp=2, zero=3, micro_batch=4,  # priced by the planner, refused by the passes
+                  fusions=("bias_dropout_add",))  # (a fusion with no kernel)
 
 
 def _plan(cluster: ClusterSpec, **config) -> autopar.Plan:
@@ -79,7 +80,7 @@ def test_a_plan_whose_dry_run_does_not_fit_is_dropped_for_the_runner_up() -> Non
     assert small.peak_bytes < usable  # the runner-up's dry run fits there
 
     cluster = _usable(usable)
-    chosen, refused, runner_up = (_plan(cluster, **BIG), _plan(cluster, **CP),
+    chosen, refused, runner_up = (_plan(cluster, **BIG), _plan(cluster, **UNRUNNABLE),
                                   _plan(cluster, **SMALL))
     assert chosen.estimate.fits and refused.estimate.fits and runner_up.estimate.fits
     check = check_plans(_runner_ups(chosen, refused, runner_up), workers=1)
@@ -88,11 +89,11 @@ def test_a_plan_whose_dry_run_does_not_fit_is_dropped_for_the_runner_up() -> Non
     assert check.plan.alternatives == ()
     assert check.plan.model_spec == SPEC  # the chosen plan's, which the runner-up lacked
     assert [(c.index, c.kept) for c in check.checked] == [(0, False), (1, False), (2, True)]
-    dropped, cp, kept = check.checked
+    dropped, unrunnable, kept = check.checked
     assert dropped.run is not None and not dropped.run.fits
     assert dropped.run.peak_bytes > usable >= dropped.plan.estimate.peak_memory_bytes
     assert "its dry run needs" in dropped.problem and "pipeline rank 0" in dropped.problem
-    assert cp.run is None and "context parallelism" in cp.problem
+    assert unrunnable.run is None and "no kernel" in unrunnable.problem
     assert kept.run is not None and kept.run.peak_bytes <= usable
 
     text = check_report(check.checked)

@@ -68,7 +68,7 @@ def test_report_says_what_runs():
     (["--plan", "PLAN", "--tp", "2"], "both --plan and plan flags"),
     (["--tp", "2", "--nproc", "3"], "not a multiple"),
     (["--dp", "2", "--tp", "2", "--nproc", "2"], "--nproc 2 but"),
-    (["--cp", "2"], "context"),
+    (["--cp", "3"], "2*cp = 6"),  # tiny-llama's 32 tokens do not cut into 6 chunks
 ])
 def test_verify_errors_exit_2(tmp_path, capsys, argv, message):
     plan = tmp_path / "plan.json"

@@ -123,6 +123,9 @@ class GPTAttention(nn.Module):
             # True above the diagonal: the future positions that masked_fill sets to -inf.
             mask = torch.ones(config.seq_len, config.seq_len, dtype=torch.bool).triu(1)
             self.register_buffer("causal_mask", mask, persistent=False)
+        self.context_parallel: nn.Module | None = None
+        """Set by ``passes/context_parallel.py`` under cp > 1 (fused attention only): attention
+        of this rank's queries against the whole sequence's keys and values."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -137,6 +140,9 @@ class GPTAttention(nn.Module):
             probs = torch.softmax(scores, dim=-1)
             probs = self.attn_drop(probs)
             out = torch.matmul(probs, v)
+        elif self.context_parallel is not None:
+            out = self.context_parallel(q, k, v,
+                                        dropout_p=self.dropout if self.training else 0.0)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from autopar.models.parts import ModelParts
+from autopar.models.parts import ModelParts, token_positions
 
 if TYPE_CHECKING:
     from torch import nn
@@ -18,7 +18,10 @@ if TYPE_CHECKING:
 
 
 def _embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    positions = torch.arange(tokens.shape[1], device=tokens.device)
+    # context parallelism: the rank holds chunks of the stage's sequence of root.seq_len tokens
+    positions = token_positions(root, getattr(root, "seq_len", 0), tokens.device)
+    if positions is None:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
     return root.emb_drop(root.tok_emb(tokens) + root.pos_emb(positions))
 
 

@@ -20,8 +20,18 @@ from autopar.models.llama.model import (
 from autopar.models.llama.parts import DECODER_PARTS
 from autopar.models.llama.presets import PRESETS
 
+
+
+def is_decoder_attention(module) -> bool:
+    """The decoder's attention, which takes a context-parallel hook (``Family.context_attention``;
+    the ``moe`` family's too)."""
+    return isinstance(module, LlamaAttention)
+
+
 FAMILY = register(Family(name="llama", parts=DECODER_PARTS, config_class=LlamaConfig,
-                         model_class=Llama, presets=PRESETS, init=Llama.init_scheme))
+                         model_class=Llama, presets=PRESETS, init=Llama.init_scheme,
+                         context_attention=is_decoder_attention))
 
 __all__ = ["DecoderConfig", "DecoderLM", "FAMILY", "Llama", "LlamaAttention", "LlamaBlock",
-           "LlamaConfig", "SwiGLU", "apply_rope", "rope_tables", "rotate_half"]
+           "LlamaConfig", "SwiGLU", "apply_rope", "is_decoder_attention", "rope_tables",
+           "rotate_half"]

@@ -144,6 +144,9 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
+        self.context_parallel: nn.Module | None = None
+        """Set by ``passes/context_parallel.py`` under cp > 1: attention of this rank's queries
+        against the whole sequence's keys and values, in place of causal SDPA."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -154,7 +157,10 @@ class LlamaAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa broadcasts each kv head over its group of query heads (torch >= 2.5; checked
         # on CPU and meta in tests/unit/test_models.py), so k and v are never repeated in memory.
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
+        if self.context_parallel is not None:
+            out = self.context_parallel(q, k, v, enable_gqa=self.gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 

@@ -5,6 +5,7 @@ their MLP only), registered on import."""
 from __future__ import annotations
 
 from autopar.models.family import Family, register
+from autopar.models.llama import is_decoder_attention
 from autopar.models.llama.parts import DECODER_PARTS
 from autopar.models.moe.model import (Experts, MoEBlock, MoEConfig, MoELayer, MoETransformer,
                                        expert_capacity, moe_layers, set_aux_loss_grad_scale)
@@ -12,7 +13,8 @@ from autopar.models.moe.presets import PRESETS
 
 FAMILY = register(Family(name="moe", parts=DECODER_PARTS, config_class=MoEConfig,
                          model_class=MoETransformer, presets=PRESETS,
-                         init=MoETransformer.init_scheme))
+                         init=MoETransformer.init_scheme,
+                         context_attention=is_decoder_attention))
 
 __all__ = ["Experts", "FAMILY", "MoEBlock", "MoEConfig", "MoELayer", "MoETransformer",
            "expert_capacity", "moe_layers", "set_aux_loss_grad_scale"]

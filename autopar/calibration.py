@@ -1,0 +1,239 @@
+"""``autopar calibrate``: fit a few named ``Efficiency`` constants to measured training steps.
+
+A measured run is one real training step's time (and, if known, its peak memory) under one
+configuration. Two inputs are read:
+
+* a **runs file**::
+
+    {"runs": [{"name": "gpt-dp4", "model": "gpt-tiny" | {"name": "gpt", "overrides": {...}},
+               "cluster": "hgx-h100-80g" | {cluster file layout} | "profile",
+               "nodes": 1,
+               "train": {"global_batch": 8, "seq_len": 128, "precision": "fp32",
+                         "optimizer": "adamw"},
+               "config": {ParallelConfig.to_dict() fields},
+               "step_s": 0.84, "peak_bytes": 123456789, "source": "train.py log, median of
+               steps 3-10"}]}
+
+  ``"cluster": "profile"`` (with ``--profile``) prices the run on the profiled machine's own
+  cluster; a train.py log or a verify run gives ``step_s`` as the median of its steps.
+* the **published runs** of ``tests/data/published_runs.json`` (Megatron-LM Table 1): each
+  row's step time is its FLOPs over its achieved rate, its configuration re-created as
+  ``autopar.validation`` does.
+
+The fit minimises the mean squared log error of the step time over the runs, one constant at a
+time (golden-section search in log space inside ``BOUNDS``), for ``ROUNDS`` rounds: few
+constants, bounded, no solver library. Peak memory does not depend on ``Efficiency``; it is
+shown in the error table, not fitted.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from autopar.core.errors import AutoparError
+from autopar.core.estimate import Estimate
+from autopar.core.model_spec import ModelSpec
+from autopar.core.specs import ParallelConfig, TrainSpec
+from autopar.costmodel.cluster import ClusterSpec
+from autopar.costmodel.efficiency import (DEFAULT_EFFICIENCY, FITTABLE, Efficiency,
+                                          calibration_dict)
+from autopar.costmodel.profile import Profile
+
+BOUNDS = (0.05, 1.0)
+"""Every fitted constant is a fraction of a peak: searched in [0.05, 1]."""
+ROUNDS = 2
+GOLDEN_STEPS = 12
+"""Golden-section steps per constant and round: the bracket shrinks by 0.618^12 (~3e-3 of the
+log range, a factor of ~1.01)."""
+DEFAULT_FIT = ("matmul_mainloop",)
+"""What ``autopar calibrate`` fits unless told: the constant every GEMM's price scales by."""
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One measured step and how to price it under a given ``Efficiency``."""
+
+    name: str
+    step_s: float
+    peak_bytes: float | None
+    predict: Callable[[Efficiency], Estimate]
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    name: str
+    measured_s: float
+    predicted_s: float
+    measured_peak_bytes: float | None
+    predicted_peak_bytes: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    efficiency: Efficiency
+    fitted: dict[str, float]
+    before: tuple[ErrorRow, ...]
+    after: tuple[ErrorRow, ...]
+    source: str
+
+    def to_dict(self) -> dict[str, object]:
+        d = calibration_dict(self.fitted, self.source,
+                             datetime.datetime.now(datetime.timezone.utc).isoformat(
+                                 timespec="seconds"))
+        d["errors_before"] = [r.error for r in self.before]
+        d["errors_after"] = [r.error for r in self.after]
+        return d
+
+
+def errors(runs: Sequence[MeasuredRun], eff: Efficiency) -> tuple[ErrorRow, ...]:
+    rows = []
+    for r in runs:
+        est = r.predict(eff)
+        rows.append(ErrorRow(r.name, r.step_s, est.step_time_s, r.peak_bytes,
+                             est.peak_memory_bytes))
+    return tuple(rows)
+
+
+def _loss(runs: Sequence[MeasuredRun], eff: Efficiency) -> float:
+    return sum(math.log(r.predict(eff).step_time_s / r.step_s) ** 2 for r in runs) / len(runs)
+
+
+def _golden(f: Callable[[float], float], lo: float, hi: float, steps: int) -> float:
+    """The minimiser of ``f`` over log-space [lo, hi] by golden-section search."""
+    a, b = math.log(lo), math.log(hi)
+    g = (math.sqrt(5) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(math.exp(c)), f(math.exp(d))
+    for _ in range(steps):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(math.exp(c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(math.exp(d))
+    return math.exp(c if fc <= fd else d)
+
+
+def calibrate(runs: Sequence[MeasuredRun], fit: Sequence[str] = DEFAULT_FIT, *,
+              start: Efficiency = DEFAULT_EFFICIENCY, source: str = "",
+              progress: Callable[[int, int, str], None] | None = None) -> Calibration:
+    """Fit the constants ``fit`` (names of ``FITTABLE``) to ``runs``; see the module docstring.
+    A fitted value is kept only if it lowers the loss."""
+    if not runs:
+        raise AutoparError("no measured runs to calibrate on", where="--runs",
+                           fix="give a file with at least one run (see autopar.calibration)")
+    bad = [n for n in fit if n not in FITTABLE]
+    if bad or not fit or len(set(fit)) != len(fit) or len(fit) > 3:
+        raise AutoparError(f"cannot fit {', '.join(fit) or 'nothing'}", where="--fit",
+                           fix=f"name one to three distinct constants of {', '.join(FITTABLE)}")
+    eff = start
+    total, done = ROUNDS * len(fit), 0
+    best = _loss(runs, eff)
+    for _ in range(ROUNDS):
+        for name in fit:
+            if progress:
+                progress(done, total, f"fitting {name}")
+            value = _golden(lambda v: _loss(runs, replace(eff, **{name: v})), *BOUNDS,
+                            GOLDEN_STEPS)
+            loss = _loss(runs, replace(eff, **{name: value}))
+            if loss < best:
+                eff, best = replace(eff, **{name: value}), loss
+            done += 1
+    fitted = {n: getattr(eff, n) for n in fit}
+    return Calibration(eff, fitted, errors(runs, start), errors(runs, eff), source)
+
+
+# --- reading runs ------------------------------------------------------------------------
+
+def _where(path: Path, i: int, key: str = "") -> str:
+    return f"{path}: runs[{i}]" + (f".{key}" if key else "")
+
+
+def _run_cluster(value: object, nodes: int, profile: Profile | None, where: str) -> ClusterSpec:
+    if value == "profile":
+        if profile is None:
+            raise AutoparError('"cluster": "profile" needs a profile', where=where,
+                               fix="pass --profile FILE (written by autopar profile)")
+        from autopar.costmodel.cluster import profile_cluster
+
+        return profile_cluster(profile).with_nodes(nodes)
+    if isinstance(value, str):
+        cluster = ClusterSpec.preset(value, nodes=nodes)
+    else:
+        cluster = ClusterSpec.from_dict(value, where=where).with_nodes(nodes)
+    return cluster.with_profile(profile) if profile is not None else cluster
+
+
+def _json_run(i: int, d: object, path: Path, profile: Profile | None) -> MeasuredRun:
+    from autopar.api import plan_for
+
+    if not isinstance(d, dict):
+        raise AutoparError("a run must be a JSON object", where=_where(path, i),
+                           fix="see the runs format in autopar/calibration.py's docstring")
+    try:
+        model = d["model"]
+        spec = (ModelSpec.parse(model, {}) if isinstance(model, str) else
+                ModelSpec.parse(model["name"], dict(model.get("overrides", {}))))
+        cluster = _run_cluster(d["cluster"], int(d.get("nodes", 1)), profile,
+                               _where(path, i, "cluster"))
+        train = TrainSpec(**d["train"])
+        config = ParallelConfig.from_dict(d["config"])
+        step_s = float(d["step_s"])
+        peak = d.get("peak_bytes")
+    except KeyError as err:
+        raise AutoparError(f"the run has no {err.args[0]!r}", where=_where(path, i),
+                           fix="give model, cluster, train, config and step_s") from None
+    except (TypeError, ValueError) as err:
+        raise AutoparError(f"the run is malformed: {err}", where=_where(path, i),
+                           fix="see the runs format in autopar/calibration.py's docstring") from None
+    if not step_s > 0:
+        raise AutoparError(f"step_s must be positive seconds, got {step_s}",
+                           where=_where(path, i, "step_s"), fix="the measured step time")
+    built = spec.build("meta")
+    from autopar.tracing import trace
+
+    graph = trace(built, train)
+    return MeasuredRun(str(d.get("name", f"run {i}")), step_s,
+                       float(peak) if peak is not None else None,
+                       lambda eff: plan_for(graph, cluster, train, config, efficiency=eff,
+                                            model_spec=spec).estimate)
+
+
+def _published_run(row: dict) -> MeasuredRun:
+    from autopar.validation import check_megatron_row, published_step_s
+
+    name = (f"Megatron {row['params_billion']}B, {row['num_gpus']} GPUs, "
+            f"tp{row['tensor_parallel_size']} pp{row['pipeline_parallel_size']}")
+    return MeasuredRun(name, published_step_s(row), None,
+                       lambda eff: check_megatron_row(row, efficiency=eff).estimate)
+
+
+def load_runs(path: str, profile: Profile | None = None) -> list[MeasuredRun]:
+    """The runs of a runs file or of the published-runs file (see the module docstring)."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as err:
+        raise AutoparError(f"cannot read the runs ({err.strerror})", where=str(p),
+                           fix="check the path") from None
+    except json.JSONDecodeError as err:
+        raise AutoparError(f"the runs file is not JSON: {err.msg}",
+                           where=f"{p}, line {err.lineno}", fix="fix the syntax there") from None
+    if isinstance(data, dict) and isinstance(data.get("rows"), list):
+        return [_published_run(row) for row in data["rows"]]
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise AutoparError("a runs file is an object with a 'runs' list (or the published "
+                           "runs' 'rows')", where=str(p),
+                           fix="see the runs format in autopar/calibration.py's docstring")
+    return [_json_run(i, d, p, profile) for i, d in enumerate(data["runs"])]

@@ -1,0 +1,110 @@
+"""The pipeline schedule slot by slot: when each micro-batch's forward and backward runs on each
+stage (what the HTML report draws as a Gantt chart).
+
+The cost model prices a schedule by two numbers of ``costmodel/pipeline.py``: the micro-batches a
+stage holds in flight (``in_flight_microbatches``) and the bubble (``bubble_fraction``); it keeps
+no slot-by-slot timeline. This module is the one place that lays one out, from those same rules:
+
+* rank ``r`` runs ``in_flight_microbatches(...) * v`` chunk forwards before its first backward
+  (all ``m`` under GPipe, ``min(pp - r, m)`` under 1F1B, torch's ``_get_warmup_ops`` + 1 under
+  the interleaved schedule), then one backward and one forward in turn, then the backwards left;
+* under the interleaved schedule forwards go chunk by chunk in rounds of ``m // max(1, m // pp)``
+  micro-batches (chunk 0 of a round, then chunk 1, ...), backwards the same with the chunks in
+  reverse (torch's ``ScheduleInterleaved1F1B``: ``forward_stage_index``,
+  ``backward_stage_index``);
+* an op starts when its rank is free and its input is there: a forward after the previous
+  virtual stage's forward of that micro-batch, a backward after the next virtual stage's
+  backward (the last one's after its own forward). Point-to-point transfers take no time here
+  (the cost model adds them to the stage time, ``comm_pp``).
+
+With equal stages the idle time of a rank is the cost model's bubble:
+``(pp - 1) / v`` micro-batch stage times (``tests/unit/test_schedule_slots.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autopar.core.errors import AutoparError
+from autopar.core.specs import Schedule
+
+from .pipeline import in_flight_microbatches
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One forward or backward of one micro-batch on one model chunk of one pipeline rank."""
+
+    stage: int
+    """The pipeline rank, first to last."""
+    chunk: int
+    """The rank's model chunk (0 without interleaving); virtual stage ``chunk * pp + stage``."""
+    microbatch: int
+    backward: bool
+    start_s: float
+    end_s: float
+
+
+def rank_order(schedule: Schedule, stage: int, pp: int, m: int, v: int
+               ) -> list[tuple[bool, int, int]]:
+    """The ops rank ``stage`` runs, in order: ``(backward, chunk, microbatch)``."""
+    chunks = v if schedule is Schedule.INTERLEAVED else 1
+    per_round = m // max(1, m // pp) if chunks > 1 else m
+    total = m * chunks
+    warm = round(in_flight_microbatches(schedule, stage, pp, m, chunks) * chunks)
+
+    def nth(i: int, backward: bool) -> tuple[bool, int, int]:
+        group = (i // per_round) % chunks
+        chunk = chunks - 1 - group if backward else group
+        return backward, chunk, (i // (per_round * chunks)) * per_round + i % per_round
+
+    order = [nth(i, False) for i in range(warm)]
+    f, b = warm, 0
+    while b < total:
+        order.append(nth(b, True))
+        b += 1
+        if f < total:
+            order.append(nth(f, False))
+            f += 1
+    return order
+
+
+def schedule_slots(schedule: Schedule, pp: int, m: int, v: int, forward_s: float,
+                   backward_s: float) -> tuple[Slot, ...]:
+    """Every slot of one step's pipeline, rank by rank in the order each runs them, when a
+    micro-batch's forward through all of a rank's blocks takes ``forward_s`` and its backward
+    ``backward_s`` (a chunk's ``1 / v`` of them under the interleaved schedule)."""
+    if pp < 1 or m < 1 or v < 1:
+        raise AutoparError(f"a schedule needs pp, micro-batches and virtual stages >= 1, got "
+                           f"pp={pp} m={m} v={v}", where="schedule_slots",
+                           fix="pass the plan's configuration")
+    chunks = v if schedule is Schedule.INTERLEAVED else 1
+    if chunks > 1 and m % max(1, m // pp):
+        raise AutoparError(f"the interleaved schedule needs the {m} micro-batches to split into "
+                           f"rounds of equal size for pp={pp}", where="num_microbatches",
+                           fix="use a multiple of pp micro-batches")
+    last = pp * chunks - 1
+    fwd, bwd = forward_s / chunks, backward_s / chunks
+    orders = [rank_order(schedule, s, pp, m, v) for s in range(pp)]
+    done: dict[tuple[bool, int, int], float] = {}  # (backward, virtual stage, mb) -> end
+    nxt, free = [0] * pp, [0.0] * pp
+    slots: list[list[Slot]] = [[] for _ in range(pp)]
+    while any(nxt[s] < len(orders[s]) for s in range(pp)):
+        moved = False
+        for s in range(pp):
+            while nxt[s] < len(orders[s]):
+                backward, chunk, mb = orders[s][nxt[s]]
+                vs = chunk * pp + s
+                need = ((True, vs + 1, mb) if vs < last else (False, vs, mb)) if backward \
+                    else ((False, vs - 1, mb) if vs > 0 else None)
+                if need is not None and need not in done:
+                    break
+                start = max(free[s], done[need] if need is not None else 0.0)
+                end = start + (bwd if backward else fwd)
+                done[(backward, vs, mb)] = free[s] = end
+                slots[s].append(Slot(s, chunk, mb, backward, start, end))
+                nxt[s] += 1
+                moved = True
+        if not moved:  # an order that waits on itself: a bug in rank_order, not bad input
+            raise RuntimeError(f"pipeline schedule {schedule} pp={pp} m={m} v={v} deadlocks")
+    return tuple(slot for rank in slots for slot in rank)

@@ -1,0 +1,121 @@
+"""Context parallelism: the sequence split over the ``cp`` ranks, attention over all of it.
+
+Load balancing (causal attention does more work late in the sequence): the sequence is cut
+into ``2 * cp`` equal chunks and cp rank ``i`` holds chunks ``i`` and ``2cp - 1 - i``
+(Megatron-LM's and torchtitan's order), so every rank holds as many early as late queries.
+``sequence_shard`` is the one place a (batch, seq) tensor becomes a rank's share: the program's
+step (``passes/program.py``) cuts the tokens and the targets with it, and nothing else does.
+
+Attention (``apply_context_parallel``): each attention module the model's family names
+(``Family.context_attention``) gets a ``GatheredKVAttention`` as its ``context_parallel``
+submodule, which its forward calls instead of causal SDPA. The rank's queries stay local; its K
+and V are all-gathered over the cp group with autograd (``_functional_collectives``'
+``all_gather_single``: the backward reduce-scatters -- sums -- dK and dV back to their
+owners), put back into sequence order, and SDPA runs with the causal mask of the queries'
+global positions against the whole sequence. That is the variant found to match one process on
+CPU (``torch.distributed.tensor.experimental.context_parallel`` does not run there:
+../shared/design/FINDINGS.md); ring attention, which overlaps the exchange with compute, is not
+built. The cost model prices this variant (``costmodel/step.py:_cp_comm_s``).
+
+Positions: the stage's blocks are told the global positions of its tokens
+(``StageModule.positions``; RoPE tables and GPT's learned positions read them through
+``models.parts.token_positions``).
+
+The loss of a rank is the mean over its tokens; every cp rank holds as many, so the mean of the
+ranks' means is the sequence's, and the gradients, averaged by FSDP over dp x cp
+(``passes/mesh.py:data_parallel_mesh``), are the one-process gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed import ProcessGroup
+from torch.distributed._functional_collectives import all_gather_single_autograd, wait_tensor
+
+from autopar.core.errors import AutoparError
+from autopar.core.plan import Plan
+from autopar.models.family import Family
+
+
+def chunk_positions(seq_len: int, cp: int, rank: int,
+                    device: torch.device | str | None = None) -> torch.Tensor:
+    """The global positions of cp rank ``rank``'s tokens: chunks ``rank`` and ``2cp-1-rank`` of
+    ``2 * cp`` (a 1-D int64 tensor of ``seq_len / cp`` positions)."""
+    c = seq_len // (2 * cp)
+    first = torch.arange(c, device=device) + rank * c
+    return torch.cat((first, first + (2 * cp - 1 - 2 * rank) * c))
+
+
+def sequence_shard(x: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """cp rank ``rank``'s share of ``x`` along its sequence dimension ``dim``: chunks ``rank``
+    and ``2cp-1-rank`` of ``2 * cp``, in that order; ``x`` itself when ``cp`` is 1."""
+    if cp == 1:
+        return x
+    seq_len = x.shape[dim]
+    if seq_len % (2 * cp):
+        raise AutoparError(f"a sequence of {seq_len} tokens does not cut into 2*cp = {2 * cp} "
+                           "equal chunks", where="the batch's sequence length",
+                           fix=f"use a sequence length that is a multiple of {2 * cp}")
+    c = seq_len // (2 * cp)
+    return torch.cat((x.narrow(dim, rank * c, c), x.narrow(dim, (2 * cp - 1 - rank) * c, c)),
+                     dim)
+
+
+class GatheredKVAttention(nn.Module):
+    """Causal attention of this rank's queries against the whole sequence's keys and values,
+    all-gathered over the cp group (see the module docstring). No parameters."""
+
+    def __init__(self, group: ProcessGroup, cp: int, rank: int) -> None:
+        super().__init__()
+        self.group, self.cp, self.rank = group, cp, rank
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
+        """q, k, v: (batch, heads, local seq, head_dim), this rank's chunks."""
+        seq_len = q.shape[2] * self.cp
+        k, v = self._gather(k, v, seq_len)
+        mine = chunk_positions(seq_len, self.cp, self.rank, q.device)
+        mask = mine[:, None] >= torch.arange(seq_len, device=q.device)[None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                              enable_gqa=enable_gqa)
+
+    def _gather(self, k: torch.Tensor, v: torch.Tensor, seq_len: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b, h, local, d) K and V of every cp rank -> each (b, h, seq_len, d) in sequence
+        order: one all-gather of both (the one the cost model prices), its backward one
+        reduce-scatter."""
+        # sequence first: the gather concatenates the ranks' shares on dim 0
+        both = torch.stack((k, v)).permute(3, 0, 1, 2, 4).contiguous()
+        gathered = wait_tensor(all_gather_single_autograd(both, 0, self.group))
+        held = torch.cat([chunk_positions(seq_len, self.cp, r, k.device)
+                          for r in range(self.cp)])
+        ordered = gathered.index_select(0, held.argsort()).permute(1, 2, 3, 0, 4)
+        return ordered[0], ordered[1]
+
+
+def context_attention(model: nn.Module, family: Family) -> list[nn.Module]:
+    """The attention modules of ``model`` that take a context-parallel hook (``family``'s
+    ``context_attention``); ``AutoparError`` where there are none (the admissibility check,
+    ``ModelFacts.context_attention``, refuses such a plan before any process starts)."""
+    attention = [m for m in model.modules() if family.context_attention(m)]
+    if not attention:
+        raise AutoparError(
+            f"context parallelism needs attention modules that take a context-parallel "
+            f"attention; the {family.name} family names none", where="plan.config.cp",
+            fix="re-plan with cp=1 (autopar plan --cp 1), or give the family's attention a "
+                "`context_parallel` hook and name it in its Family.context_attention")
+    return attention
+
+
+def apply_context_parallel(model: nn.Module, family: Family, plan: Plan,
+                           group: ProcessGroup, rank: int) -> int:
+    """Give every attention module of ``model`` that ``family`` names its
+    ``GatheredKVAttention`` over ``group`` (this rank is cp rank ``rank``); returns how many.
+    Runs before the fusions, whose graphs then keep the call (a submodule is a leaf to them)."""
+    cp = plan.config.cp
+    attention = context_attention(model, family)
+    for module in attention:
+        module.context_parallel = GatheredKVAttention(group, cp, rank)
+    return len(attention)

@@ -1,0 +1,87 @@
+"""The walk of a block's backward (``autopar.search.backward_walk``) holds what autograd holds.
+
+Checked on a GPT block split over tp 2 with sequence parallelism, whose strategies the solve
+chooses (Megatron's column->row pairs). What the engine holds at these moments is measured by the
+dry run of the emitted program (``bench/results/memory_grid.md``: the 405B block's backward at tp 8
+with sequence parallelism holds two whole-sequence gradients of the gathered MLP input and the
+gathered input itself while the gate and up projections run their backward).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import autopar
+from autopar.admissibility import facts_of
+from autopar.core.layout import Shard
+from autopar.core.specs import Checkpoint
+from autopar.costmodel.compute import Split
+from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
+from autopar.costmodel.memory import backward_peak, recompute_working_bytes
+from autopar.search.planner import strategies_of
+
+S, H, A, B = 256, 64, 4, 2
+
+
+@pytest.fixture(scope="module")
+def block():
+    model = autopar.models.build("gpt", num_layers=2, hidden_size=H, num_heads=A, vocab_size=128,
+                                 seq_len=S, attention="eager", dropout=0.1, device="meta")
+    graph = autopar.trace(model, autopar.TrainSpec(global_batch=B, seq_len=S, precision="fp16"))
+    cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=1)
+    train = autopar.TrainSpec(global_batch=64, seq_len=S, precision="fp16")
+    strategies = strategies_of(graph, facts_of(model), "gpt", cluster, train,
+                               efficiency=DEFAULT_EFFICIENCY, split_weights=True)
+    config = autopar.ParallelConfig(dp=4, tp=2, micro_batch=1, sequence_parallel=True)
+    return strategies(config).block
+
+
+def _moment(block, op: str):
+    return next(m for m in block.backward if m.op == op)
+
+
+def test_the_walk_runs_the_ops_backwards_and_ends_with_every_weight_gradient(block) -> None:
+    ops = [m.op for m in block.backward]
+    assert ops[0] == "layers_0_mlp_drop" and ops[-1] == "layers_0_ln1"
+    fractions = [m.weight_grad_fraction for m in block.backward]
+    assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
+
+
+def test_a_column_split_under_sequence_parallelism_makes_its_input_gradient_whole(block) -> None:
+    fc1 = _moment(block, "layers_0_mlp_fc1")
+    grad_in = next(g for g in fc1.grads if g.name.endswith("->layers_0_ln2"))
+    assert grad_in.shard is Shard.REPLICATED and grad_in.elements == S * H
+    # and a row split's output gradient is gathered whole before its backward
+    fc2 = _moment(block, "layers_0_mlp_fc2")
+    assert next(g for g in fc2.grads if g.name == "grad:layers_0_mlp_fc2").shard \
+        is Shard.REPLICATED
+
+
+def test_a_column_split_under_sequence_parallelism_saves_its_gathered_input(block) -> None:
+    held = {t.name: t for t in _moment(block, "layers_0_mlp_fc2").saved}
+    assert held["layers_0_ln2@R*"].shard is Shard.REPLICATED
+    # the norm keeps its own input in the sequence-split layout it reads it in
+    assert held["add_1@Q"].shard is Shard.TP
+
+
+def test_saved_tensors_are_released_once_their_earliest_saver_ran(block) -> None:
+    held = [{t.name for t in m.saved} for m in block.backward]
+    assert all(later <= earlier for earlier, later in zip(held, held[1:]))
+    assert "layers_0_ln2@R*" not in held[[m.op for m in block.backward].index("layers_0_ln2")]
+    # the first norm's backward is the last: it holds its statistics; its input, the block's,
+    # is kept under every policy and priced as kept
+    assert held[-1] == {"layers_0_ln1.stats@Q"}
+
+
+def test_full_recompute_peaks_above_the_recomputed_activations_alone(block) -> None:
+    split = Split(micro_batch=B, tp=2, cp=1, sequence_parallel=True, act_bytes=2.0,
+                  compute_dtype="fp16")
+    weight_grads = 1.0
+    acts, grads = backward_peak(block, split, Checkpoint.FULL, weight_grads)
+    rebuilt = recompute_working_bytes(block, split, Checkpoint.FULL)
+    # at least the whole gradient of one gathered input (s*b*h fp16) beyond them
+    assert acts >= rebuilt + S * B * H * 2.0 * 0.5
+    assert 0.0 < grads <= weight_grads
+    # without recomputation nothing rebuilt is held: only gradients of activations
+    none_acts, _ = backward_peak(block, split, Checkpoint.NONE, weight_grads)
+    assert none_acts < acts
