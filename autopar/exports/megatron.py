@@ -356,10 +356,27 @@ def _shape_items(shape: ModelShape | None, tp: int) -> list[Item]:
         arch += (("untie_embeddings_and_output_weights", True),)
     items.append(Item("model.family", s.family, arch, Fit.EXACT, note))
     if s.num_experts:
-        items.append(Item("model.num_experts", f"{s.num_experts} (top {s.top_k})",
-                          (("num_experts", s.num_experts), ("moe_router_topk", s.top_k)),
-                          Fit.CLOSE, "Megatron's router drops no token by default; autopar's "
-                          "experts have a capacity factor (--moe-expert-capacity-factor)"))
+        moe: tuple[Setting, ...] = (("num_experts", s.num_experts), ("moe_router_topk", s.top_k))
+        if s.capacity_factor is None:
+            fit, note = Fit.EXACT, "dropless in both (Megatron's default)"
+        else:
+            moe += (("moe_expert_capacity_factor", s.capacity_factor),)
+            fit, note = Fit.CLOSE, ("capacity per expert in both; Megatron drops by routing "
+                                    "probability (--moe-token-drop-policy probs), autopar by "
+                                    "position, all first choices before any second")
+        if s.moe_ffn_hidden_size:
+            moe += (("moe_ffn_hidden_size", s.moe_ffn_hidden_size),)
+        if s.shared_expert_size:
+            moe += (("moe_shared_expert_intermediate_size", s.shared_expert_size),)
+        if s.aux_loss_coef:  # Switch's loss over the tokens of a call in both
+            moe += (("moe_router_load_balancing_type", "aux_loss"),
+                    ("moe_aux_loss_coeff", s.aux_loss_coef))
+        if s.first_k_dense:
+            pattern = f"([0]*{s.first_k_dense}+[1]*{s.num_layers - s.first_k_dense})"
+            moe += (("moe_layer_freq", pattern),)
+        items.append(Item("model.num_experts", f"{s.num_experts} (top {s.top_k})", moe, fit,
+                          note + "; softmax over the top-k logits (Megatron: "
+                          "--moe-router-pre-softmax off, the same)"))
     return items
 
 

@@ -38,6 +38,16 @@ class ModelShape:
     rope_theta: float = 0.0
     num_experts: int = 0
     top_k: int = 0
+    capacity_factor: float | None = None
+    """Slots per expert over the balanced load; ``None``: dropless (``models/moe``)."""
+    moe_ffn_hidden_size: int = 0
+    """Each expert's width where it differs from the dense MLP's (``deepseek``); else 0."""
+    shared_expert_size: int = 0
+    """Width of the shared experts every token goes through (``deepseek``); 0: none."""
+    first_k_dense: int = 0
+    """Leading layers with a dense MLP (``deepseek``)."""
+    aux_loss_coef: float = 0.0
+    """Weight of the router's load-balancing loss (``models/moe``)."""
 
 
 def model_shape(plan: Plan) -> ModelShape | None:
@@ -74,7 +84,12 @@ def _zoo(config: Any) -> ModelShape:
         ffn_hidden_size=config.ffn_hidden_size, vocab_size=config.vocab_size,
         tied=config.tie_embeddings, gated=gated,
         rope_theta=float(getattr(config, "rope_theta", 0.0)),
-        top_k=getattr(config, "top_k", 0), **_facts(config))
+        top_k=getattr(config, "top_k", 0), capacity_factor=getattr(config, "capacity_factor", None),
+        moe_ffn_hidden_size=getattr(config, "moe_ffn_hidden_size", 0),
+        shared_expert_size=getattr(config, "num_shared_experts", 0)
+        * getattr(config, "moe_ffn_hidden_size", 0),
+        first_k_dense=getattr(config, "first_k_dense", 0),
+        aux_loss_coef=float(getattr(config, "router_aux_loss_coef", 0.0)), **_facts(config))
 
 
 def _transformers(architecture: str, config: Mapping[str, Any]) -> ModelShape | None:

@@ -103,6 +103,11 @@ def test_sharded_program_matches_one_process(case):
     spec, fields, batch = CASES[case]
     result = verify(spec, _plan(spec, fields, batch), steps=3)
     assert result.passed, result.table()
+    ep = fields.get("ep", 1)
+    if ep > 1:  # the measured load: a share of the group's assignments, at least the mean
+        assert 1 / ep <= result.ep_busiest_share <= 1, result.table()
+    else:
+        assert result.ep_busiest_share is None
 
 
 def test_bf16_mixed_precision_with_zero2_matches_its_reference():
