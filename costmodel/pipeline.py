@@ -80,9 +80,16 @@ def in_flight_microbatches(schedule: Schedule, stage: int, pp: int, m: int, v: i
 
 
 def bubble_fraction(schedule: Schedule, pp: int, m: int, v: int) -> float:
-    """Idle stage-times per step as a fraction of ``m`` micro-batch stage-times."""
+    """Idle stage-times per step as a fraction of ``m`` micro-batch stage-times.
+
+    ``(pp - 1) / (v * m)`` (Narayanan et al., SC'21, sec. 2.2), and more under the interleaved
+    schedule when a round holds fewer micro-batches than there are stages (torch's rounds of
+    ``m // max(1, m // pp)``): at each of the ``v - 1`` changes of chunk the first rank waits
+    ``pp - m`` chunk-times for the round's first micro-batch to come back through the other
+    stages. ``costmodel/schedule_slots.py`` lays the schedule out slot by slot and
+    ``tests/unit/test_schedule_slots.py`` holds the two equal."""
     chunks = v if schedule is Schedule.INTERLEAVED else 1
-    return (pp - 1) / (chunks * m)
+    return ((pp - 1) + (chunks - 1) * max(0, pp - m)) / (chunks * m)
 
 
 def balanced_partition(num_blocks: int, pp: int, block_s: float, first_s: float,

@@ -16,10 +16,11 @@ CASES = [(Schedule.GPIPE, 4, 8, 1), (Schedule.ONE_F_ONE_B, 4, 8, 1),
          (Schedule.ONE_F_ONE_B, 4, 2, 1), (Schedule.ONE_F_ONE_B, 1, 3, 1),
          (Schedule.INTERLEAVED, 4, 8, 2), (Schedule.INTERLEAVED, 4, 16, 3),
          (Schedule.INTERLEAVED, 8, 8, 2), (Schedule.INTERLEAVED, 4, 4, 4),
-         (Schedule.INTERLEAVED, 4, 10, 2)]
-"""(schedule, pp, micro-batches, virtual stages): at least one micro-batch per stage. With fewer
-the interleaved schedule idles more than ``bubble_fraction`` says (pp=4, m=2, v=2: 2.5 micro-batch
-times, not 1.5), which the admissibility rules let through; not laid out here."""
+         (Schedule.INTERLEAVED, 4, 10, 2),
+         # fewer micro-batches than stages: each change of chunk stalls the first rank
+         (Schedule.INTERLEAVED, 4, 2, 2), (Schedule.INTERLEAVED, 8, 4, 2),
+         (Schedule.INTERLEAVED, 8, 2, 4), (Schedule.INTERLEAVED, 4, 3, 2)]
+"""(schedule, pp, micro-batches, virtual stages)."""
 
 
 def _torch_order(schedule: Schedule, rank: int, pp: int, m: int, v: int
