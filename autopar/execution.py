@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from autopar.core.estimate import checkpoint_text
 from autopar.core.specs import Checkpoint, ParallelConfig, Precision, TrainSpec
+from autopar.costmodel.memory import dtype_bytes
 
 ENGINE_ZERO = {
     0: "FSDP2 hybrid mode with shard groups of one (DDP): parameters, gradients and optimizer "
@@ -91,6 +92,22 @@ _CHECKPOINT = {
 """What each recomputing policy runs (``passes/checkpointing.py``); ``none`` keeps everything."""
 
 
+def state_text(train: TrainSpec) -> str:
+    """Bytes per parameter of the model states the memory model prices (``costmodel/peak.py``):
+    this engine's, which need not be another framework's."""
+    master, low, moments = dtype_bytes(train.precision, train.optimizer)
+    mixed = train.precision in (Precision.BF16, Precision.FP16)
+    parts = [f"{master:g} B master", f"{moments:g} B optimizer moments",
+             f"{master:g} B gradient (reduced and accumulated in the master dtype)"]
+    total = 2 * master + moments
+    if mixed:
+        parts.append(f"{low:g} B compute copy while gathered")
+        total += low
+    return (f"priced as this engine holds them: {', '.join(parts)} = {total:g} B per parameter "
+            "before sharding (Megatron-LM's distributed optimizer also keeps an fp32 main "
+            "gradient, 18 B with Adam in bf16; ZeRO's 16 B counts a 2 B gradient)")
+
+
 def checkpoint_line(config: ParallelConfig, num_blocks: int) -> str:
     """Which blocks get which policy, in ``checkpoint_text``'s words (as the config row and
     ``Estimate.summary``), then what each recomputing policy runs."""
@@ -120,6 +137,7 @@ def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
                                  f"{config.virtual_stages} stage(s) per rank"))
     rows.append(("checkpointing", checkpoint_line(config, num_blocks)))
     rows.append(("precision", _PRECISION[train.precision]))
+    rows.append(("model states", state_text(train)))
     if config.fusions:
         rows.append(("fused kernels", ", ".join(config.fusions) + " (Triton, autopar.kernels; "
                                       "swapped in by passes/fuse.py before the pipeline split)"))

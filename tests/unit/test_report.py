@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 from rich.console import Console
 from torch import nn
@@ -105,3 +106,13 @@ def test_zero_under_pipelining_says_once_what_the_schedule_does():
     # without pipelining ZeRO-3 does reduce-scatter every micro-batch
     flat = dict(execution_lines(ParallelConfig(dp=2, zero=3), TRAIN, 2))["data parallel"]
     assert "reduce-scattered every micro-batch" in flat
+
+
+@pytest.mark.parametrize(("precision", "total"), [("bf16", 18), ("fp16", 18), ("fp32", 16),
+                                                  ("bf16-pure", 8)])
+def test_the_report_says_which_model_states_it_prices(precision: str, total: int) -> None:
+    """The memory model prices the engine's states (fp32 gradients under mixed precision, as
+    Megatron-LM's main gradient: 18 B per parameter with Adam, not ZeRO's 16)."""
+    train = autopar.TrainSpec(global_batch=8, seq_len=128, precision=precision)
+    rows = dict(execution_lines(autopar.ParallelConfig(dp=8), train, 4))
+    assert f"= {total} B per parameter" in rows["model states"]
