@@ -6,8 +6,12 @@ different moments than the activations come and go. The dry run of the emitted p
 (``autopar.dry_run``, ``bench/results/memory_grid.md``) shows where each rank peaks; these are
 the moments priced here, each with what the engine holds then:
 
-* ``backward start``: the backward of a micro-batch begins with the most micro-batches in
-  flight (on the last stage, the loss's backward, with its working set). Parameters are held
+* ``backward start``: the backward of a micro-batch begins (on the last stage, the loss's
+  backward, with its working set), the larger of two: the first micro-batch's, with every
+  micro-batch in flight and no earlier gradient, and a later one's, with the earlier
+  micro-batches' gradients and as many in flight as the schedule keeps once a backward ran
+  (GPipe: one fewer; 1F1B: the same, its forwards refilling). The same two for the next
+  moment. Parameters are held
   gathered where the engine keeps them (ZeRO 0-2) and are not yet re-gathered otherwise
   (ZeRO-3 resharded every unit after the forward just run, under pipelining too). Gradients are
   the fp32 accumulators where micro-batches accumulate unreduced, plus the compute-dtype
@@ -107,18 +111,29 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
     # the gradients of the earlier micro-batches: accumulators, or reduced fp32 shards
     earlier = accumulators if accumulates else \
         (p.sharded * reduce if microbatches > 1 else 0.0)
-    # the backward of the micro-batch with the most in flight begins; ZeRO-3 freed every unit
-    # after the forward that came just before (under pipelining too)
-    grads = earlier + (p.block * low if accumulates and not holds_loss else 0.0)
-    found = {"backward start": moment(p.whole * low if zero <= 2 else 0.0, grads,
-                                      a.in_flight * a.kept + a.working)}
+    # micro-batches in flight at a backward once an earlier one's backward ran: the schedule's
+    # steady count under 1F1B (its forwards refill), one fewer than all under GPipe; the first
+    # micro-batch's backward holds every one in flight and no earlier gradient
+    later = min(a.in_flight, microbatches - 1.0)
+
+    def larger(gathered: float, own: float, working: float) -> dict[str, float]:
+        first = moment(gathered, own, a.in_flight * a.kept + working)
+        if microbatches == 1:
+            return first
+        rest = moment(gathered, earlier + own, later * a.kept + working)
+        return max(first, rest, key=lambda kinds: sum(kinds.values()))
+
+    # a micro-batch's backward begins; ZeRO-3 freed every unit after the forward that came
+    # just before (under pipelining too)
+    found = {"backward start": larger(p.whole * low if zero <= 2 else 0.0,
+                                      p.block * low if accumulates and not holds_loss else 0.0,
+                                      a.working)}
     # the stage's last block's backward (its first block in the stage's order): every unit
     # gathered where the engine keeps them, else the root unit and the block; the head's
     # gradient made, where the stage has the head
-    found["blocks' backward"] = moment(
+    found["blocks' backward"] = larger(
         p.whole * low if gathered_through else (p.root + p.block) * low,
-        earlier + (p.head + p.block * a.block_grad_fraction) * low,
-        a.in_flight * a.kept + a.block_working)
+        (p.head + p.block * a.block_grad_fraction) * low, a.block_working)
     if holds_embedding:
         # the embedding's backward: its gradient (whole over tp) made in the compute dtype
         # beside the other micro-batches in flight (under pipelining)

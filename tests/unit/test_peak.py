@@ -82,3 +82,19 @@ def test_zero0_one_microbatch_peaks_at_the_embeddings_backward() -> None:
     assert b["grads"] == pytest.approx(6e9 * 4 + 2e9 * 4)  # blocks reduced; the root's whole
     assert b["buffers"] == pytest.approx(0.5e9 * 4)  # the last reduce-scatter's input
 
+
+
+def test_gpipe_never_holds_every_microbatch_beside_the_accumulators() -> None:
+    # the accumulators appear with the first backward, which frees that micro-batch's
+    # activations: a later backward holds m - 1 in flight (the dry run, 70b-pp2-gpipe-sel pp1)
+    m, kept = 8, 1e9
+    acts = StageActivations(in_flight=m, kept=kept, working=0.0)
+    _, b = _peak(acts=acts, zero=0, pipelined=True, m=m, embedding=False, loss=True)
+    accumulators = P.whole * 4
+    assert b["grads"] >= accumulators  # the larger of the two: a later micro-batch's
+    assert b["activations"] == pytest.approx((m - 1) * kept)
+    # 1F1B refills what a backward frees: its steady count stays beside the accumulators
+    steady = StageActivations(in_flight=2, kept=kept, working=0.0)
+    _, b = _peak(acts=steady, zero=0, pipelined=True, m=m, embedding=False, loss=True)
+    assert b["activations"] == pytest.approx(2 * kept)
+    assert b["grads"] >= accumulators
