@@ -31,20 +31,42 @@ def _has(model: nn.Module, path: str) -> bool:
     return True
 
 
+def _causal_mask(seq_len: int, window: int | None, like: torch.Tensor) -> torch.Tensor:
+    """The additive (1, 1, seq, seq) causal mask; with ``window``, a query sees only the
+    ``window`` latest keys, itself included (transformers' ``sliding_window_overlay``)."""
+    mask = torch.full((seq_len, seq_len), float("-inf"), device=like.device,
+                      dtype=like.dtype).triu(1)
+    if window is not None:
+        mask = mask + torch.full_like(mask, float("-inf")).tril(-window)
+    return mask[None, None]
+
+
+def sliding_window(root_config: object, block: nn.Module) -> int | None:
+    """The attention window of ``block``: its attention's own ``sliding_window`` where it has
+    one (Qwen2's per-layer types), else the config's (Mistral: every layer); ``None``: full."""
+    attention = getattr(block, "self_attn", None)
+    if attention is not None and hasattr(attention, "sliding_window"):
+        return attention.sliding_window
+    return getattr(root_config, "sliding_window", None)
+
+
 def _block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
     positions = torch.arange(seq_len, device=x.device).unsqueeze(0)
     cos, sin = root.model.rotary_emb(x, position_ids=positions)
     mask = None
     if getattr(root.config, "_attn_implementation", "sdpa") != "sdpa":
         # eager attention gets no causal mask when none is passed: build the additive one
-        mask = torch.full((seq_len, seq_len), float("-inf"), device=x.device,
-                          dtype=cos.dtype).triu(1)
-        mask = mask[None, None]
-    return (cos, sin), positions, mask
+        mask = _causal_mask(seq_len, None, cos)
+    return (cos, sin), positions, mask, root.config
 
 
 def _call_block(block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor:
-    (cos, sin), positions, mask = extra
+    (cos, sin), positions, mask, config = extra
+    seq_len = positions.shape[-1]
+    window = sliding_window(config, block)
+    if window is not None and window < seq_len:
+        # the model's forward masks this layer to its window; a stage calls the block itself
+        mask = _causal_mask(seq_len, window, cos)
     out = block(x, attention_mask=mask, position_ids=positions, position_embeddings=(cos, sin))
     return out[0] if isinstance(out, tuple) else out
 
