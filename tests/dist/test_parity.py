@@ -36,8 +36,9 @@ MISTRAL = ModelSpec.transformers_config("MistralForCausalLM",
                                         {**HF_LLAMA_TINY, "sliding_window": 8})
 QWEN2 = ModelSpec.transformers_config("Qwen2ForCausalLM", HF_LLAMA_TINY)
 GEMMA = ModelSpec.transformers_config("GemmaForCausalLM", {**HF_LLAMA_TINY, "head_dim": 16})
-# Qwen3's per-head q/k norms: no tp case, the engine has no style for a replicated weight
-# inside a head-split region (the solve refuses tp for it: module_strategies' "mixed")
+# Qwen3's per-head q/k norms: no tp case here (these cases split every weight GEMM): with q_proj
+# split, q_norm's weight sits inside a head-split region, which no engine style expresses
+# (module_strategies' "mixed", refused); the search keeps Qwen3's attention whole under tp
 QWEN3 = ModelSpec.transformers_config("Qwen3ForCausalLM", {**HF_LLAMA_TINY, "head_dim": 16})
 MOE = ModelSpec("tiny-moe")  # capacity 1.25: tokens are dropped in every step
 MOE_DROPLESS = ModelSpec("tiny-moe", {"capacity_factor": None})
