@@ -68,6 +68,10 @@ class ModelFacts:
     """The model's family gives its attention a context-parallel hook
     (``models.family.Family.context_attention``; ``passes/context_parallel.py``); True for a
     model no family describes (the passes refuse it anyway)."""
+    unsplittable: str | None = None
+    """Why the execution passes cannot cut the model into pipeline stages (no registered
+    family describes its embedding, blocks, final norm and head: ``models.family_of``);
+    ``None`` where they can, or where only a traced graph is known."""
     layers: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     """Module name -> (``linear`` | ``embedding``, weight shape) of every layer a
     tensor-parallel style could split."""
@@ -122,21 +126,25 @@ def facts_of(model: object) -> ModelFacts:
         return ModelFacts(num_blocks=0, **found)
     group = find_block_group(model)
     found["vocab_size"] = vocab_of(model)
-    found["context_attention"] = _context_attention(model)
+    found["context_attention"], found["unsplittable"] = _family_facts(model)
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), **found)
 
 
-def _context_attention(model: object) -> bool:
-    """Whether the passes can run ``model`` context-parallel: its family names attention
-    modules of it that take the hook; True for a model of no family."""
+def _family_facts(model: object) -> tuple[bool, str | None]:
+    """(whether the passes can run ``model`` context-parallel: its family names attention
+    modules of it that take the hook, True for a model of no family; why the passes cannot cut
+    it into pipeline stages: ``None`` for a model of a registered family, else each family's
+    reason)."""
     from autopar.models.family import family_of
 
     try:
         family = family_of(model)  # type: ignore[arg-type]
-    except AutoparError:
-        return True
-    return any(family.context_attention(m) for m in model.modules())  # type: ignore[attr-defined]
+    except AutoparError as err:
+        return True, err.what
+    attention = any(family.context_attention(m)
+                    for m in model.modules())  # type: ignore[attr-defined]
+    return attention, None
 
 
 def vocab_of(model: object) -> int | None:
@@ -181,6 +189,11 @@ def heads_problem(facts: ModelFacts, tp: int) -> Problem | None:
 
 def stages_problem(facts: ModelFacts, pp: int, chunks: int) -> Problem | None:
     """``chunks``: model chunks (pp, or pp x virtual stages under the interleaved schedule)."""
+    if pp > 1 and facts.unsplittable is not None:
+        return Problem(f"pp={pp}: the passes cannot cut this model into pipeline stages "
+                       f"({facts.unsplittable})", "pp",
+                       "use pp=1 for this model, or register a Family describing its layout "
+                       "(a folder under autopar/models/)")
     if pp > 1 and facts.num_blocks < 2:
         return Problem(f"pp={pp}: the model has {facts.num_blocks} repeated block(s) to cut "
                        "into pipeline stages", "pp", "use pp=1 for this model")

@@ -6,9 +6,10 @@ modules after it, and how each is called. Each family describes its own in
 ``autopar/models/<family>/parts.py`` and registers it (``autopar.models.family``); here the
 passes ask the registry for the family of a model, never naming a model class. The built-in
 ``gpt``, ``llama`` and ``moe`` families are known, and transformers' Llama-style causal LMs
-(``hf-llama``: anything with ``model.embed_tokens``, ``model.layers``, ``model.norm``,
-``lm_head`` and a ``model.rotary_emb``); another model raises ``AutoparError`` saying, per
-family, why it is not one of its models.
+(``hf-llama``: ``model.embed_tokens``, ``model.layers``, ``model.norm``, ``lm_head`` and a
+``model.rotary_emb``, blocks of Llama's projections and norms: Llama, Mistral, Qwen2, Qwen3,
+Gemma); another model raises ``AutoparError`` saying, per family, why it is not one of its
+models (and the search plans it with pp = 1 only: ``admissibility.ModelFacts.unsplittable``).
 
 Every ``ModelParts`` callable takes the *stage root*: a module that holds the model's submodules
 under their original names (see ``passes/stage.py``), so ``root.tok_emb`` is the model's

@@ -98,6 +98,10 @@ def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
           alternatives: tuple[Plan, ...] = (), solver: SolverInfo | None = None,
           spec: ModelSpec | None = None) -> Plan:
     c = est.config
+    facts = strategies.facts
+    if facts is not None and facts.unsplittable is not None:  # the report says why pp is 1
+        est = replace(est, notes=(*est.notes, "pp = 1 only: the passes cannot cut this model "
+                                  f"into pipeline stages ({facts.unsplittable})"))
     result = strategies.result(c)
     graph = strategies.solver.graph
     ops = result.block_strategies if result is not None else tuple(

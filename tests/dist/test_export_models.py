@@ -85,3 +85,20 @@ def test_an_fp16_plan_checkpoints_its_loss_scale_and_resumes(tmp_path):
                        "--log-file", str(log))
     losses = losses_of(log)
     assert sorted(losses) == [1, 2, 3] and math.isfinite(losses[3]), output
+
+
+GEMMA = {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "vocab_size": 128,
+         "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+         "max_position_embeddings": 64}
+
+
+def test_a_transformers_gemma_splits_into_pipeline_stages(tmp_path):
+    """Gemma: Llama's layout with a scaled embedding (a buffer the stages compute), (1 + w)
+    norms and a head tied to the embedding across the two stages."""
+    pytest.importorskip("transformers")
+    (tmp_path / "gemma").mkdir()
+    (tmp_path / "gemma" / "config.json").write_text(json.dumps(GEMMA))
+    _plan_export_train(tmp_path, ["--model", str(tmp_path / "gemma")], ["--pp", "2"])
+    spec = json.loads((tmp_path / "elsewhere" / "run" / "model.json").read_text())
+    assert spec["transformers"]["architecture"] == "GemmaForCausalLM"

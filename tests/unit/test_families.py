@@ -79,6 +79,43 @@ def test_a_transformers_llama_is_of_the_hf_llama_family() -> None:
     assert family_of(models.build("tiny-llama")).rms_norm(norm) is None  # not the zoo's own
 
 
+_HF_TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "max_position_embeddings": 64, "pad_token_id": None,
+            "bos_token_id": None, "eos_token_id": None}
+
+
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "MistralForCausalLM",
+                                          "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                          "GemmaForCausalLM"])
+def test_transformers_decoders_of_llamas_layout_are_of_the_hf_llama_family(
+        architecture: str) -> None:
+    pytest.importorskip("transformers")
+    model = ModelSpec.transformers_config(architecture, _HF_TINY).build("meta")
+    family = family_of(model)
+    assert family.name == "hf-llama"
+    _check_parts(model, family.parts)
+
+
+@pytest.mark.parametrize(("architecture", "fields", "reason"), [
+    ("Phi3ForCausalLM", {}, "no linear self_attn.q_proj"),  # fused qkv_proj, gate_up_proj
+    ("MixtralForCausalLM", {"num_local_experts": 4}, "no linear mlp.gate_proj"),
+    ("Qwen2MoeForCausalLM", {"num_experts": 4, "moe_intermediate_size": 32,
+                             "shared_expert_intermediate_size": 32}, "no linear mlp.gate_proj"),
+    ("Qwen3MoeForCausalLM", {"num_experts": 4, "moe_intermediate_size": 32},
+     "no linear mlp.gate_proj"),
+    ("Gemma2ForCausalLM", {}, "soft-caps the logits"),
+    ("Gemma2ForCausalLM", {"final_logit_softcapping": None}, "pre_feedforward_layernorm"),
+])
+def test_transformers_decoders_of_another_layout_are_refused_with_the_reason(
+        architecture: str, fields: dict, reason: str) -> None:
+    pytest.importorskip("transformers")
+    model = ModelSpec.transformers_config(architecture, {**_HF_TINY, **fields}).build("meta")
+    with pytest.raises(AutoparError) as err:
+        family_of(model)
+    assert "hf-llama: its" in err.value.what and reason in err.value.what, err.value.what
+
+
 def test_a_model_of_no_family_is_refused_with_each_familys_reason() -> None:
     with pytest.raises(AutoparError) as err:
         family_of(nn.Linear(2, 2))

@@ -1,5 +1,5 @@
 """The ``hf-llama`` family: transformers' ``LlamaForCausalLM`` and the architectures laid out
-like it (Qwen2, Mistral), built by transformers itself.
+like it (Mistral, Qwen2, Qwen3, Gemma), built by transformers itself.
 
 Its folder holds what autopar adds to them: the layout for the passes (``parts.py``, which also
 recognises a model by it), the norm and activation classes the fusion pass swaps

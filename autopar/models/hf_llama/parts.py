@@ -1,9 +1,14 @@
 """Where a transformers Llama-style causal LM's pieces are for the passes (``ModelParts``).
 
-The layout of ``LlamaForCausalLM`` and the architectures written like it (Qwen2, Mistral):
+The layout of ``LlamaForCausalLM`` and the architectures written like it (Mistral, Qwen2, Qwen3,
+Gemma):
 ``model.embed_tokens``, the blocks ``model.layers``, ``model.norm``, ``lm_head``, and the rotary
 embedding ``model.rotary_emb``, which every stage keeps and calls to make the (cos, sin) the
-blocks take by keyword. ``mismatch`` recognises a model by that layout, not by its class.
+blocks take by keyword; each block holds separate q/k/v/o projections, one dense gated MLP and
+two norms (``BLOCK_CHILDREN``, ``BLOCK_LINEARS``). ``mismatch`` recognises a model by that
+layout, not by its class; what runs inside a block (Gemma's (1 + w) norms, Qwen2's biases)
+is the model's own code. A sliding attention window (Mistral, Qwen2) is masked as the model
+does.
 """
 
 from __future__ import annotations
@@ -16,19 +21,66 @@ from autopar.models.parts import ModelParts
 LAYOUT = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
 """The submodules a model of this family has."""
 
+BLOCK_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+"""The ``nn.Linear`` layers every block has: separate q/k/v projections (attention reads its
+local heads from their width) and one dense gated MLP. Fused projections (Phi-3's
+``qkv_proj``, ``gate_up_proj``) or experts (Mixtral, Qwen2-MoE) are another layout."""
+
+BLOCK_CHILDREN = frozenset({"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"})
+"""A block's children: one pre-norm before attention and one before the MLP (Gemma 2's extra
+norms around the MLP are another layout, which the sequence-parallel styles do not cover)."""
+
 
 def mismatch(model: nn.Module) -> str | None:
-    """``None`` for a model with every module of ``LAYOUT``, else the ones it lacks."""
+    """``None`` for a model with every module of ``LAYOUT`` and blocks of ``BLOCK_LINEARS``,
+    else what it lacks."""
     missing = [path for path in LAYOUT if not _has(model, path)]
-    return f"it has no {', '.join(missing)}" if missing else None
+    if missing:
+        return f"it has no {', '.join(missing)}"
+    if getattr(getattr(model, "config", None), "final_logit_softcapping", None) is not None:
+        return "its forward soft-caps the logits, which a pipeline stage's head does not"
+    for i, block in enumerate(model.get_submodule("model.layers")):
+        lacking = [path for path in BLOCK_LINEARS
+                   if not isinstance(_get(block, path), nn.Linear)]
+        if lacking:
+            return (f"its block model.layers.{i} has no linear {', '.join(lacking)} "
+                    f"(fused projections or experts are not Llama's layout)")
+        children = {name for name, _ in block.named_children()}
+        if children != BLOCK_CHILDREN:
+            return (f"its block model.layers.{i} holds {', '.join(sorted(children))}, not "
+                    f"Llama's {', '.join(sorted(BLOCK_CHILDREN))}")
+    return None
+
+
+def _get(module: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        return None
 
 
 def _has(model: nn.Module, path: str) -> bool:
-    try:
-        model.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
+    return _get(model, path) is not None
+
+
+def _causal_mask(seq_len: int, window: int | None, like: torch.Tensor) -> torch.Tensor:
+    """The additive (1, 1, seq, seq) causal mask; with ``window``, a query sees only the
+    ``window`` latest keys, itself included (transformers' ``sliding_window_overlay``)."""
+    mask = torch.full((seq_len, seq_len), float("-inf"), device=like.device,
+                      dtype=like.dtype).triu(1)
+    if window is not None:
+        mask = mask + torch.full_like(mask, float("-inf")).tril(-window)
+    return mask[None, None]
+
+
+def sliding_window(root_config: object, block: nn.Module) -> int | None:
+    """The attention window of ``block``: its attention's own ``sliding_window`` where it has
+    one (Qwen2's per-layer types), else the config's (Mistral: every layer); ``None``: full."""
+    attention = getattr(block, "self_attn", None)
+    if attention is not None and hasattr(attention, "sliding_window"):
+        return attention.sliding_window
+    return getattr(root_config, "sliding_window", None)
 
 
 def _block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
@@ -37,14 +89,17 @@ def _block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
     mask = None
     if getattr(root.config, "_attn_implementation", "sdpa") != "sdpa":
         # eager attention gets no causal mask when none is passed: build the additive one
-        mask = torch.full((seq_len, seq_len), float("-inf"), device=x.device,
-                          dtype=cos.dtype).triu(1)
-        mask = mask[None, None]
-    return (cos, sin), positions, mask
+        mask = _causal_mask(seq_len, None, cos)
+    return (cos, sin), positions, mask, root.config
 
 
 def _call_block(block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor:
-    (cos, sin), positions, mask = extra
+    (cos, sin), positions, mask, config = extra
+    seq_len = positions.shape[-1]
+    window = sliding_window(config, block)
+    if window is not None and window < seq_len:
+        # the model's forward masks this layer to its window; a stage calls the block itself
+        mask = _causal_mask(seq_len, window, cos)
     out = block(x, attention_mask=mask, position_ids=positions, position_embeddings=(cos, sin))
     return out[0] if isinstance(out, tuple) else out
 
