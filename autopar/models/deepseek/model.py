@@ -39,7 +39,7 @@ from torch import nn
 
 from autopar.core.errors import AutoparError
 from autopar.models.init import Law, Normal
-from autopar.models.layers import INIT_STD, check_positive_int, lm_loss
+from autopar.models.layers import INIT_STD, check_positive_int
 from autopar.models.llama.model import DecoderLM, LlamaAttention, LlamaBlock, SwiGLU
 from autopar.models.moe.model import MoEConfig, MoELayer
 
@@ -116,18 +116,9 @@ class DeepSeekV3(DecoderLM):
         super().__init__(config, blocks)
         self.dense_layers = nn.ModuleList(LlamaBlock(config) for _ in range(k))
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        _, s = tokens.shape
-        x = self.tok_emb(tokens)
-        cos, sin = self.rope_cos.narrow(0, 0, s), self.rope_sin.narrow(0, 0, s)
-        for layer in self.dense_layers:
-            x = layer(x, cos, sin)
-        for layer in self.layers:
-            x = layer(x, cos, sin)
-        logits = self.head(self.norm_f(x))
-        if targets is None:
-            return logits
-        return lm_loss(logits, targets)
+    def stacks(self) -> tuple[nn.ModuleList, ...]:
+        """The first k dense layers, then the MoE blocks."""
+        return (self.dense_layers, self.layers)
 
     def _residual_names(self) -> set[str]:
         dense = {f"dense_layers.{i}.{w}" for i in range(len(self.dense_layers))

@@ -227,12 +227,19 @@ class DecoderLM(GPT2Init):
         # narrow, not [:s]: under torch.fx.symbolic_trace s is a Proxy, which a slice object would
         # hide from the tracer (buffers are not proxied by the default Tracer).
         cos, sin = self.rope_cos.narrow(0, 0, s), self.rope_sin.narrow(0, 0, s)
-        for layer in self.layers:
-            x = layer(x, cos, sin)
+        for stack in self.stacks():
+            for layer in stack:
+                x = layer(x, cos, sin)
         logits = self.head(self.norm_f(x))
         if targets is None:
             return logits
         return lm_loss(logits, targets)
+
+    def stacks(self) -> tuple[nn.ModuleList, ...]:
+        """The lists of blocks the forward runs, in order: ``self.layers``, the repeated blocks
+        the passes cut into stages; a family with blocks of another kind before them (dense
+        layers ahead of the MoE ones) names them first."""
+        return (self.layers,)
 
 
 class Llama(DecoderLM):
