@@ -30,13 +30,12 @@ shown in the error table, not fitted.
 from __future__ import annotations
 
 import datetime
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autopar.core.errors import AutoparError
+from autopar.core.errors import AutoparError, read_json
 from autopar.core.estimate import Estimate
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import ParallelConfig, TrainSpec
@@ -244,14 +243,7 @@ def _published_run(row: dict) -> MeasuredRun:
 def load_runs(path: str, profile: Profile | None = None) -> list[MeasuredRun]:
     """The runs of a runs file or of the published-runs file (see the module docstring)."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as err:
-        raise AutoparError(f"cannot read the runs ({err.strerror})", where=str(p),
-                           fix="check the path") from None
-    except json.JSONDecodeError as err:
-        raise AutoparError(f"the runs file is not JSON: {err.msg}",
-                           where=f"{p}, line {err.lineno}", fix="fix the syntax there") from None
+    data = read_json(p, "runs file", "check the path")
     if isinstance(data, dict) and isinstance(data.get("rows"), list):
         return [_published_run(row) for row in data["rows"]]
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):

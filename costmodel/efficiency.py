@@ -7,12 +7,11 @@ stands for and why it has its value; ``bench/validate_costmodel.py`` and
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autopar.core.errors import AutoparError
+from autopar.core.errors import AutoparError, read_json
 
 
 @dataclass(frozen=True)
@@ -106,16 +105,8 @@ def load_calibration(path: str | os.PathLike[str]) -> Efficiency:
     constants. Refuses (``AutoparError``) a file of another version, an unknown constant or a
     value outside (0, 1]."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as err:
-        raise AutoparError(f"cannot read the calibration ({err.strerror})", where=str(p),
-                           fix="write one with `autopar calibrate --runs RUNS --out FILE`"
-                           ) from None
-    except json.JSONDecodeError as err:
-        raise AutoparError(f"the calibration is not JSON: {err.msg}", where=f"{p}, line "
-                           f"{err.lineno}", fix="pass a file written by `autopar calibrate`"
-                           ) from None
+    data = read_json(p, "calibration",
+                     "write one with `autopar calibrate --runs RUNS --out FILE`")
     version = data.get("format_version") if isinstance(data, dict) else None
     if version != CALIBRATION_VERSION:
         raise AutoparError(f"calibration format_version {version!r} is not the one this autopar "

@@ -34,7 +34,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autopar.core.errors import AutoparError
+from autopar.core.errors import AutoparError, read_json
 
 FORMAT_VERSION = 1
 """Version of the profile file layout; a file of another version is refused, not guessed at."""
@@ -251,18 +251,9 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Profile:
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except OSError as err:
-            raise AutoparError(f"cannot read the profile ({err.strerror})", where=str(p),
-                               fix="check the path; write one with `autopar profile --out FILE`"
-                               ) from None
-        except json.JSONDecodeError as err:
-            raise AutoparError(f"the profile is not JSON: {err.msg}", where=f"{p}, line "
-                               f"{err.lineno}", fix="pass a file written by `autopar profile`"
-                               ) from None
-        return cls.from_dict(data, where=str(p))
+        data = read_json(path, "profile",
+                         "check the path; write one with `autopar profile --out FILE`")
+        return cls.from_dict(data, where=str(path))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
