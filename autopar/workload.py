@@ -57,6 +57,8 @@ class _Saver:
     graph: GraphIR
     inside: frozenset[str]
     seen: dict[str, SavedTensor] = field(default_factory=dict)
+    current: str = ""
+    """The node whose saves are being recorded (``SavedTensor.savers``)."""
 
     def activation(self, name: str) -> SavedTensor | None:
         if not self.graph.has_node(name):
@@ -68,15 +70,19 @@ class _Saver:
 
     def keep(self, name: str) -> None:
         base = storage_of(self.graph, name, self.inside)
-        if base not in self.seen and (t := self.activation(base)) is not None:
-            self.seen[base] = t
+        if base in self.seen:
+            t = self.seen[base]
+            if self.current not in t.savers:
+                self.seen[base] = replace(t, savers=(*t.savers, self.current))
+        elif (t := self.activation(base)) is not None:
+            self.seen[base] = replace(t, savers=(self.current,))
 
     def extra(self, key: str, elements: float, size: float | None, *, transient: bool = False,
               per_token: bool = True) -> None:
         per = 1.0 / self.graph.batch if per_token else 1.0
         self.seen[key] = SavedTensor(key, elements * per, Shard.REPLICATED, size,
                                      without_checkpoint=not transient, transient=transient,
-                                     per_token=per_token)
+                                     per_token=per_token, savers=(self.current,))
 
     def base(self, name: str) -> str:
         return storage_of(self.graph, name)
@@ -94,6 +100,7 @@ def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], fusions: tuple[str, ...
     fused = {c.name: (pattern, chain) for pattern, chain in find_fusions(graph, nodes, fusions)
              if PATTERNS[pattern].kernel_saves is not None for c in chain}
     for n in nodes:
+        saver.current = n.name
         if n.name in fused:
             pattern, chain = fused[n.name]
             kernel_saves = PATTERNS[pattern].kernel_saves

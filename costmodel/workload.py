@@ -76,6 +76,9 @@ class SavedTensor:
     """The size scales with the tokens on this GPU (an activation); False for a buffer the size
     of a weight (the fused loss's weight gradient): ``elements`` per micro-batch, whatever its
     size, divided by neither the micro-batch nor cp."""
+    savers: tuple[str, ...] = ()
+    """The nodes that keep it for their backward, in the forward's order (a fused kernel's
+    saves: the last node of its chain); none for what only the selective policy caches."""
 
 
 @dataclass(frozen=True)
@@ -142,8 +145,9 @@ class LayerCost:
     no_rule_ops: tuple[str, ...] = ()
     """Ops the sharding rules did not know, costed as replicated."""
     backward: tuple[BackwardMoment, ...] = ()
-    """The layer's backward, op by op, in the layouts the strategy solve chose (empty before
-    the solve): where the working set of a block's backward peaks."""
+    """The layer's backward, op by op, in the layouts the strategy solve chose: where the
+    working set of a block's backward peaks (the repeated block's, after the solve; empty
+    otherwise)."""
 
     @cached_property
     def matmul_flop(self) -> float:

@@ -32,39 +32,17 @@ the recomputation rebuilt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from typing import TYPE_CHECKING
 
 from autopar.core.layout import Layout, Strategy, shard_of
 from autopar.costmodel.workload import BackwardMoment, LayerCost, OpKind, SavedTensor
 from autopar.graph import GraphIR
-from autopar.ops import kind_of, save, storage_of
+from autopar.ops import kind_of, storage_of
 
 if TYPE_CHECKING:
     from .block_tables import StrategyGraph
-
-
-@dataclass
-class _Recorder:
-    """An ``autopar.ops.Saver`` that only records the names one node keeps."""
-
-    graph: GraphIR
-    inside: frozenset[str]
-    keys: list[str] = field(default_factory=list)
-
-    def keep(self, name: str) -> None:
-        self.keys.append(storage_of(self.graph, name, self.inside))
-
-    def extra(self, key: str, elements: float, size: float | None, *, transient: bool = False,
-              per_token: bool = True) -> None:
-        self.keys.append(key)
-
-    def base(self, name: str) -> str:
-        return storage_of(self.graph, name)
-
-    def __len__(self) -> int:
-        return len(self.keys)
 
 
 def saved_as_held(graph: GraphIR, sg: StrategyGraph, chosen: list[Strategy],
@@ -84,50 +62,35 @@ def saved_as_held(graph: GraphIR, sg: StrategyGraph, chosen: list[Strategy],
     inputs under sequence parallelism (2 bytes x s x b x h x (1 - 1/tp) each).
 
     The second value maps an op's index to the entries released once its backward ran: those
-    whose earliest saver in the forward's order it is (a tensor the recording cannot place, a
-    fused kernel's own statistics, goes with the node its name starts with); the layer's input
-    is never released inside the layer."""
+    whose earliest saver (``SavedTensor.savers``, recorded by ``autopar.workload``) in the
+    forward's order it is (a tensor no node keeps, a cache of the selective policy, goes with
+    the node its name starts with); the layer's input is never released inside the layer."""
     inside = frozenset(op.node.name for op in sg.ops if op.node is not None)
-    by_name = {t.name: t for t in saved}
-    relaid: dict[str, list[SavedTensor]] = {}
-    released: dict[int, set[str]] = {}
-    placed: set[str] = set()
-
-    def release(j: int, key: str) -> None:
-        if key not in placed:
-            released.setdefault(j, set()).add(key)
-            placed.add(key)
-
-    for j, op in enumerate(sg.ops):
-        if op.node is None:
-            continue
-        rec = _Recorder(graph, inside)
-        save(op.node, rec)
-        reads = {storage_of(graph, t, inside): chosen[j].inputs[k]
-                 for k, t in enumerate(op.tensors) if k < len(chosen[j].inputs)}
-        for name in rec.keys:
-            t = by_name.get(name)
-            if t is None or name.partition(".")[0] not in inside:
-                continue
-            if t.without_checkpoint and not t.transient and t.per_token and "." not in name:
-                layout = reads.get(name, chosen[j].output)
-                key = f"{name}@{layout.value}"
-                versions = relaid.setdefault(name, [])
-                if all(v.name != key for v in versions):
-                    versions.append(replace(t, name=key, shard=shard_of(layout)))
-                release(j, key)
-            else:
-                release(j, name)
     position = {op.node.name: j for j, op in enumerate(sg.ops) if op.node is not None}
+    reads = {j: {storage_of(graph, t, inside): chosen[j].inputs[k]
+                 for k, t in enumerate(op.tensors) if k < len(chosen[j].inputs)}
+             for j, op in enumerate(sg.ops) if op.node is not None}
+    released: dict[int, set[str]] = {}
     out: list[SavedTensor] = []
     for t in saved:
-        if t.name in relaid:
-            out += relaid[t.name]
+        savers = [position[n] for n in t.savers if n in position]
+        if t.name.partition(".")[0] not in inside:
+            out.append(t)  # the layer's input: kept under every policy
             continue
-        out.append(t)
-        j = position.get(t.name.partition(".")[0])
-        if j is not None:
-            release(j, t.name)
+        if not (t.without_checkpoint and not t.transient and t.per_token and "." not in t.name
+                and savers):
+            out.append(t)
+            j = savers[0] if savers else position.get(t.name.partition(".")[0])
+            if j is not None:
+                released.setdefault(j, set()).add(t.name)
+            continue
+        first: dict[Layout, int] = {}  # each layout it is kept in -> its earliest saver
+        for j in savers:
+            first.setdefault(reads[j].get(t.name, chosen[j].output), j)
+        for layout, j in first.items():
+            key = f"{t.name}@{layout.value}"
+            out.append(replace(t, name=key, shard=shard_of(layout)))
+            released.setdefault(j, set()).add(key)
     return tuple(out), released
 
 

@@ -280,8 +280,10 @@ class SolvedLayer:
 
 
 def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tuple[int, ...],
-                 act_bytes: float, tp: int) -> SolvedLayer:
-    """``layer`` re-priced under the chosen strategies (``choice[i]`` for ``sg.ops[i]``)."""
+                 act_bytes: float, tp: int, *, walk_backward: bool = False) -> SolvedLayer:
+    """``layer`` re-priced under the chosen strategies (``choice[i]`` for ``sg.ops[i]``);
+    ``walk_backward``: with its backward walked op by op (``LayerCost.backward``, what the
+    memory model asks of the repeated block)."""
     chosen = [op.strategies[c] for op, c in zip(sg.ops, choice)]
     layout = {op.name: s.output for op, s in zip(sg.ops, chosen) if op.node is not None}
     if sg.stream_tensor is not None:
@@ -313,12 +315,13 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
                     layer.params - layer.params_expert)
     solved = replace(layer, ops=ops, saved=saved, params_tp=params_tp,
                      tp_collectives=tuple(collectives))
-    share = {op.node.name: sum(graph.params[p].numel / (tp if p in split_params else 1)
-                               for p in op.node.params if p in graph.params)
-             for op in sg.ops if op.node is not None}
-    held, released = saved_as_held(graph, sg, chosen, saved)
-    solved = replace(solved, backward=backward_moments(graph, sg, chosen, solved, held,
-                                                       released, share))
+    if walk_backward:
+        share = {op.node.name: sum(graph.params[p].numel / (tp if p in split_params else 1)
+                                   for p in op.node.params if p in graph.params)
+                 for op in sg.ops if op.node is not None}
+        held, released = saved_as_held(graph, sg, chosen, saved)
+        solved = replace(solved, backward=backward_moments(graph, sg, chosen, solved, held,
+                                                           released, share))
     strategies = tuple((op.name, s.name) for op, s in zip(sg.ops, chosen) if op.node is not None)
     stream = chosen[sg.stream_in].output if sg.stream_in is not None else None
     return SolvedLayer(solved, strategies, stream, chosen[sg.output].output)

@@ -63,7 +63,8 @@ class StrategySolver:
     def _solve(self, nodes: list[NodeInfo], layer, pricing: Pricing, sp: bool, *,
                repeat: int = 1, boundary: bool = False, input_layout: Layout | None = None,
                output_layout: Layout | None = None, output_tensor: str | None = None,
-               fixed: dict[str, str] | None = None) -> tuple[SolvedLayer, float, str | None]:
+               fixed: dict[str, str] | None = None, walk_backward: bool = False
+               ) -> tuple[SolvedLayer, float, str | None]:
         """The solved layer, its gap, and the tensor it reads from the layer before."""
         sg = strategy_graph(self.graph, nodes, sp, input_layout=input_layout,
                             output_layout=output_layout, split_weights=self.split_weights,
@@ -73,7 +74,8 @@ class StrategySolver:
         sol = solve(problem, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
         gap = sol.gap if math.isfinite(sol.gap) else 1.0
         return solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
-                            pricing.split.tp), gap, sg.stream_tensor
+                            pricing.split.tp, walk_backward=walk_backward), gap, \
+            sg.stream_tensor
 
     def _tied_tables(self, pre_nodes: list[NodeInfo], post_nodes: list[NodeInfo],
                      post_strategies: tuple[tuple[str, str], ...]) -> dict[str, str]:
@@ -101,7 +103,8 @@ class StrategySolver:
             return self.cache[key]
         pre_nodes, block_nodes, post_nodes = layer_nodes(self.graph)
         block, g1, block_input = self._solve(block_nodes, self.base.block, pricing, sp,
-                                             repeat=self.base.num_blocks, boundary=True)
+                                             repeat=self.base.num_blocks, boundary=True,
+                                             walk_backward=True)
         post, g2, _ = self._solve(post_nodes, self.base.post, pricing, sp,
                                   input_layout=block.output_layout)
         pre, g3, _ = self._solve(pre_nodes, self.base.pre, pricing, sp,
