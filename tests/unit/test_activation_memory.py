@@ -23,32 +23,18 @@ from __future__ import annotations
 import pytest
 
 import autopar
-from autopar.admissibility import facts_of
 from autopar.costmodel.compute import Split
-from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.costmodel.memory import saved_bytes
 from autopar.core.specs import Checkpoint
-from autopar.search.planner import strategies_of
 from autopar.workload import build_workload
 
-S, H, A, B = 256, 64, 4, 2
+S, H, A, B = 256, 64, 4, 2  # the shape of conftest's solved_gpt_block (GPT_BLOCK)
 
 
 @pytest.fixture(scope="module")
-def block():
+def block(solved_gpt_block):
     """The block of (tp, sequence parallel): the base workload's with tp = 1, else the solved."""
-    model = autopar.models.build("gpt", num_layers=2, hidden_size=H, num_heads=A, vocab_size=128,
-                                 seq_len=S, attention="eager", dropout=0.1, device="meta")
-    graph = autopar.trace(model, autopar.TrainSpec(global_batch=B, seq_len=S, precision="fp16"))
-    cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=1)
-    train = autopar.TrainSpec(global_batch=64, seq_len=S, precision="fp16")  # for the solve
-    strategies = strategies_of(graph, facts_of(model), "gpt", cluster, train,
-                               efficiency=DEFAULT_EFFICIENCY, split_weights=True)
-
-    def of(t: int, sp: bool = False):
-        config = autopar.ParallelConfig(dp=8 // t, tp=t, micro_batch=1, sequence_parallel=sp)
-        return strategies(config).block
-    return of
+    return solved_gpt_block
 
 
 def _per_sbh(block, t: int, sp: bool, policy: Checkpoint) -> float:

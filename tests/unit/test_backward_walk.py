@@ -11,29 +11,17 @@ from __future__ import annotations
 
 import pytest
 
-import autopar
-from autopar.admissibility import facts_of
 from autopar.core.layout import Shard
 from autopar.core.specs import Checkpoint
 from autopar.costmodel.compute import Split
-from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.costmodel.memory import backward_peak, recompute_working_bytes
-from autopar.search.planner import strategies_of
 
-S, H, A, B = 256, 64, 4, 2
+S, H, A, B = 256, 64, 4, 2  # the shape of conftest's solved_gpt_block (GPT_BLOCK)
 
 
 @pytest.fixture(scope="module")
-def block():
-    model = autopar.models.build("gpt", num_layers=2, hidden_size=H, num_heads=A, vocab_size=128,
-                                 seq_len=S, attention="eager", dropout=0.1, device="meta")
-    graph = autopar.trace(model, autopar.TrainSpec(global_batch=B, seq_len=S, precision="fp16"))
-    cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=1)
-    train = autopar.TrainSpec(global_batch=64, seq_len=S, precision="fp16")
-    strategies = strategies_of(graph, facts_of(model), "gpt", cluster, train,
-                               efficiency=DEFAULT_EFFICIENCY, split_weights=True)
-    config = autopar.ParallelConfig(dp=4, tp=2, micro_batch=1, sequence_parallel=True)
-    return strategies(config).block
+def block(solved_gpt_block):
+    return solved_gpt_block(2, True)
 
 
 def _moment(block, op: str):
