@@ -74,25 +74,34 @@ def test_checkpoint_of_dp2_tp2_resumes_under_tp2_pp2_with_the_same_next_losses(r
         assert after[step] == pytest.approx(before[step], rel=LOSS_REL), (step, before, after)
 
 
+def _handover(tmp_path, spec: ModelSpec, first: ParallelConfig, second: ParallelConfig):
+    """Export both plans; train ``first`` 2 steps and checkpoint, resume under ``second`` to
+    step 4 (``--resume``: the latest in the dir). Returns the log, the logged losses, the
+    one-process reference's (of ``second``) and the two runs' output."""
+    model = spec.build("meta")
+    plans = [autopar.plan_for(model, process_cluster(4), TRAIN, c, name=spec.label)
+             for c in (first, second)]
+    folders = [p.export(tmp_path / f"plan{i}", spec) for i, p in enumerate(plans)]
+    ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
+    wall_1, out_1 = launch(folders[0], "--steps", "2", "--save-every", "2",
+                           "--checkpoint-dir", str(ckpt), "--log-file", str(log))
+    assert (ckpt / "step-2" / ".metadata").exists(), out_1
+    wall_2, out_2 = launch(folders[1], "--steps", "4", "--resume", "--checkpoint-dir",
+                           str(ckpt), "--log-file", str(log))
+    print(f"{plans[0].summary()} run: {wall_1:.1f} s, resumed under {plans[1].summary()}: "
+          f"{wall_2:.1f} s")
+    expected = reference(spec, plans[1], steps=4, seed=0).losses
+    return log, losses_of(log), expected, (out_1, out_2)
+
+
 def test_interleaved_checkpoint_resumes_under_zero3_on_the_reference_losses(tmp_path):
     spec = ModelSpec("tiny-llama", {"num_layers": 4})  # pp2 x 2 virtual stages: 4 chunks
-    model = spec.build("meta")
-    configs = {"interleaved": ParallelConfig(dp=2, pp=2, virtual_stages=2, micro_batch=1,
-                                             schedule="interleaved"),
-               "zero3": ParallelConfig(dp=2, tp=2, micro_batch=2, zero=3)}
-    plans = {k: autopar.plan_for(model, process_cluster(4), TRAIN, c, name="tiny-llama")
-             for k, c in configs.items()}
-    folders = {k: p.export(tmp_path / k, spec) for k, p in plans.items()}
-    ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
-    _, out_i = launch(folders["interleaved"], "--steps", "2", "--save-every", "2",
-                       "--checkpoint-dir", str(ckpt), "--log-file", str(log))
-    assert (ckpt / "step-2" / ".metadata").exists(), out_i
-    _, out_z = launch(folders["zero3"], "--steps", "4", "--resume", "--checkpoint-dir",
-                       str(ckpt), "--log-file", str(log))  # --resume: the latest in the dir
-    assert [r["step"] for r in events(log, "resume")] == [2], out_z
-    losses = losses_of(log)
-    expected = reference(spec, plans["zero3"], steps=4, seed=0).losses
-    assert sorted(losses) == [1, 2, 3, 4], (out_i, out_z)
+    log, losses, expected, outs = _handover(
+        tmp_path, spec, ParallelConfig(dp=2, pp=2, virtual_stages=2, micro_batch=1,
+                                       schedule="interleaved"),
+        ParallelConfig(dp=2, tp=2, micro_batch=2, zero=3))
+    assert [r["step"] for r in events(log, "resume")] == [2], outs[1]
+    assert sorted(losses) == [1, 2, 3, 4], outs
     for step, ref in enumerate(expected, 1):  # the same rounding argument as LOSS_REL's
         assert losses[step] == pytest.approx(ref, rel=LOSS_REL), (step, losses, expected)
 
@@ -101,23 +110,10 @@ def test_context_parallel_folder_trains_and_resumes_under_dp2_tp2_on_the_referen
     # cp2 x tp2 with sequence parallelism: FSDP over the flattened dp x cp mesh, each rank two
     # chunks of every sequence; its step-2 checkpoint resumes under plan A (no cp) -- DCP
     # reshards -- and all four losses are the one-process reference's (LOSS_REL's argument)
-    spec = ModelSpec("tiny-llama")
-    model = spec.build("meta")
-    configs = {"cp": ParallelConfig(cp=2, tp=2, sequence_parallel=True, micro_batch=2),
-               "a": PLAN_A}
-    plans = {k: autopar.plan_for(model, process_cluster(4), TRAIN, c, name="tiny-llama")
-             for k, c in configs.items()}
-    folders = {k: p.export(tmp_path / k, spec) for k, p in plans.items()}
-    ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
-    wall_cp, out_cp = launch(folders["cp"], "--steps", "2", "--save-every", "2",
-                             "--checkpoint-dir", str(ckpt), "--log-file", str(log))
-    assert (ckpt / "step-2" / ".metadata").exists(), out_cp
-    wall_a, out_a = launch(folders["a"], "--steps", "4", "--resume", "--checkpoint-dir",
-                           str(ckpt), "--log-file", str(log))
-    print(f"cp2 x tp2 run: {wall_cp:.1f} s, resumed under dp2 x tp2: {wall_a:.1f} s")
-    assert [r["step"] for r in events(log, "resume")] == [2], out_a
-    losses = losses_of(log)
-    expected = reference(spec, plans["a"], steps=4, seed=0).losses
-    assert sorted(losses) == [1, 2, 3, 4], (out_cp, out_a)
+    log, losses, expected, outs = _handover(
+        tmp_path, ModelSpec("tiny-llama"),
+        ParallelConfig(cp=2, tp=2, sequence_parallel=True, micro_batch=2), PLAN_A)
+    assert [r["step"] for r in events(log, "resume")] == [2], outs[1]
+    assert sorted(losses) == [1, 2, 3, 4], outs
     for step, ref in enumerate(expected, 1):
         assert losses[step] == pytest.approx(ref, rel=LOSS_REL), (step, losses, expected)
