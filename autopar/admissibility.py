@@ -62,8 +62,9 @@ class ModelFacts:
     vocab_size: int | None = None
     max_positions: int | None = None
     """Longest sequence the model takes (``seq_len``, ``max_position_embeddings``)."""
-    ring_attention: bool = True
-    """The blocks' attention is a fused op, which context parallelism can run across ranks."""
+    fused_attention: bool = True
+    """The blocks' attention is a fused op, which context parallelism runs over the K/V
+    gathered from the cp ranks (``passes/context_parallel.py``)."""
     context_attention: bool = True
     """The model's family gives its attention a context-parallel hook
     (``models.family.Family.context_attention``; ``passes/context_parallel.py``); True for a
@@ -112,7 +113,7 @@ def config_value(config: object, key: str) -> int | None:
 def facts_of(model: object) -> ModelFacts:
     """The facts of ``model`` (an ``nn.Module``, built on any device, meta included) from its
     ``config`` and module tree: the blocks are the repeated-block group the tracer finds
-    (``tracing_blocks.find_block_group``); ``ring_attention`` stays unknown (True) until the
+    (``tracing_blocks.find_block_group``); ``fused_attention`` stays unknown (True) until the
     planner has traced the model."""
     from torch import nn
 
@@ -228,9 +229,10 @@ def context_parallel_problem(facts: ModelFacts, seq_len: int, cp: int) -> Proble
                        f"{2 * cp} load-balanced chunks, and {2 * cp} does not divide "
                        f"{seq_len}", "cp", f"use a sequence length that is a multiple of "
                        f"{2 * cp}, or another cp")
-    if not facts.ring_attention:
+    if not facts.fused_attention:
         return Problem("context parallelism needs a fused attention op (scaled_dot_product_"
-                       "attention) to run as a ring; this model's attention is eager",
+                       "attention) to attend over the K/V gathered from the cp ranks; this "
+                       "model's attention is eager",
                        "cp", "use cp=1, or write the attention with "
                        "F.scaled_dot_product_attention")
     if not facts.context_attention:

@@ -126,8 +126,8 @@ def strategies_of(graph: GraphIR, facts: ModelFacts, name: str, cluster: Cluster
     solver = StrategySolver(graph, work, act, split_weights=split_weights)
     # context parallelism gathers the K/V of a fused attention op: the traced graph says whether
     # there is one, which the module tree alone (``facts_of``) cannot
-    ring = any(op.kv_elements > 0 for op in work.block.ops)
-    return Strategies(solver, cluster, train, efficiency, replace(facts, ring_attention=ring))
+    fused = any(op.kv_elements > 0 for op in work.block.ops)
+    return Strategies(solver, cluster, train, efficiency, replace(facts, fused_attention=fused))
 
 
 def config_estimate(strategies: Strategies, config: ParallelConfig) -> Estimate:

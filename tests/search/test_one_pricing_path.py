@@ -51,8 +51,9 @@ def test_a_workload_is_priced_as_given_with_tp_1_and_refused_with_more() -> None
 
 
 def test_every_entry_point_refuses_context_parallelism_without_fused_attention() -> None:
-    """The traced graph tells whether there is a fused attention op to ring (the module tree
-    does not): ``strategies_of`` sets that fact for the search and for one configuration."""
+    """The traced graph tells whether there is a fused attention op for context parallelism
+    (the module tree does not): ``strategies_of`` sets that fact for the search and for one
+    configuration."""
     model = autopar.models.build("tiny-gpt", device="meta", attention="eager")
     train, cluster = TrainSpec(global_batch=8, seq_len=32), ClusterSpec.preset("hgx-h100-80g")
     config = ParallelConfig(dp=4, cp=2)
