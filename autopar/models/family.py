@@ -7,8 +7,10 @@ classes. The folder's ``__init__`` calls ``register``; ``autopar.models`` import
 sub-package it finds, so a new family -- or a new transformers architecture -- is a new folder
 and touches no other file. Callers ask ``family_of(model)`` and never name a model class.
 
-Families are kept in name order, and so are their presets in ``PRESETS`` (each family's in its
-own order, the tiny test shapes after all the full-size ones).
+Families are kept in name order, the fallback families (``Family.fallback``: the ``generic``
+decoder, which reads a model's parts off its traced forward, ``Family.describe``) after every
+other; their presets in ``PRESETS`` in name order (each family's in its own order, the tiny
+test shapes after all the full-size ones).
 """
 
 from __future__ import annotations
