@@ -110,6 +110,19 @@ def test_a_stage_holds_the_receive_buffers_of_the_micro_batches_in_flight_only()
     assert 0 <= peaks[16] - peaks[4] <= (16 - 4) * 32 * 8
 
 
+def test_the_last_stage_holds_no_received_activation_of_a_finished_micro_batch() -> None:
+    # the schedule keeps every micro-batch's loss until the step ends; attached, its graph held
+    # the micro-batch's received activation (the input's AccumulateGrad) that long: 4 KiB
+    # (32 tokens x 64 x bf16) per micro-batch on the last stage, which 1F1B keeps one of
+    peaks = {}
+    for batch in (4, 16):
+        plan = _plan("tiny-llama", batch=batch, pp=2, micro_batch=1, schedule="1f1b")
+        peaks[batch] = autopar.dry_run(plan, pp_ranks=[1], workers=1).roles[0].peak_bytes
+    # what does grow: the schedule's split of the targets, 32 int64 ids per micro-batch, and
+    # the fp32 loss it keeps of each (48 KiB more without the detach)
+    assert 0 <= peaks[16] - peaks[4] <= (16 - 4) * (32 * 8 + 4)
+
+
 def test_a_plan_without_data_parallelism_issues_no_fsdp_collectives() -> None:
     plan = _plan("tiny-gpt", tp=2, micro_batch=2, batch=4)
     run = autopar.dry_run(plan)
