@@ -8,15 +8,18 @@ prices the all-to-all over (torchtitan's ``dp_shard`` -> (``dp_shard_mod_ep``,
 (``DeviceMesh._flatten`` / ``_unflatten``), so FSDP2 can shard an ep DTensor over the expert
 data-parallel ranks (its FSDP + EP layout).
 
-``apply_expert_parallel(stage, plan, ep_mesh)`` makes every MoE layer of the stage:
+``apply_expert_parallel(stage, plan, ep_mesh, layers)`` makes every MoE layer of the stage --
+``layers``, the family's ``Family.expert_layers(stage)`` (``models/expert_layers.py``: the zoo's
+``MoELayer``, transformers' stacked experts of ``models/hf_moe``; one dispatch for all) --
 
-* hold ``E / ep`` experts: the stacked ``w_gate``/``w_up``/``w_down`` become DTensors
+* hold ``E / ep`` experts: the stacked weights (``ExpertLayer.weights``) become DTensors
   ``Shard(0)`` on the ep mesh (rank ``r`` holds experts ``r * E/ep ..``), so ``materialize``
   draws, and ``torch.distributed.checkpoint`` saves and reloads under another plan, each
   rank's slice of the one-process weights;
 * dispatch with the autograd all-to-all (``_functional_collectives.all_to_all_single_autograd``;
   its backward is the reverse all-to-all). The routing, the drops and the load-balancing loss
-  stay the layer's, on the rank's own tokens (``models/moe/model.py``), so each rank computes
+  stay the layer's, on the rank's own tokens (``models/moe/model.py``; transformers' router,
+  whose MoE models train without the aux loss: ``models/hf_moe``), so each rank computes
   what the one-process model computes on its micro-batch:
 
   - **capacity** (``capacity_factor`` set): the rank's (E, C, h) dispatch buffer, the model's
@@ -36,7 +39,7 @@ test_comm_counts.py`` holds the program to it.
 Expert weights' gradients are summed over the ep ranks by the all-to-all's backward (every
 rank's tokens reach the owner); FSDP2 then averages over the expert data-parallel ranks only
 (dp / ep of them), so the experts scale their weights' gradients by 1 / ep in the backward
-(``Experts.forward``'s ``grad_scale``): the mean over all dp ranks, as for the dense weights
+(``ExpertLayer.run``'s ``grad_scale``): the mean over all dp ranks, as for the dense weights
 (``passes/data_parallel.py``). (torchtitan sets FSDP2's ``gradient_divide_factor`` instead;
 on gloo that needs sum reductions, and with a shard group of one -- ZeRO-0's HSDP, or
 ep = dp -- torch 2.13 divides by the factor twice.)
