@@ -246,9 +246,17 @@ def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: flo
         params_tp=0,
         params_expert=_numel(graph, expert),
         ep_alltoall_elements=a2a,
-        ep_dropless=any(n.target.endswith(DROPLESS_MARK) for n in nodes),
+        ep_dropless=any(_dropless(n, graph) for n in nodes),
         no_rule_ops=ops_without_rules(nodes),
     )
+
+
+def _dropless(node: NodeInfo, graph: GraphIR) -> bool:
+    """Whether ``node`` marks a dropless MoE layer: the zoo's traced ``dropless_rows`` call, or
+    an expert GEMM run as one grouped GEMM over every (token, choice) row (transformers' stacked
+    experts, traced as ``grouped_mm``: no capacity, nothing dropped)."""
+    return node.target.endswith(DROPLESS_MARK) or (
+        node.op == "grouped_mm" and is_expert_gemm(node, graph))
 
 
 def layer_nodes(graph: GraphIR) -> tuple[list[NodeInfo], list[NodeInfo], list[NodeInfo]]:

@@ -8,15 +8,18 @@ prices the all-to-all over (torchtitan's ``dp_shard`` -> (``dp_shard_mod_ep``,
 (``DeviceMesh._flatten`` / ``_unflatten``), so FSDP2 can shard an ep DTensor over the expert
 data-parallel ranks (its FSDP + EP layout).
 
-``apply_expert_parallel(stage, plan, ep_mesh)`` makes every MoE layer of the stage:
+``apply_expert_parallel(stage, plan, ep_mesh, layers)`` makes every MoE layer of the stage --
+``layers``, the family's ``Family.expert_layers(stage)`` (``models/expert_layers.py``: the zoo's
+``MoELayer``, transformers' stacked experts of ``models/hf_moe``; one dispatch for all) --
 
-* hold ``E / ep`` experts: the stacked ``w_gate``/``w_up``/``w_down`` become DTensors
+* hold ``E / ep`` experts: the stacked weights (``ExpertLayer.weights``) become DTensors
   ``Shard(0)`` on the ep mesh (rank ``r`` holds experts ``r * E/ep ..``), so ``materialize``
   draws, and ``torch.distributed.checkpoint`` saves and reloads under another plan, each
   rank's slice of the one-process weights;
 * dispatch with the autograd all-to-all (``_functional_collectives.all_to_all_single_autograd``;
   its backward is the reverse all-to-all). The routing, the drops and the load-balancing loss
-  stay the layer's, on the rank's own tokens (``models/moe/model.py``), so each rank computes
+  stay the layer's, on the rank's own tokens (``models/moe/model.py``; transformers' router,
+  whose MoE models train without the aux loss: ``models/hf_moe``), so each rank computes
   what the one-process model computes on its micro-batch:
 
   - **capacity** (``capacity_factor`` set): the rank's (E, C, h) dispatch buffer, the model's
@@ -36,7 +39,7 @@ test_comm_counts.py`` holds the program to it.
 Expert weights' gradients are summed over the ep ranks by the all-to-all's backward (every
 rank's tokens reach the owner); FSDP2 then averages over the expert data-parallel ranks only
 (dp / ep of them), so the experts scale their weights' gradients by 1 / ep in the backward
-(``Experts.forward``'s ``grad_scale``): the mean over all dp ranks, as for the dense weights
+(``ExpertLayer.run``'s ``grad_scale``): the mean over all dp ranks, as for the dense weights
 (``passes/data_parallel.py``). (torchtitan sets FSDP2's ``gradient_divide_factor`` instead;
 on gloo that needs sum reductions, and with a shard group of one -- ZeRO-0's HSDP, or
 ep = dp -- torch 2.13 divides by the factor twice.)
@@ -55,7 +58,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from autopar.core.errors import AutoparError
 from autopar.core.mesh import DATA_PARALLEL
 from autopar.core.plan import Plan
-from autopar.models import moe_layers
+from autopar.models.expert_layers import ExpertLayer
 from autopar.models.moe.model import (
     capacity_slots,
     combine_capacity,
@@ -71,7 +74,6 @@ EXPERT_DP = ("edp_replicate", "edp_shard")
 """The expert mesh's data-parallel dimensions (ZeRO-0 replicates over the first, 1-3 shard over
 the second; the other has size 1, as ``core.mesh.DATA_PARALLEL``)."""
 EP = "ep"
-EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
 
 
 def expert_mesh(plan: Plan, mesh: DeviceMesh) -> DeviceMesh:
@@ -94,34 +96,39 @@ def expert_dp_mesh(plan: Plan, experts_mesh: DeviceMesh | None) -> DeviceMesh | 
     return experts_mesh[EXPERT_DP] if plan.config.zero == 0 else experts_mesh[EXPERT_DP[1]]
 
 
-def apply_expert_parallel(stage: nn.Module, plan: Plan, ep_mesh: DeviceMesh) -> list[nn.Module]:
-    """Shard every MoE layer's experts of ``stage`` over ``ep_mesh[EP]`` and give it the
-    all-to-all dispatch; returns the layers' ``experts`` modules (for FSDP over the expert
-    data-parallel ranks)."""
+def apply_expert_parallel(stage: nn.Module, plan: Plan, ep_mesh: DeviceMesh,
+                          layers: list[ExpertLayer]) -> list[nn.Module]:
+    """Shard the experts of every MoE layer of ``stage`` (``layers``: the family's
+    ``expert_layers(stage)``) over ``ep_mesh[EP]`` and route each through the all-to-all
+    dispatch; returns the layers' experts modules (for FSDP over the expert data-parallel
+    ranks)."""
     ep = ep_mesh[EP]
     out = []
-    for layer in moe_layers(stage):
+    for layer in layers:
         if layer.num_experts % ep.size():
             raise AutoparError(f"ep={ep.size()} does not divide the {layer.num_experts} experts",
                                where="plan.config.ep",
                                fix=f"choose ep among the divisors of {layer.num_experts}")
         experts = layer.experts
-        for name in EXPERT_WEIGHTS:
+        for name in layer.weights:
             param = getattr(experts, name)
             sharded = distribute_tensor(param.data, ep, [Shard(0)], src_data_rank=None)
             setattr(experts, name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        layer.dispatch = ExpertDispatch(ep)
+        dispatch = ExpertDispatch(ep, layer)
+        layer.install(dispatch)
+        experts.ep_dispatch = dispatch  # found again by ep_load
         out.append(experts)
     return out
 
 
 class ExpertDispatch:
     """The all-to-all dispatch and combine of one MoE layer over the ep group (see the
-    module docstring); called by ``MoELayer.forward`` with the layer's routing."""
+    module docstring); the layer calls it with its routing in place of its local experts."""
 
-    def __init__(self, ep_mesh: DeviceMesh) -> None:
+    def __init__(self, ep_mesh: DeviceMesh, layer: ExpertLayer) -> None:
         self.mesh = ep_mesh
         self.ep = ep_mesh.size()
+        self.layer = layer
         self.rows_sent: torch.Tensor | None = None
         """Assignments this rank sent to each ep rank's experts (ep,), summed over the calls
         (kept ones only in capacity mode): ``ep_load`` adds them up over the group."""
@@ -130,13 +137,14 @@ class ExpertDispatch:
         per_owner = per_owner.detach().to("cpu", torch.int64)
         self.rows_sent = per_owner if self.rows_sent is None else self.rows_sent + per_owner
 
-    def __call__(self, layer: nn.Module, tokens: torch.Tensor, top_experts: torch.Tensor,
+    def __call__(self, tokens: torch.Tensor, top_experts: torch.Tensor,
                  weights: torch.Tensor) -> torch.Tensor:
-        if layer.capacity_factor is None and not is_symbolic(tokens):
-            return self._dropless(layer, tokens, top_experts, weights)
-        return self._capacity(layer, tokens, top_experts, weights)
+        if self.layer.capacity_factor is None and not is_symbolic(tokens):
+            return self._dropless(tokens, top_experts, weights)
+        return self._capacity(tokens, top_experts, weights)
 
-    def _capacity(self, layer, tokens, top_experts, weights) -> torch.Tensor:
+    def _capacity(self, tokens, top_experts, weights) -> torch.Tensor:
+        layer = self.layer
         e, k, ep, h = layer.num_experts, layer.top_k, self.ep, tokens.size(-1)
         if layer.capacity_factor is None:  # a dropless layer on fake tensors: the mean load
             capacity = dropless_rows(tokens.size(0), e, k)
@@ -150,12 +158,13 @@ class ExpertDispatch:
         recv = all_to_all_single_autograd(buf.reshape(-1, h), None, None, self.mesh)
         local = e // ep  # recv: (source rank, local expert, slot, h)
         x = recv.view(ep, local, capacity, h).transpose(0, 1).reshape(local, ep * capacity, h)
-        y = layer.experts(x, grad_scale=1.0 / ep)
+        y = layer.run(x, None, 1.0 / ep)
         y = y.view(local, ep, capacity, h).transpose(0, 1).reshape(-1, h)
         back = all_to_all_single_autograd(y, None, None, self.mesh)
         return combine_capacity(back.view(e, capacity, h), slot, weights)
 
-    def _dropless(self, layer, tokens, top_experts, weights) -> torch.Tensor:
+    def _dropless(self, tokens, top_experts, weights) -> torch.Tensor:
+        layer = self.layer
         e, k, ep = layer.num_experts, layer.top_k, self.ep
         local = e // ep
         order, counts = dropless_order(top_experts, e)  # counts: (E,), experts by owner
@@ -169,8 +178,7 @@ class ExpertDispatch:
         # regroup (source, expert) blocks as (expert, source): each expert's rows together
         blocks = list(torch.split(recv, got.reshape(-1).tolist()))
         by_expert = [blocks[s * local + j] for j in range(local) for s in range(ep)]
-        y = layer.experts(torch.cat(by_expert), counts=got.sum(dim=0).tolist(),
-                          grad_scale=1.0 / ep)
+        y = layer.run(torch.cat(by_expert), got.sum(dim=0).tolist(), 1.0 / ep)
         out_blocks = list(torch.split(y, [int(got[s, j]) for j in range(local)
                                           for s in range(ep)]))
         by_source = [out_blocks[j * ep + s] for s in range(ep) for j in range(local)]
@@ -183,8 +191,8 @@ def ep_load(modules: list[nn.Module]) -> float | None:
     """The busiest ep rank's share of the assignments its ep group routed in the calls so far
     (1/ep is a perfect balance), over every MoE layer of ``modules``; ``None`` without expert
     parallelism. One all-reduce over the ep group (every rank of it calls this)."""
-    dispatches = [layer.dispatch for m in modules for layer in moe_layers(m)
-                  if isinstance(layer.dispatch, ExpertDispatch)]
+    dispatches = [d for m in modules for sub in m.modules()
+                  if isinstance(d := getattr(sub, "ep_dispatch", None), ExpertDispatch)]
     if not dispatches:
         return None
     load = sum(d.rows_sent for d in dispatches if d.rows_sent is not None)

@@ -265,7 +265,8 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
             stage.positions = partial(_positions, cp=cp, rank=cp_rank)
         apply_tensor_parallel(stage, plan, mesh[MeshAxis.TP.value], parts)
         experts = ([] if experts_mesh is None
-                   else apply_expert_parallel(stage, plan, experts_mesh))
+                   else apply_expert_parallel(stage, plan, experts_mesh,
+                                              model_family(model).expert_layers(stage)))
         apply_data_parallel(stage, stage.blocks().values(), plan, mesh, experts,
                             expert_dp_mesh(plan, experts_mesh))
         keep_fused_head_gathered(stage, parts.head)

@@ -9,7 +9,8 @@
 A family is a folder ``<family>/`` holding its model code, its presets and its ``Family``
 (``family.py``): how to recognise its models, where their parts are for the passes and what the
 fusion pass must know of its module classes. The zoo families are ``gpt``, ``llama`` and
-``moe``; ``hf_llama`` describes transformers' Llama-style causal LMs. Each folder registers its
+``moe``; ``hf_llama`` describes transformers' Llama-style causal LMs, ``hf_moe`` their
+mixture-of-experts decoders (Qwen2-MoE, Qwen3-MoE, Mixtral). Each folder registers its
 family when imported, and this package imports every folder it finds, so adding a family, or a
 transformers architecture, touches its own folder only. ``layers.py`` holds the building blocks
 the zoo families share.

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from autopar.core.errors import AutoparError
 from autopar.core.model_spec import ModelSpec
+from autopar.models.expert_layers import ExpertLayer, no_expert_layers
 from autopar.models.parts import ModelParts
 from autopar.models.presets import Preset
 
@@ -75,6 +76,9 @@ class Family:
     """module -> whether it is a causal attention of the family's that calls its
     ``context_parallel`` submodule, when it has one, as ``(q, k, v, dropout_p=, enable_gqa=)``
     in place of causal SDPA: ``passes/context_parallel.py`` gives it one under cp > 1."""
+    expert_layers: Callable[[nn.Module], list[ExpertLayer]] = no_expert_layers
+    """module (a model of the family, or a pipeline stage of one) -> its mixture-of-experts
+    layers as expert parallelism sees them (``models.expert_layers``), in module order."""
     shorthands: Mapping[str, Callable[[Mapping[str, Any]], ModelSpec]] = field(
         default_factory=dict)
     """``--model`` names the family answers beside its presets (``hf-llama``): name ->

@@ -98,11 +98,6 @@ def test_transformers_decoders_of_llamas_layout_are_of_the_hf_llama_family(
 
 
 @pytest.mark.parametrize(("architecture", "fields", "reason"), [
-    ("MixtralForCausalLM", {"num_local_experts": 4}, "no linear mlp.gate_proj"),
-    ("Qwen2MoeForCausalLM", {"num_experts": 4, "moe_intermediate_size": 32,
-                             "shared_expert_intermediate_size": 32}, "no linear mlp.gate_proj"),
-    ("Qwen3MoeForCausalLM", {"num_experts": 4, "moe_intermediate_size": 32},
-     "no linear mlp.gate_proj"),
     ("Gemma2ForCausalLM", {}, "soft-caps the logits"),
     ("Gemma2ForCausalLM", {"final_logit_softcapping": None}, "pre_feedforward_layernorm"),
 ])
@@ -113,6 +108,24 @@ def test_transformers_decoders_of_another_layout_are_refused_with_the_reason(
     with pytest.raises(AutoparError) as err:
         family_of(model)
     assert "hf-llama: its" in err.value.what and reason in err.value.what, err.value.what
+
+
+@pytest.mark.parametrize(("architecture", "fields"), [
+    ("MixtralForCausalLM", {"num_local_experts": 4}),
+    ("Qwen2MoeForCausalLM", {"num_experts": 4, "moe_intermediate_size": 32,
+                             "shared_expert_intermediate_size": 32}),
+    ("Qwen3MoeForCausalLM", {"num_experts": 4, "moe_intermediate_size": 32}),
+])
+def test_transformers_moe_decoders_are_not_hf_llamas_but_hf_moes(
+        architecture: str, fields: dict) -> None:
+    pytest.importorskip("transformers")
+    from autopar.models.family import family_named
+
+    model = ModelSpec.transformers_config(architecture, {**_HF_TINY, **fields}).build("meta")
+    assert "no linear mlp.gate_proj" in family_named("hf-llama").why_not(model)
+    family = family_of(model)
+    assert family.name == "hf-moe"
+    _check_parts(model, family.parts)
 
 
 def test_a_model_of_no_family_is_refused_with_each_familys_reason() -> None:

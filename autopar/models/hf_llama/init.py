@@ -16,6 +16,7 @@ allocated for its scale).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -46,8 +47,11 @@ def _norm_constant(model: nn.Module, module: nn.Module, attr: str) -> Constant:
     return Constant(float(values.item()))
 
 
-def hf_scheme(model: nn.Module) -> InitScheme:
-    """The init scheme of a transformers Llama-style causal LM (on meta or allocated)."""
+def hf_scheme(model: nn.Module,
+              other: Callable[[str, nn.Module, float], Law | None] | None = None) -> InitScheme:
+    """The init scheme of a transformers Llama-style causal LM (on meta or allocated);
+    ``other(attribute, module, std)`` gives the law of a parameter of a module of none of the
+    kinds above (a family's own: ``hf_moe``'s experts and routers), ``None`` where it has none."""
     std = getattr(model.config, "initializer_range", None) or INIT_STD
     norm_laws: dict[tuple[type, str], Constant] = {}
 
@@ -63,7 +67,7 @@ def hf_scheme(model: nn.Module) -> InitScheme:
             if key not in norm_laws:
                 norm_laws[key] = _norm_constant(model, module, attr)
             return norm_laws[key]
-        return None
+        return None if other is None else other(attr, module, std)
 
     def buffer(name: str) -> torch.Tensor:
         owner, _, attr = name.rpartition(".")

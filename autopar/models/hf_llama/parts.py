@@ -42,7 +42,7 @@ def mismatch(model: nn.Module) -> str | None:
         return "its forward soft-caps the logits, which a pipeline stage's head does not"
     for i, block in enumerate(model.get_submodule("model.layers")):
         lacking = [path for path in BLOCK_LINEARS
-                   if not isinstance(_get(block, path), nn.Linear)]
+                   if not isinstance(submodule(block, path), nn.Linear)]
         if lacking:
             return (f"its block model.layers.{i} has no linear {', '.join(lacking)} "
                     f"(fused projections or experts are not Llama's layout)")
@@ -53,7 +53,8 @@ def mismatch(model: nn.Module) -> str | None:
     return None
 
 
-def _get(module: nn.Module, path: str) -> nn.Module | None:
+def submodule(module: nn.Module, path: str) -> nn.Module | None:
+    """The submodule of ``module`` at ``path``; ``None`` where it has none."""
     try:
         return module.get_submodule(path)
     except AttributeError:
@@ -61,15 +62,21 @@ def _get(module: nn.Module, path: str) -> nn.Module | None:
 
 
 def _has(model: nn.Module, path: str) -> bool:
-    return _get(model, path) is not None
+    return submodule(model, path) is not None
 
 
 def sliding_window(root_config: object, block: nn.Module) -> int | None:
     """The attention window of ``block``: its attention's own ``sliding_window`` where it has
-    one (Qwen2's per-layer types), else the config's (Mistral: every layer); ``None``: full."""
+    one (Qwen2's per-layer types), else none where the config has per-layer types or
+    ``use_sliding_window=False``, else the config's (Mistral: every layer); ``None``: full."""
     attention = getattr(block, "self_attn", None)
     if attention is not None and hasattr(attention, "sliding_window"):
         return attention.sliding_window
+    if getattr(root_config, "layer_types", None) is not None or \
+            getattr(root_config, "use_sliding_window", True) is False:
+        # per-layer types name the windowed layers (their attention holds the window), or the
+        # config turns the window off (Qwen2-MoE keeps sliding_window=0 then)
+        return None
     return getattr(root_config, "sliding_window", None)
 
 

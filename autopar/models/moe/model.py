@@ -64,6 +64,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from autopar.core.errors import AutoparError
+from autopar.models.expert_layers import ExpertLayer
 from autopar.models.init import Law, Normal
 from autopar.models.layers import INIT_STD, check_positive_float, check_positive_int
 from autopar.models.llama.model import DecoderConfig, DecoderLM, LlamaAttention
@@ -266,11 +267,14 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def _local(w: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
+def local_weight(w: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
     """A parameter's local tensor (expert parallelism makes the stacked weights DTensors),
     its gradient scaled by ``grad_scale``."""
     local = w.to_local() if isinstance(w, DTensor) else w
     return local if grad_scale == 1.0 else _ScaleGrad.apply(local, grad_scale)
+
+
+_local = local_weight
 
 
 def is_symbolic(x: torch.Tensor) -> bool:
@@ -305,7 +309,7 @@ class MoELayer(nn.Module):
         top_logits, top_experts = torch.topk(logits, k, dim=-1)  # (T, k)
         weights = torch.softmax(top_logits, dim=-1).to(x.dtype)  # Mixtral: over the top k
         if self.dispatch is not None:
-            combined = self.dispatch(self, tokens, top_experts, weights)
+            combined = self.dispatch(tokens, top_experts, weights)
         elif self.capacity_factor is None and not is_symbolic(tokens):
             order, counts = dropless_order(top_experts, e)
             rows = tokens.repeat(k, 1)[order]
@@ -329,6 +333,25 @@ class MoELayer(nn.Module):
 def moe_layers(module: nn.Module) -> list[MoELayer]:
     """Every MoE layer under ``module`` (of any family built on ``MoELayer``)."""
     return [m for m in module.modules() if isinstance(m, MoELayer)]
+
+
+def expert_layers(module: nn.Module) -> list[ExpertLayer]:
+    """Every ``MoELayer`` under ``module`` as expert parallelism sees it
+    (``Family.expert_layers`` of the families built on it)."""
+    return [_expert_layer(layer) for layer in moe_layers(module)]
+
+
+def _expert_layer(layer: MoELayer) -> ExpertLayer:
+    def run(x: torch.Tensor, counts: list[int] | None, grad_scale: float) -> torch.Tensor:
+        # through Experts.__call__, so FSDP2 gathers the weights first
+        return layer.experts(x, counts=counts, grad_scale=grad_scale)
+
+    def install(dispatch) -> None:
+        layer.dispatch = dispatch
+
+    return ExpertLayer(experts=layer.experts, weights=("w_gate", "w_up", "w_down"),
+                       num_experts=layer.num_experts, top_k=layer.top_k,
+                       capacity_factor=layer.capacity_factor, run=run, install=install)
 
 
 class MoEBlock(nn.Module):

@@ -1,0 +1,51 @@
+"""``ExpertLayer``: one mixture-of-experts layer as expert parallelism sees it, whatever the
+family that wrote it.
+
+Expert parallelism (``passes/expert_parallel.py``) needs the same few things of every MoE layer:
+the module holding the experts' stacked weights (``Shard(0)`` over the ep ranks, and FSDP2's
+unit over the expert data-parallel ranks), their names, the number of experts, the top-k, the
+capacity (``None``: dropless), how to run the local experts on rows grouped by expert, and how
+to make the layer route through the all-to-all dispatch. A family says where its MoE layers are
+with ``Family.expert_layers`` (module -> ``ExpertLayer`` list): the zoo's ``MoELayer``
+(``models/moe``, ``models/deepseek``) and transformers' stacked-weights experts (``models/hf_moe``)
+go through the one dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+Dispatch = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+"""(tokens (T, h), top-k expert indices (T, k), top-k weights (T, k)) -> the layer's combined
+expert output (T, h): what a layer calls in place of its local experts."""
+
+
+@dataclass(frozen=True)
+class ExpertLayer:
+    """One MoE layer of a model, for expert parallelism."""
+
+    experts: nn.Module
+    """The module whose ``weights`` are the experts' stacked parameters (first dim: expert)."""
+    weights: tuple[str, ...]
+    """Its stacked parameters' names, each (E, ...): split ``Shard(0)`` over the ep ranks."""
+    num_experts: int
+    top_k: int
+    capacity_factor: float | None
+    """Slots per expert as a factor of the mean load; ``None``: dropless (every assignment)."""
+    run: Callable[[torch.Tensor, list[int] | None, float], torch.Tensor]
+    """(x, counts, grad_scale) -> the local experts' outputs: ``x`` (E_local, C, h) with
+    ``counts`` ``None``, else rows grouped by expert, ``counts[i]`` rows for local expert i;
+    the weights' local shards are used and their gradients scaled by ``grad_scale``."""
+    install: Callable[[Dispatch | None], None]
+    """Make the layer call the dispatch in place of its local experts (``None``: local again)."""
+
+
+def no_expert_layers(module: nn.Module) -> list[ExpertLayer]:
+    """A family without mixture-of-experts layers."""
+    return []

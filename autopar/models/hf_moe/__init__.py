@@ -1,0 +1,39 @@
+"""The ``hf-moe`` family: transformers' mixture-of-experts decoders laid out like Llama,
+built by transformers itself.
+
+Covered (recognised by layout, ``parts.py``, not by class): ``Qwen2MoeForCausalLM`` (routed
+experts plus a sigmoid-gated shared expert, dense ``mlp_only_layers`` allowed),
+``Qwen3MoeForCausalLM`` and ``MixtralForCausalLM`` -- Llama-style attention and a sparse MoE
+block whose ``experts`` are transformers' stacked ``gate_up_proj``/``down_proj`` called as
+``experts(hidden, top_k_index, top_k_weights)`` (dropless). Pipeline stages call the blocks
+as ``hf_llama`` does (its ``ModelParts``, imported); tensor parallelism splits attention and
+the dense and shared-expert MLPs as there, and keeps the router and the experts whole on every
+tp rank; expert parallelism shards the stacked weights over the ep ranks and routes through
+the one all-to-all dispatch (``experts.py``, ``passes/expert_parallel.py``).
+
+Refused, with the reason in ``family_of``'s error:
+
+* ``output_router_logits`` set: the CausalLM then adds ``load_balancing_loss_func`` over all
+  layers' router logits at once (a product of sums over layers and tokens), which no pipeline
+  stage or data-parallel rank holds alone. With it unset -- transformers' default -- the model
+  trains on the cross-entropy alone, and so do autopar's stages and ``verify``'s reference.
+* a router with jitter noise (Mixtral's ``router_jitter_noise`` > 0): random per rank.
+* experts in another layout (a list of expert MLPs as in DeepSeek-V2/Qwen2-MoE of older
+  transformers, transposed or biased stacked weights, GPT-OSS), soft-capped logits, blocks with
+  other children (Gemma-style extra norms).
+"""
+
+from __future__ import annotations
+
+from autopar.models.family import Family, register
+from autopar.models.hf_llama.modules import is_silu, rms_norm
+from autopar.models.hf_llama.parts import HF_LLAMA_PARTS
+from autopar.models.hf_moe.experts import expert_layers
+from autopar.models.hf_moe.init import moe_scheme
+from autopar.models.hf_moe.parts import mismatch
+
+FAMILY = register(Family(name="hf-moe", parts=HF_LLAMA_PARTS, mismatch=mismatch,
+                         rms_norm=rms_norm, is_silu=is_silu, init=moe_scheme,
+                         expert_layers=expert_layers))
+
+__all__ = ["FAMILY"]
