@@ -7,7 +7,8 @@ engine; ``passes/data_parallel.py`` applies exactly these choices.
 from __future__ import annotations
 
 from autopar.core.estimate import checkpoint_text
-from autopar.core.specs import Checkpoint, ParallelConfig, Precision, TrainSpec
+from autopar.core.specs import (ASYNC_TP, ENGINE_FUSIONS, Checkpoint, ParallelConfig, Precision,
+                                TrainSpec)
 from autopar.costmodel.memory import dtype_bytes
 
 ENGINE_ZERO = {
@@ -138,9 +139,17 @@ def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
     rows.append(("checkpointing", checkpoint_line(config, num_blocks)))
     rows.append(("precision", _PRECISION[train.precision]))
     rows.append(("model states", state_text(train)))
-    if config.fusions:
-        rows.append(("fused kernels", ", ".join(config.fusions) + " (Triton, autopar.kernels; "
+    kernels = [f for f in config.fusions if f not in ENGINE_FUSIONS]
+    if kernels:
+        rows.append(("fused kernels", ", ".join(kernels) + " (Triton, autopar.kernels; "
                                       "swapped in by passes/fuse.py before the pipeline split)"))
+    if ASYNC_TP in config.fusions:
+        rows.append(("async tp", "PyTorch micro-pipeline TP (passes/async_tp.py): symmetric "
+                                 "memory on the tp group, each block torch.compile'd so each "
+                                 "sequence-parallel all-gather / reduce-scatter runs decomposed "
+                                 "beside its GEMM; CUDA GPUs over NVLink only -- CPU ranks "
+                                 "(autopar verify, the dry run) run the blocks eagerly, "
+                                 "without the overlap"))
     if config.offload:
         rows.append(("offload", "FSDP2 CPUOffloadPolicy: sharded parameters, gradients and the "
                                 "optimizer step on the CPU"))

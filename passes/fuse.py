@@ -53,23 +53,26 @@ from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
 from autopar import kernels
 from autopar.core.errors import AutoparError
+from autopar.core.specs import ENGINE_FUSIONS
 from autopar.ops import PATTERNS
 from autopar.models.family import Family
 from autopar.passes.model_parts import ModelParts, model_family
 
 FUSIONS: tuple[str, ...] = kernels.KERNELS
-"""The fusions this pass applies: one per kernel, named as the kernel."""
+"""The fusions this pass applies: one per kernel, named as the kernel. The engine's fusions of
+collectives and GEMMs (``core.specs.ENGINE_FUSIONS``: ``async_tp``, ``passes/async_tp.py``)
+are accepted beside them and applied by their own pass."""
 
 
 def check_fusions(fusions: tuple[str, ...] | list[str], tp: int = 1) -> None:
     """``AutoparError`` for a name without a kernel, or ``linear_cross_entropy`` with tp > 1."""
     for name in fusions:
-        if name in FUSIONS:
+        if name in FUSIONS or name in ENGINE_FUSIONS:
             continue
         what = (f"fusion {name!r} is priced by the cost model but has no kernel to run"
                 if name in PATTERNS else f"unknown fusion {name!r}")
         raise AutoparError(what, where="plan.config.fusions",
-                           fix=f"use names among {', '.join(FUSIONS)}")
+                           fix=f"use names among {', '.join(FUSIONS + ENGINE_FUSIONS)}")
     if "linear_cross_entropy" in fusions and tp > 1:
         raise AutoparError(
             f"fusion 'linear_cross_entropy' with tp={tp}: the head's weight is split by "
@@ -85,6 +88,7 @@ def apply_fusions(model: nn.Module, fusions: tuple[str, ...] | list[str], tp: in
     place); returns (fusion, matches) in the order given. ``tp`` is the plan's tensor-parallel
     degree (``check_fusions``)."""
     check_fusions(fusions, tp)
+    fusions = [name for name in fusions if name not in ENGINE_FUSIONS]
     if not fusions:
         return []
     register_dtensor_rules()

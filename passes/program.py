@@ -54,6 +54,7 @@ from autopar.passes.loss_scaling import grad_scaler, quiet_found_inf
 from autopar.core.mesh import MeshAxis
 from autopar.passes.mesh import check_executable, dp_rank
 from autopar.passes.model_parts import ModelParts, model_family, parts_or_none
+from autopar.passes.async_tp import apply_async_tp
 from autopar.passes.pipeline import StageShapes, build_schedule
 from autopar.passes.stage import StageModule, build_stages, stage_layout
 from autopar.passes.whole_model import checkpoint_blocks, whole_model_blocks
@@ -264,6 +265,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
         if cp > 1:
             stage.positions = partial(_positions, cp=cp, rank=cp_rank)
         apply_tensor_parallel(stage, plan, mesh[MeshAxis.TP.value], parts)
+        apply_async_tp(list(stage.blocks().values()), plan, mesh[MeshAxis.TP.value], device)
         experts = ([] if experts_mesh is None
                    else apply_expert_parallel(stage, plan, experts_mesh,
                                               model_family(model).expert_layers(stage)))

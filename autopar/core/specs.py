@@ -105,6 +105,16 @@ def check_field(name: str, value: object) -> object:
     return value
 
 
+ASYNC_TP = "async_tp"
+"""Asynchronous tensor parallelism, an engine fusion: each sequence-parallel all-gather before a
+column-split GEMM and reduce-scatter after a row-split one decomposed and overlapped with the
+GEMM (PyTorch's micro-pipeline TP over symmetric memory, ``passes/async_tp.py``; priced by
+``costmodel/step.py:tp_comm_s``). Needs tp > 1 with sequence parallelism."""
+ENGINE_FUSIONS: tuple[str, ...] = (ASYNC_TP,)
+"""Fusions the engine makes of collectives and GEMMs (no kernel of ``autopar.kernels``, no op
+pattern of ``autopar.ops``)."""
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """What one optimizer step trains."""
@@ -169,7 +179,8 @@ class ParallelConfig:
     offload: bool = False
     """Keep optimizer states (and the fp32 master weights) in CPU memory, step on the CPU."""
     fusions: tuple[str, ...] = field(default_factory=tuple)
-    """Names of fused kernels applied (see ``autopar.kernels``)."""
+    """Names of fused kernels applied (see ``autopar.kernels``), and of the engine's own
+    fusions (``ENGINE_FUSIONS``: ``"async_tp"``)."""
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
@@ -193,6 +204,13 @@ class ParallelConfig:
                 fix="drop 'linear_cross_entropy' for tp > 1 (the vocabulary-parallel loss "
                     "keeps the logits sharded instead), or plan tp=1",
             )
+        if ASYNC_TP in self.fusions and not self.sequence_parallel:
+            raise AutoparError(
+                f"fusion 'async_tp' with tp={self.tp} and no sequence parallelism: it overlaps "
+                "the sequence-parallel all-gathers and reduce-scatters with their GEMMs, and "
+                "there are none to overlap",
+                where="fusions",
+                fix="plan tp > 1 with sequence_parallel=True, or drop 'async_tp'")
         if (self.dp * self.cp) % self.ep:
             raise AutoparError(
                 f"ep={self.ep} does not divide dp*cp={self.dp * self.cp}: expert parallelism "

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 from autopar.core.estimate import checkpoint_text
 from autopar.core.plan import Plan
-from autopar.core.specs import Checkpoint, Optimizer, Precision, Schedule
+from autopar.core.specs import ASYNC_TP, Checkpoint, Optimizer, Precision, Schedule
 from autopar.core.stages import chunk_sizes
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
 from autopar.exports.shape import ModelShape, model_shape
@@ -274,12 +274,18 @@ def _fusions(plan: Plan) -> Item:
     settings: tuple[Setting, ...] = ()
     if "linear_cross_entropy" in fusions:
         settings = (("cross_entropy_loss_fusion", True),)
+    if ASYNC_TP in fusions:
+        settings = (*settings, ("tp_comm_overlap", True))
     return Item("config.fusions", ", ".join(fusions) or "none", settings, Fit.CLOSE,
                 "Megatron-LM applies its own fused kernels by default (bias-GELU or SwiGLU, "
                 "bias-dropout-add, masked softmax, RoPE, Transformer Engine's norms); autopar's "
                 "kernels are not chosen one by one"
                 + ("; --cross-entropy-loss-fusion fuses the loss, not the head's GEMM"
-                   if settings else ""))
+                   if "linear_cross_entropy" in fusions else "")
+                + ("; --tp-comm-overlap overlaps the sequence-parallel collectives with the "
+                   "GEMMs through Transformer Engine's userbuffers, where autopar's async_tp "
+                   "is PyTorch's micro-pipeline TP: the same overlap, another implementation"
+                   if ASYNC_TP in fusions else ""))
 
 
 def _precision(plan: Plan) -> Item:

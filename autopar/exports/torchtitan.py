@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 from autopar.core.estimate import checkpoint_text
 from autopar.core.plan import Plan
-from autopar.core.specs import Checkpoint, Optimizer, Precision, Schedule
+from autopar.core.specs import ASYNC_TP, Checkpoint, Optimizer, Precision, Schedule
 from autopar.core.stages import chunk_sizes
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
 from autopar.exports.shape import ModelShape, model_shape
@@ -204,7 +204,9 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
 
     ac, ac_class = _checkpoint(plan, row)
     row("config.fusions", ", ".join(c.fusions) or "none", "", Fit.NONE,
-        "torchtitan's kernels come with its model and torch.compile (compile.enable)")
+        "torchtitan's kernels come with its model and torch.compile (compile.enable)"
+        + ("; for async_tp set parallelism.enable_async_tensor_parallel with compile.enable "
+           "(the same micro-pipeline TP)" if ASYNC_TP in c.fusions else ""))
     flavor = _flavor(model_shape(plan))
     label = plan.model_spec.label if plan.model_spec else plan.model
     if flavor:

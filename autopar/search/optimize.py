@@ -42,8 +42,8 @@ from autopar.costmodel.pipeline import (
     even_partition,
     pipeline_s,
 )
-from autopar.core.specs import Checkpoint, ParallelConfig, Schedule, TrainSpec
-from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step, tp_comm_s
+from autopar.core.specs import ASYNC_TP, Checkpoint, ParallelConfig, Schedule, TrainSpec
+from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step, tp_comm_s, tp_gemm_s
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.admissibility import ModelFacts
@@ -101,7 +101,8 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
     act = activation_bytes_per_element(train.precision)
     split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
                   COMPUTE_DTYPE[train.precision], seq_len=work.seq_len)
-    key = (id(work), split, config.ep > 1, config.tp, config.dp, config.cp, config.pp)
+    overlap = ASYNC_TP in config.fusions and config.tp > 1
+    key = (id(work), split, config.ep > 1, config.tp, config.dp, config.cp, config.pp, overlap)
     if key not in memo:
         scale = eff.moe_load_imbalance if config.ep > 1 else 1.0
         groups = mesh_groups(config, cluster)
@@ -109,8 +110,11 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
         per = []
         for layer in (work.pre, work.block, work.post):
             t = estimate_layer_s(layer, split, cluster, eff, expert_scale=scale)
+            gemm = (tp_gemm_s(layer, split, Checkpoint.NONE, cluster, eff) if overlap
+                    else None)
             per.append(t.forward + t.backward
-                       + tp_comm_s(layer, split, Checkpoint.NONE, groups, cluster, eff))
+                       + tp_comm_s(layer, split, Checkpoint.NONE, groups, cluster, eff,
+                                   overlapped_gemm_s=gemm))
         memo[key] = tuple(per)  # type: ignore[assignment]
     pre, block, post = memo[key]  # type: ignore[misc]
     part = partition_of(work, config, pre, block, post)

@@ -46,7 +46,7 @@ from autopar.admissibility import (
     stages_problem,
 )
 from autopar.core.errors import AutoparError
-from autopar.core.specs import ParallelConfig, Schedule, TrainSpec, check_field
+from autopar.core.specs import ASYNC_TP, ParallelConfig, Schedule, TrainSpec, check_field
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 """Micro-batch sizes tried (those dividing the per-replica batch)."""
@@ -109,6 +109,8 @@ def meshes(num_gpus: int, facts: ModelFacts, train: TrainSpec,
             continue  # sequence parallelism splits over the tp ranks
         if tp > 1 and "linear_cross_entropy" in (constraints.get("fusions") or ()):
             continue  # the fused loss needs the whole vocabulary on one GPU
+        if tp == 1 and ASYNC_TP in (constraints.get("fusions") or ()):
+            continue  # it overlaps tensor-parallel collectives
         rest = num_gpus // tp
         for pp in _allowed(divisors(rest), "pp", constraints):
             if stats.refuse(stages_problem(facts, pp, pp)):
@@ -206,6 +208,15 @@ def _zero_stages(replicas: int, pp: int, constraints: Mapping[str, object],
 
 def _sequence_parallel(tp: int, cp: int, seq_len: int, constraints: Mapping[str, object],
                        stats: SpaceStats) -> list[bool]:
+    options = _sequence_parallel_options(tp, cp, seq_len, constraints, stats)
+    if ASYNC_TP in (constraints.get("fusions") or ()):
+        return [o for o in options if o]  # it overlaps the sequence-parallel collectives
+    return options
+
+
+def _sequence_parallel_options(tp: int, cp: int, seq_len: int,
+                               constraints: Mapping[str, object], stats: SpaceStats
+                               ) -> list[bool]:
     if "sequence_parallel" in constraints:
         return [bool(constraints["sequence_parallel"]) and tp > 1]
     if tp == 1 or sequence_parallel_problem(seq_len, tp, cp) is not None:

@@ -77,6 +77,23 @@ def _erf_model() -> nn.Module:
         return _ErfModel()
 
 
+@pytest.fixture(autouse=True)
+def erf_model_family():
+    """A model family for ``_ErfModel`` (its layout, tensor parallelism allowed: no attention
+    heads to keep whole), as a user registers one: the generic description refuses tp for a
+    model it cannot prove safe, and these tests plan tp = 2 to see the op rules at work."""
+    from autopar.models.family import Family, register as register_family, \
+        unregister as unregister_family
+    from autopar.models.parts import ModelParts
+
+    parts = ModelParts(blocks="layers", first=("emb",), last=("head",), head="head",
+                       embedding="emb", embed=lambda root, tokens: root.emb(tokens),
+                       finish=lambda root, x: root.head(x))
+    register_family(Family(name="test-erf", parts=parts, model_class=_ErfModel))
+    yield
+    unregister_family("test-erf")
+
+
 def test_an_op_without_a_rule_runs_replicated_and_is_reported() -> None:
     plan = autopar.optimize(_erf_model(), CLUSTER, TRAIN, constraints={"tp": 2})
     assert "special_erf" in plan.ops_without_rules
