@@ -85,7 +85,7 @@ _PRECISION = {
 }
 
 _CHECKPOINT = {
-    Checkpoint.SELECTIVE: "non-reentrant checkpoint saving matmul and fused attention outputs, "
+    Checkpoint.MATMULS: "non-reentrant checkpoint saving matmul and fused attention outputs, "
                           "recomputing the rest",
     Checkpoint.FULL: "non-reentrant checkpoint of the block",
 }

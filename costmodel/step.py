@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from .cluster import ClusterSpec
 from .collectives import Collective, Group, estimate_collective_s
-from .compute import PhaseTimes, Split, estimate_layer_s, measured
+from .compute import PhaseTimes, Split, estimate_layer_s, measured, reruns
 from .efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, StageMemory
@@ -94,6 +94,13 @@ def _stage_groups(
     return groups
 
 
+def reissues(policy: Checkpoint) -> bool:
+    """Whether ``policy``'s recomputation issues the block's forward collectives again (tp, cp,
+    ep): ``full`` and ``matmuls`` rerun the ops around them; ``selective`` reruns the attention
+    core only, which issues none (under cp the attention is fused: nothing is rerun)."""
+    return policy in (Checkpoint.FULL, Checkpoint.MATMULS)
+
+
 def tp_collective_s(c: TPCollective, split: Split, tp_group: Group, cluster: ClusterSpec,
                     eff: Efficiency) -> float:
     """Seconds of one tensor-parallel collective for one micro-batch on one cp rank."""
@@ -108,9 +115,10 @@ def tp_comm_s(
     total = 0.0
     for c in layer.tp_collectives:
         t = tp_collective_s(c, split, g.tp, cluster, eff)
-        # a recomputed forward issues its collectives again: the selective policy caches GEMM
-        # outputs, not the collectives after them (passes/checkpointing.py)
-        repeats = 2 if (c.phase is Phase.FORWARD and policy is not Checkpoint.NONE) else 1
+        # a recomputed forward issues its collectives again: the matmuls policy caches GEMM
+        # outputs, not the collectives after them; selective recomputes the attention core
+        # only, which issues none (passes/checkpointing.py)
+        repeats = 2 if (c.phase is Phase.FORWARD and reissues(policy)) else 1
         total += t * repeats
     return total
 
@@ -139,7 +147,7 @@ def _cp_comm_s(
     for kind, phase, op in cp_collectives(layer):
         heads = split.tp if op.shard is Shard.TP else 1  # this tp rank's key/value heads
         nbytes = op.kv_elements * split.micro_batch * split.act_bytes / heads
-        repeats = 2 if (phase is Phase.FORWARD and policy is not Checkpoint.NONE) else 1
+        repeats = 2 if (phase is Phase.FORWARD and reissues(policy)) else 1
         total += repeats * estimate_collective_s(kind, nbytes, g.cp, cluster, eff)
     return total
 
@@ -152,7 +160,7 @@ def ep_alltoalls(layer: LayerCost, policy: Checkpoint) -> tuple[int, int]:
     if layer.ep_alltoall_elements == 0:
         return (0, 0)
     forward = 3 if layer.ep_dropless else 2
-    return forward, 2 + (forward if policy is not Checkpoint.NONE else 0)
+    return forward, 2 + (forward if reissues(policy) else 0)
 
 
 def _ep_comm_s(
@@ -171,7 +179,7 @@ def _ep_comm_s(
     forward, backward = ep_alltoalls(layer, policy)
     count_exchanges = 0
     if layer.ep_dropless:
-        count_exchanges = 1 + (policy is not Checkpoint.NONE)
+        count_exchanges = 1 + reissues(policy)
         counts = estimate_collective_s(Collective.ALL_TO_ALL, 8.0 * g.ep.size, g.ep, cluster,
                                        eff)
     else:
@@ -191,9 +199,10 @@ def _layer_time(
     recompute = 0.0
     if policy is Checkpoint.FULL:
         recompute = t.forward
-    elif policy is Checkpoint.SELECTIVE:
-        # every op but the linear layers and fused attention runs again in the backward
-        recompute = estimate_layer_s(layer, split, cluster, eff, only_recomputed_by_selective=True,
+    elif policy is not Checkpoint.NONE:
+        # matmuls: every op but the linear layers and fused attention runs again in the
+        # backward; selective: the unfused attention core's
+        recompute = estimate_layer_s(layer, split, cluster, eff, recomputed_by=policy,
                                      expert_scale=imbalance).forward
     return (t, recompute, tp_comm_s(layer, split, policy, g, cluster, eff),
             _cp_comm_s(layer, split, policy, g, cluster, eff),
@@ -444,8 +453,7 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     recomputed = sum(
         workload.block.matmul_flop if p is Checkpoint.FULL else
         sum(o.flop for o in workload.block.ops
-            if not o.kept_by_selective and o.kind in (OpKind.MATMUL, OpKind.ATTENTION))
-        if p is Checkpoint.SELECTIVE else 0.0
+            if reruns(o, p) and o.kind in (OpKind.MATMUL, OpKind.ATTENTION))
         for p in policies
     )
     model_flops = 3 * fwd * train.global_batch

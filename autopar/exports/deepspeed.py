@@ -211,7 +211,7 @@ def _checkpoint(plan: Plan, cfg: dict[str, object], row) -> None:
     if c.checkpoint is Checkpoint.NONE:
         row("config.checkpoint", text, "", Fit.EXACT, "nothing recomputed")
         return
-    if c.checkpoint is Checkpoint.SELECTIVE:
+    if c.checkpoint is Checkpoint.MATMULS:
         row("config.checkpoint", text, "", Fit.NONE,
             "DeepSpeed has no selective policy: without code of yours (torch's "
             "create_selective_checkpoint_contexts around each block) every activation is "

@@ -211,7 +211,7 @@ def _checkpoint(plan: Plan, shape: ModelShape | None) -> Item:
                         "every layer recomputed from its input")
         return _selective(value, moe)
     policies = c.checkpoint
-    if Checkpoint.SELECTIVE in policies:
+    if Checkpoint.MATMULS in policies:
         return Item("config.checkpoint", value, _FULL_ALL, Fit.CLOSE,
                     "Megatron cannot mix selective and full recomputation across layers: every "
                     "layer recomputed in full, so less activation memory and more recompute "

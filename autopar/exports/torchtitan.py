@@ -254,8 +254,8 @@ def _checkpoint(plan: Plan, row) -> tuple[dict[str, object] | None, str | None]:
     text = checkpoint_text(c.checkpoint)
     policy = c.checkpoint
     if isinstance(policy, tuple):
-        most = (Checkpoint.FULL if Checkpoint.FULL in policy else Checkpoint.SELECTIVE
-                if Checkpoint.SELECTIVE in policy else Checkpoint.NONE)
+        most = (Checkpoint.FULL if Checkpoint.FULL in policy else Checkpoint.MATMULS
+                if Checkpoint.MATMULS in policy else Checkpoint.NONE)
         if most is not Checkpoint.NONE:
             row("config.checkpoint", text, f"{_AC_NAME[most]} on every block", Fit.CLOSE,
                 "torchtitan applies one policy to every block: the plan's most recomputing "
@@ -276,8 +276,8 @@ def _checkpoint(plan: Plan, row) -> tuple[dict[str, object] | None, str | None]:
     return SELECTIVE_AC, "SelectiveAC"
 
 
-_AC = {Checkpoint.FULL: FULL_AC, Checkpoint.SELECTIVE: SELECTIVE_AC}
-_AC_NAME = {Checkpoint.FULL: "FullAC", Checkpoint.SELECTIVE: "SelectiveAC"}
+_AC = {Checkpoint.FULL: FULL_AC, Checkpoint.MATMULS: SELECTIVE_AC}
+_AC_NAME = {Checkpoint.FULL: "FullAC", Checkpoint.MATMULS: "SelectiveAC"}
 
 
 def _flavor(shape: ModelShape | None) -> str | None:

@@ -78,6 +78,45 @@ def is_linear(node: NodeInfo, graph: GraphIR) -> bool:
         len(graph.params[p].shape) <= 2 for p in node.params if p in graph.params)
 
 
+def is_activation_product(node: NodeInfo, graph: GraphIR) -> bool:
+    """A GEMM of two activations and no parameter (attention's q.k^T and probabilities.v)."""
+    return node.op in GEMM.ops and not node.params and \
+        len([i for i in node.inputs if graph.has_node(i)]) >= 2
+
+
+def attention_core(graph: GraphIR, nodes: Sequence[NodeInfo]) -> frozenset[str]:
+    """The unfused attention cores among ``nodes``: each product of two activations (q.k^T)
+    whose result reaches another (probabilities.v), with every node on the way (scale, mask,
+    softmax, dropout) -- what Korthikanti et al.'s selective recomputation recomputes
+    (``Checkpoint.SELECTIVE``). Fused attention has none: its kernel keeps no internals."""
+    inside = {n.name: n for n in nodes}
+    users: dict[str, list[str]] = {name: [] for name in inside}
+    for n in nodes:
+        for i in n.inputs:
+            if i in users:
+                users[i].append(n.name)
+    products = {n.name for n in nodes if is_activation_product(n, graph)}
+    core: set[str] = set()
+    for start in products:
+        reached, todo = {start}, [start]
+        while todo:  # what the scores feed, up to the next product
+            for u in users[todo.pop()]:
+                if u not in reached:
+                    reached.add(u)
+                    if u not in products:
+                        todo.append(u)
+        ends = [e for e in reached if e in products and e != start]
+        on_path, todo = set(ends), list(ends)
+        while todo:  # back from each product to the scores, through what they reached
+            for i in inside[todo.pop()].inputs:
+                if i in reached and i not in on_path:
+                    on_path.add(i)
+                    todo.append(i)
+        if ends:
+            core |= on_path | {start}
+    return frozenset(core)
+
+
 def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     """A linear layer (or stacked expert weights): replicated, split by output features
     (column: weight and bias split), or split by input features (row: weight split, bias
@@ -124,4 +163,4 @@ GEMM = register(OpFamily(
              # transformers' custom op for MoE experts on CPU
              "grouped_mm_fallback": "grouped_mm"},
     kind=OpKind.MATMUL, flop=gemm_flop, saves=saves_inputs, rule=gemm_rule,
-    kept_by_selective=is_linear, weight_op=is_weight_gemm))
+    kept_by_matmuls=is_linear, weight_op=is_weight_gemm))

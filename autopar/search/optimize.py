@@ -49,7 +49,7 @@ from autopar.costmodel.workload import Workload
 from autopar.admissibility import ModelFacts
 from autopar.search.space import SpaceStats, outer_candidates
 
-POLICIES = (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.FULL)
+POLICIES = (Checkpoint.NONE, Checkpoint.MATMULS, Checkpoint.FULL)
 
 
 @dataclass(frozen=True)
@@ -170,13 +170,13 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
     if not full.fits:
         return None, min(full, none, key=lambda e: e.peak_memory_bytes)
     fitting = [full]
-    selective = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.SELECTIVE),
+    selective = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.MATMULS),
                           eff, part)
     bases = [(Checkpoint.NONE, none)]
     if selective.peak_memory_bytes < none.peak_memory_bytes:  # it drops something
         if selective.fits:
             fitting.append(selective)
-        bases.append((Checkpoint.SELECTIVE, selective))
+        bases.append((Checkpoint.MATMULS, selective))
     partition = part or even_partition(work.num_blocks, config.pp, config.virtual_stages)
     usable = float(cluster.usable_hbm_bytes)
     uniform = none.config.checkpoint_of(work.num_blocks)
