@@ -85,8 +85,10 @@ _PRECISION = {
 }
 
 _CHECKPOINT = {
+    Checkpoint.SELECTIVE: "non-reentrant checkpoint of the eager attention core only "
+                          "(Korthikanti et al.); fused attention runs as is",
     Checkpoint.MATMULS: "non-reentrant checkpoint saving matmul and fused attention outputs, "
-                          "recomputing the rest",
+                        "recomputing the rest",
     Checkpoint.FULL: "non-reentrant checkpoint of the block",
 }
 """What each recomputing policy runs (``passes/checkpointing.py``); ``none`` keeps everything."""

@@ -59,13 +59,25 @@ class Checkpoint(StrEnum):
     """Keep the block input and the outputs of the linear layers (GEMMs by a weight matrix) and
     of fused attention (output and log-sum-exp); recompute every other op in the backward pass
     -- norms, activations, RoPE, dropout, the forward collectives, and the unfused attention
-    core's batched matmuls and the MoE experts' (``bmm``), which are not linear layers. Kept
-    because it wins where tensor parallelism is small: a row-parallel linear's output is kept
-    before its reduction (a full-size partial sum), which costs nothing at tp = 1 and grows
-    with tp. Memory model, GPT-175B block (h = 12288, s = 2048, b = 1, bf16, fused attention),
-    bytes per layer in units of s*b*h: tp 1: none 34.0, selective 34.0, matmuls 22.0, full
-    2.0; tp 8 + SP: none 4.25, selective 4.25, matmuls 6.5, full 0.25
-    (``tests/unit/test_activation_memory.py``)."""
+    core's batched matmuls and the MoE experts' (``bmm``), which are not linear layers. An
+    addition to Megatron's policies, kept because it wins without sequence parallelism: a
+    row-parallel linear's output is kept before its reduction (a full-size partial sum), which
+    costs nothing at tp = 1 and more as tp grows. The memory model's bytes per layer, in units
+    of s*b*h, for a GPT-175B block (h = 12288, a = 96, s = 2048, b = 1, fp16, dropout 0.1;
+    ``tests/unit/test_activation_memory.py``):
+
+    ==================  ======  =========  =======  ====
+    attention, split    none    selective  matmuls  full
+    ==================  ======  =========  =======  ====
+    fused, tp 1         34.0    34.0       22.0     2.0
+    fused, tp 8         13.0    13.0       8.0      2.0
+    fused, tp 8 + SP    4.25    4.25       6.25     0.25
+    eager, tp 1         114.0   34.0       20.0     2.0
+    eager, tp 8 + SP    14.25   4.25       6.0      0.25
+    ==================  ======  =========  =======  ====
+
+    It recomputes the memory-bound ops and reissues the forward's tp collectives; selective
+    recomputes the attention core's s^2 work (none with fused attention)."""
     FULL = "full"
     """Keep only the block input; recompute the whole block in the backward pass."""
 
