@@ -43,6 +43,7 @@ QWEN3 = ModelSpec.transformers_config("Qwen3ForCausalLM", {**HF_LLAMA_TINY, "hea
 MOE = ModelSpec("tiny-moe")  # capacity 1.25: tokens are dropped in every step
 MOE_DROPLESS = ModelSpec("tiny-moe", {"capacity_factor": None})
 DEEPSEEK = ModelSpec("tiny-deepseek")  # dropless, shared experts, a dense first layer
+GPT_EAGER = ModelSpec("tiny-gpt", {"attention": "eager"})  # an attention core selective recomputes
 
 CASES = {
     # data parallelism by ZeRO stage, two micro-batches per replica (gradient accumulation)
@@ -62,10 +63,16 @@ CASES = {
     "pp2-gpt-tied-across-stages": (GPT, dict(pp=2, micro_batch=1), 4),
     # activation checkpointing
     "ckpt-full-dp2": (LLAMA, dict(dp=2, checkpoint="full", micro_batch=2), 8),
-    "ckpt-selective-tp2-sp": (GPT, dict(tp=2, sequence_parallel=True, checkpoint="selective",
-                                        micro_batch=2), 4),
-    "ckpt-per-block-pp2": (LLAMA, dict(pp=2, checkpoint=("full", "selective"),
-                                       micro_batch=1), 4),
+    "ckpt-selective-tp2-sp": (GPT_EAGER, dict(tp=2, sequence_parallel=True,
+                                              checkpoint="selective", micro_batch=2), 4),
+    "ckpt-selective-dp2-gpt-eager": (GPT_EAGER, dict(dp=2, checkpoint="selective",
+                                                     micro_batch=2), 8),
+    "ckpt-matmuls-tp2-sp": (GPT, dict(tp=2, sequence_parallel=True, checkpoint="matmuls",
+                                      micro_batch=2), 4),
+    "ckpt-per-block-pp2": (GPT_EAGER, dict(pp=2, checkpoint=("full", "selective"),
+                                           micro_batch=1), 4),
+    "ckpt-per-block-matmuls-pp2": (LLAMA, dict(pp=2, checkpoint=("full", "matmuls"),
+                                               micro_batch=1), 4),
     # combinations
     "dp2xtp2": (LLAMA, dict(dp=2, tp=2, zero=3, micro_batch=1), 4),
     "tp2xpp2": (LLAMA, dict(tp=2, pp=2, sequence_parallel=True, micro_batch=1), 4),
