@@ -132,10 +132,12 @@ def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
         return layer.input_elements * split.act_bytes * split.scale(Shard.SEQ)
     if policy is Checkpoint.MATMULS:
         return _bytes(layer, split, lambda t: t.matmuls)
+    kept = layer.held or layer.saved  # as the savers hold them, where the solve walked it
     if policy is Checkpoint.SELECTIVE:
-        return (_bytes(layer, split, lambda t: t.without_checkpoint and not t.attention_core)
+        return (_sized((t for t in kept if t.without_checkpoint and not t.attention_core), split)
                 + gathered_kv_bytes(layer, split))
-    return _bytes(layer, split, lambda t: t.without_checkpoint) + gathered_kv_bytes(layer, split)
+    return (_sized((t for t in kept if t.without_checkpoint), split)
+            + gathered_kv_bytes(layer, split))
 
 
 def gathered_kv_bytes(layer: LayerCost, split: Split) -> float:

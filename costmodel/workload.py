@@ -151,6 +151,12 @@ class LayerCost:
     grow with the load imbalance, and the per-expert counts are exchanged first."""
     no_rule_ops: tuple[str, ...] = ()
     """Ops the sharding rules did not know, costed as replicated."""
+    held: tuple[SavedTensor, ...] = ()
+    """``saved`` as the ops hold it for the backward (``search.backward_walk.saved_as_held``):
+    an activation once per layout its savers read it in, so a column-parallel linear under
+    sequence parallelism keeps its all-gathered input whole, as DTensor's does. Made with
+    ``backward`` (the repeated block's, after the solve); empty otherwise, and then ``saved``
+    (each tensor in its producer's layout) is what a layer keeps."""
     backward: tuple[BackwardMoment, ...] = ()
     """The layer's backward, op by op, in the layouts the strategy solve chose: where the
     working set of a block's backward peaks (the repeated block's, after the solve; empty

@@ -320,8 +320,8 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
                                    for p in op.node.params if p in graph.params)
                  for op in sg.ops if op.node is not None}
         held, released = saved_as_held(graph, sg, chosen, saved)
-        solved = replace(solved, backward=backward_moments(graph, sg, chosen, solved, held,
-                                                           released, share))
+        moments = backward_moments(graph, sg, chosen, solved, held, released, share)
+        solved = replace(solved, held=held, backward=moments)
     strategies = tuple((op.name, s.name) for op, s in zip(sg.ops, chosen) if op.node is not None)
     stream = chosen[sg.stream_in].output if sg.stream_in is not None else None
     return SolvedLayer(solved, strategies, stream, chosen[sg.output].output)
