@@ -17,9 +17,11 @@ from the traced graph, under each checkpoint policy as ``passes/checkpointing.py
 * ``selective`` (Korthikanti et al. 2022): what ``none`` keeps but the tensors an unfused
   attention core makes (scores, probabilities, the dropout's mask and output: the
   ``5*a*s^2*b`` bytes), which its recomputation rebuilds; ``34*s*b*h`` bytes (``/t`` with
-  tensor + sequence parallelism) for a GPT block. Each kept tensor is sized in the layout its
-  saver holds it in: the row-parallel linears' outputs reduce-scattered. With fused attention
-  it keeps what ``none`` keeps.
+  tensor + sequence parallelism) for a GPT block. Each kept tensor is sized in its producer's
+  layout: the row-parallel linears' outputs reduce-scattered, the column-parallel linears'
+  inputs as their sequence shards, which the backward gathers again (``passes/regather.py``;
+  ``none`` keeps them gathered, ``LayerCost.held``). With fused attention and no sequence
+  parallelism it keeps what ``none`` keeps.
 * ``matmuls``: the block input and what the selective-checkpoint policy caches -- the output
   of every linear layer (``aten.mm``/``addmm``) and of fused attention (its output and
   log-sum-exp). For a GPT block in fp16 that is ``2 + 6 + 2 + 8 + 2 = 20*s*b*h`` bytes (input,
@@ -132,10 +134,12 @@ def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
         return layer.input_elements * split.act_bytes * split.scale(Shard.SEQ)
     if policy is Checkpoint.MATMULS:
         return _bytes(layer, split, lambda t: t.matmuls)
-    kept = layer.held or layer.saved  # as the savers hold them, where the solve walked it
     if policy is Checkpoint.SELECTIVE:
-        return (_sized((t for t in kept if t.without_checkpoint and not t.attention_core), split)
+        # in the producers' layouts: a gathered input is kept as its shard and gathered again
+        # in the backward (passes/regather.py)
+        return (_bytes(layer, split, lambda t: t.without_checkpoint and not t.attention_core)
                 + gathered_kv_bytes(layer, split))
+    kept = layer.held or layer.saved  # as the savers hold them, where the solve walked it
     return (_sized((t for t in kept if t.without_checkpoint), split)
             + gathered_kv_bytes(layer, split))
 

@@ -117,8 +117,11 @@ def tp_comm_s(
         t = tp_collective_s(c, split, g.tp, cluster, eff)
         # a recomputed forward issues its collectives again: the matmuls policy caches GEMM
         # outputs, not the collectives after them; selective recomputes the attention core
-        # only, which issues none (passes/checkpointing.py)
-        repeats = 2 if (c.phase is Phase.FORWARD and reissues(policy)) else 1
+        # only, which issues none, but gathers the column-parallel inputs it kept as shards
+        # again (passes/checkpointing.py, passes/regather.py)
+        again = reissues(policy) or (policy is Checkpoint.SELECTIVE
+                                     and c.kind == Collective.ALL_GATHER.value)
+        repeats = 2 if (c.phase is Phase.FORWARD and again) else 1
         total += t * repeats
     return total
 

@@ -9,8 +9,10 @@
   .v are recomputed in the backward from q, k and v (which the QKV projection's output holds
   anyway), and every other tensor is kept as autograd saves it. Under tensor + sequence
   parallelism what autograd keeps is what DTensor's redistributions produce (the
-  reduce-scatter's sequence-split output, not the row-parallel linear's partial sums), so
-  nothing is kept at full size that ``none`` does not keep. An SAC policy over the whole block
+  reduce-scatter's sequence-split output, not the row-parallel linear's partial sums), and
+  the column-parallel linears' all-gathered inputs are kept as this rank's shard and
+  gathered again in the backward (``passes/regather.py``, as Megatron does), so every kept
+  tensor is 1/t. An SAC policy over the whole block
   cannot do this: it keeps the outputs of every op it saves, and the partial sums before a
   reduce-scatter are one (the row-parallel GEMM's); recomputing that GEMM instead would rerun
   the linear. Fused attention keeps no internals: there ``selective`` runs the block as is.
@@ -40,6 +42,7 @@ from torch.utils.checkpoint import (
 )
 
 from autopar.core.specs import Checkpoint
+from autopar.passes.regather import regathered_saves
 
 aten = torch.ops.aten
 
@@ -85,7 +88,10 @@ def run_block(call: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor], bl
               x: torch.Tensor, extra: tuple, policy: Checkpoint) -> torch.Tensor:
     """``call(block, x, extra)`` under ``policy``."""
     set_core_runners(block, policy)
-    if policy in (Checkpoint.NONE, Checkpoint.SELECTIVE):
+    if policy is Checkpoint.SELECTIVE:
+        with regathered_saves():
+            return call(block, x, extra)
+    if policy is Checkpoint.NONE:
         return call(block, x, extra)
     context = matmuls_context if policy is Checkpoint.MATMULS else None
     kwargs = {"context_fn": context} if context is not None else {}
