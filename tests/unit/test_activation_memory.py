@@ -11,14 +11,15 @@ norm, 0.25*s*b*h per layer at this shape), so the graph's count may exceed them 
 the block is the one the strategy solve prices, every linear layer split (``split_weights``:
 Megatron's column->row pairs; the solve places the rest).
 
-Under sequence parallelism the engine keeps one thing the paper does not: DTensor's
-column-parallel linear saves the input it multiplies, the all-gathered norm output, whole
-(Megatron keeps the sequence-split one and gathers it again in the backward): two per GPT layer,
-``gathered(t)`` = 2 * 2 * (1 - 1/t) bytes per s*b*h more than the closed form, which the memory
-model prices (``LayerCost.held``) and ``bench/memory_grid.py`` holds to the dry run.
+Under sequence parallelism and no checkpointing the engine keeps one thing the paper does not:
+DTensor's column-parallel linear saves the input it multiplies, the all-gathered norm output,
+whole (Megatron keeps the sequence-split one and gathers it again in the backward): two per GPT
+layer, ``gathered(t)`` = 2 * 2 * (1 - 1/t) bytes per s*b*h more than the closed form, which
+the memory model prices (``LayerCost.held``) and ``bench/memory_grid.py`` holds to the dry run.
 
-The selective policy is the paper's: everything but the attention core, 34*s*b*h (/t with
-SP, plus the gathered inputs; 10 + 24/t with tp alone). The matmuls policy (``passes/checkpointing.py``, held against the
+The selective policy is the paper's: everything but the attention core, 34*s*b*h/t with SP (it
+keeps the gathered inputs as shards and gathers them again, ``passes/regather.py``), 10 + 24/t
+with tp alone. The matmuls policy (``passes/checkpointing.py``, held against the
 executed program by ``test_saved_activations.py``) keeps the block input (2*s*b*h, /t with SP),
 the column-parallel QKV and MLP-up outputs (6 + 8 bytes per s*b*h, /t), and the row-parallel
 projection and MLP-down outputs cached before their reduction, full-size partial sums on every
@@ -74,7 +75,7 @@ def test_sequence_parallel_divides_everything_by_t(block, t: int) -> None:
 @pytest.mark.parametrize(("t", "sp"), [(1, False), (2, False), (4, False), (2, True), (4, True)])
 def test_selective_matches_korthikanti_without_the_attention_core(block, t: int,
                                                                  sp: bool) -> None:
-    expected = 34 / t + NORM_STATS / t + gathered(t) if sp else 10 + 24 / t + NORM_STATS
+    expected = 34 / t + NORM_STATS / t if sp else 10 + 24 / t + NORM_STATS
     assert _per_sbh(block, t, sp, Checkpoint.SELECTIVE) == pytest.approx(expected)
 
 
@@ -84,11 +85,11 @@ def test_matmuls_keeps_the_input_and_the_linear_outputs(block, t: int, sp: bool)
     assert _per_sbh(block, t, sp, Checkpoint.MATMULS) == pytest.approx(expected)
 
 
-def test_gpt_175b_selective_keeps_34_sbh_over_8_and_the_gathered_inputs_under_tp8_sp() -> None:
+def test_gpt_175b_selective_keeps_34_sbh_over_8_under_tp8_sp() -> None:
     # Korthikanti et al.'s case (GPT-3 175B, s = 2048, b = 1, t = 8, SP, fp16): 34*s*b*h/t =
-    # 4.25 s*b*h per layer, plus the norms' fp32 statistics (16/h), plus the two gathered norm
-    # outputs DTensor keeps whole (3.5): 7.75; matmuls keeps the two row-parallel partial sums
-    # at full size (2 + 2) and 16/t more (it recomputes the gathers): 6.0 (and the fused
+    # 4.25 s*b*h per layer, plus the norms' fp32 statistics (16/h); none keeps the 5as/h core
+    # and the two gathered norm outputs DTensor keeps whole (3.5); matmuls keeps the two
+    # row-parallel partial sums at full size (2 + 2) and 16/t more: 6.0 (and the fused
     # attention's output, 2/t, with SDPA). Figures in Checkpoint.MATMULS's docstring.
     from autopar.admissibility import facts_of
     from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
@@ -111,15 +112,15 @@ def test_gpt_175b_selective_keeps_34_sbh_over_8_and_the_gathered_inputs_under_tp
                       compute_dtype="fp16")
         per[attention] = {p: saved_bytes(layer, split, p) / (s * h) for p in Checkpoint}
     stats = 16 / h / 8
-    assert per["eager"][Checkpoint.SELECTIVE] == pytest.approx(34 / 8 + stats + gathered(8))
+    assert per["eager"][Checkpoint.SELECTIVE] == pytest.approx(34 / 8 + stats)
     assert per["eager"][Checkpoint.NONE] == pytest.approx((34 + 5 * a * s / h) / 8 + stats
                                                           + gathered(8))
     assert per["eager"][Checkpoint.MATMULS] == pytest.approx(4 + 16 / 8)
-    assert per["sdpa"][Checkpoint.SELECTIVE] == per["sdpa"][Checkpoint.NONE]
-    # with the engine's gathered inputs, matmuls (which regathers them) keeps less than
-    # selective even here: the case it is kept for (Checkpoint.MATMULS)
+    # fused attention: selective keeps what none keeps but the gathered inputs' other shards
+    assert per["sdpa"][Checkpoint.SELECTIVE] == pytest.approx(
+        per["sdpa"][Checkpoint.NONE] - gathered(8))
     assert per["sdpa"][Checkpoint.MATMULS] == pytest.approx(4 + 18 / 8 + 4 * a / h / 8)
-    assert per["sdpa"][Checkpoint.MATMULS] < per["sdpa"][Checkpoint.SELECTIVE]
+    assert per["sdpa"][Checkpoint.SELECTIVE] < per["sdpa"][Checkpoint.MATMULS]
 
 
 @pytest.mark.parametrize(("t", "sp"), [(1, False), (4, False), (4, True)])
