@@ -11,7 +11,8 @@ a block's column-parallel linears -- is packed as a copy of this rank's ``Shard(
 split is local, no collective) and unpacked by redistributing it back to ``Replicate`` (an
 all-gather in the backward). Savers of views of one gathered tensor share one shard and one
 gather. Weights,
-sharded tensors and plain tensors are saved as they are.
+sharded tensors and plain tensors are saved as they are, or as the saved-tensor hooks around
+the block save them.
 
 ``passes/checkpointing.py`` applies it under the ``selective`` policy; the cost model prices
 the kept shard (``costmodel.memory.saved_bytes``) and the backward all-gather
@@ -78,9 +79,14 @@ def regathered_saves() -> Iterator[None]:
     # storage has been freed is stale (a later tensor may reuse the address)
     shards: dict[tuple, tuple[StorageWeakRef, _Shard]] = {}
 
+    # hooks do not nest: hand what is not ours to the hooks around the block, if any
+    # (torch keeps them on a stack; _top_saved_tensors_default_hooks reads its top)
+    outer = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    outer_pack, outer_unpack = outer if outer is not None else (None, None)
+
     def pack(t: torch.Tensor) -> object:
         if not _gathered(t):
-            return t
+            return t if outer_pack is None else outer_pack(t)
         local = t.to_local()
         storage = local.untyped_storage()
         key = (storage._cdata, local.storage_offset(), tuple(t.shape), t.stride())
@@ -100,7 +106,7 @@ def regathered_saves() -> Iterator[None]:
         if isinstance(saved, _Shard):
             with torch.no_grad():
                 return saved.gather()
-        return saved  # type: ignore[return-value]
+        return saved if outer_unpack is None else outer_unpack(saved)  # type: ignore
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield

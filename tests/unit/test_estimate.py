@@ -63,11 +63,12 @@ def test_selective_recomputes_only_the_eager_attention_core() -> None:
     act = {p: e.memory_breakdown["activations"] for p, e in runs.items()}
     assert act["none"] > act["matmuls"] > act["selective"] > act["full"]  # tp 4 + SP
     # its recompute: the core's two batched GEMMs (4*s^2*h FLOPs a layer) and its
-    # memory-bound ops, no collective
+    # memory-bound ops; its extra communication: the two gathered inputs it kept as shards,
+    # gathered again in the backward -- less than matmuls reissues (every forward collective)
     recompute = {p: e.time_breakdown["recompute"] for p, e in runs.items()}
     assert 0 < recompute["selective"] < recompute["full"]
-    assert runs["selective"].time_breakdown["comm_tp"] == runs["none"].time_breakdown["comm_tp"]
-    assert runs["matmuls"].time_breakdown["comm_tp"] > runs["none"].time_breakdown["comm_tp"]
+    comm = {p: e.time_breakdown["comm_tp"] for p, e in runs.items()}
+    assert comm["none"] < comm["selective"] < comm["matmuls"] == comm["full"]
     s, h, layers = 2048, model.config.hidden_size, 4
     core_flops = 4 * s * s * h * layers * train.global_batch
     extra = runs["selective"].hardware_flops_per_step - runs["none"].hardware_flops_per_step
@@ -100,7 +101,12 @@ def test_sequence_parallel_divides_activations_and_offload_frees_the_optimizer(g
     cluster = ClusterSpec.preset("hgx-h100-80g", nodes=1)
     base = _est(gpt, cluster, dp=1, tp=8, micro_batch=1)
     sp = _est(gpt, cluster, dp=1, tp=8, micro_batch=1, sequence_parallel=True)
-    assert sp.memory_breakdown["activations"] < base.memory_breakdown["activations"] / 2
+    # without checkpointing DTensor keeps the column-parallel inputs gathered (13 -> 7.75
+    # s*b*h a layer, Checkpoint.MATMULS's table); selective keeps them as shards (4.25)
+    assert sp.memory_breakdown["activations"] < base.memory_breakdown["activations"] * 0.7
+    selective = _est(gpt, cluster, dp=1, tp=8, micro_batch=1, sequence_parallel=True,
+                     checkpoint="selective")
+    assert selective.memory_breakdown["activations"] < base.memory_breakdown["activations"] / 2
     off = _est(gpt, cluster, dp=1, tp=8, micro_batch=1, offload=True)
     assert off.memory_breakdown["optimizer"] == 0
     assert off.time_breakdown["offload"] > 0
