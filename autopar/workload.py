@@ -261,6 +261,16 @@ def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: flo
     )
 
 
+def without_attention_core(work: Workload) -> Workload:
+    """``work`` with no op or tensor marked as an attention core's: what ``selective`` runs
+    for a model whose attention takes no core runner (``ModelFacts.attention_core_hook``):
+    the cores whole, as ``none``."""
+    def plain(layer: LayerCost) -> LayerCost:
+        return replace(layer, ops=tuple(replace(o, attention_core=False) for o in layer.ops),
+                       saved=tuple(replace(t, attention_core=False) for t in layer.saved))
+    return replace(work, pre=plain(work.pre), block=plain(work.block), post=plain(work.post))
+
+
 def layer_nodes(graph: GraphIR) -> tuple[list[NodeInfo], list[NodeInfo], list[NodeInfo]]:
     """(before the first block, block instance 0, after the blocks) of a graph with blocks."""
     first = next(i for i, n in enumerate(graph.nodes) if n.block is not None)

@@ -42,13 +42,12 @@ from torch.utils.checkpoint import (
 )
 
 from autopar.core.specs import Checkpoint
+from autopar.models.family import ATTENTION_CORE_HOOK
 from autopar.passes.regather import regathered_saves
 
 aten = torch.ops.aten
 
-CORE_HOOK = "attention_core_runner"
-"""The attribute an attention module with an unfused core names its runner by:
-``None``, or a callable ``runner(core, q, k, v)`` it runs the core with."""
+CORE_HOOK = ATTENTION_CORE_HOOK
 
 
 def _recompute(core: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:

@@ -142,3 +142,29 @@ def test_flash_attention_keeps_no_s_squared_term() -> None:
     assert matmuls == pytest.approx(2 + 14 + 4 + 2 + 4 * A / H)
     # selective recomputes nothing of a fused core: it keeps what none keeps
     assert _per_sbh(lambda t, sp: flash, 1, False, Checkpoint.SELECTIVE) == per_sbh
+
+
+def test_selective_prices_an_eager_core_without_the_hook_as_none() -> None:
+    # transformers' eager attention has an unfused core (found in the graph) but no
+    # attention_core_runner hook: selective runs it whole, and is priced as none
+    from autopar.admissibility import facts_of
+    from autopar.costmodel.cluster import process_cluster
+    from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
+    from autopar.models.hf_llama import HF_LLAMA_TINY
+    from autopar.search.planner import strategies_of
+    from autopar.training import ModelSpec
+
+    spec = ModelSpec.transformers_config("LlamaForCausalLM",
+                                         {**HF_LLAMA_TINY, "attn_implementation": "eager"})
+    model = spec.build("meta")
+    train = autopar.TrainSpec(global_batch=2, seq_len=32, precision="fp32")
+    graph = autopar.trace(model, train)
+    assert any(o.attention_core for o in build_workload(graph, 4.0).block.ops)
+    facts = facts_of(model)
+    assert not facts.attention_core_hook
+    block = strategies_of(graph, facts, spec.label, process_cluster(1), train,
+                          efficiency=DEFAULT_EFFICIENCY)(autopar.ParallelConfig(micro_batch=2)).block
+    split = Split(micro_batch=2, tp=1, cp=1, sequence_parallel=False, act_bytes=4.0,
+                  compute_dtype="tf32")
+    assert saved_bytes(block, split, Checkpoint.SELECTIVE) == saved_bytes(block, split,
+                                                                          Checkpoint.NONE)
