@@ -13,7 +13,9 @@ from the traced graph, under each checkpoint policy as ``passes/checkpointing.py
 * ``none``: what autograd saves. For a GPT block with eager attention and dropout this is
   Korthikanti et al. (2022): per layer ``s*b*h*(34 + 5*a*s/h)`` bytes without parallelism,
   ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` with tensor parallelism, ``s*b*h/t*(34 + 5*a*s/h)``
-  adding sequence parallelism.
+  adding sequence parallelism -- and, as the engine runs it, the column-parallel linears'
+  all-gathered inputs, which DTensor saves whole (``4*s*b*h*(1 - 1/t)`` more for a GPT
+  block): the solved block's tensors are sized as their savers hold them (``LayerCost.held``).
 * ``selective`` (Korthikanti et al. 2022): what ``none`` keeps but the tensors an unfused
   attention core makes (scores, probabilities, the dropout's mask and output: the
   ``5*a*s^2*b`` bytes), which its recomputation rebuilds; ``34*s*b*h`` bytes (``/t`` with
