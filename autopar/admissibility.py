@@ -11,6 +11,9 @@ The rules, each with the reason the program could not run otherwise:
 
 * **heads**: tp divides the attention heads and the key/value heads; a column split of q, k
   and v hands each rank whole heads (and ``view(b, s, -1, head_dim)`` needs them).
+* **tensor parallelism**: the model's family can split it (``Family.tensor_parallel``: the
+  generic decoder family, fused projections and GPT-2's ``Conv1D`` cannot); a model of no family
+  is not split either.
 * **stages**: 1 <= pp <= blocks; under the interleaved schedule pp x virtual_stages chunks of at
   least one block each; a model without repeated blocks has one stage.
 * **micro-batches**: dp x micro_batch divides the global batch (``ParallelConfig.
@@ -72,8 +75,8 @@ class ModelFacts:
     so (``search.planner.strategies_of``). True where only a traced graph is known."""
     context_attention: bool = True
     """The model's family gives its attention a context-parallel hook
-    (``models.family.Family.context_attention``; ``passes/context_parallel.py``); True for a
-    model no family describes (the passes refuse it anyway)."""
+    (``models.family.Family.context_attention``; ``passes/context_parallel.py``); False for a
+    model no family describes."""
     unsplittable: str | None = None
     """Why the execution passes cannot cut the model into pipeline stages (no registered
     family describes its embedding, blocks, final norm and head: ``models.family_of``);
@@ -81,6 +84,10 @@ class ModelFacts:
     layers: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     """Module name -> (``linear`` | ``embedding``, weight shape) of every layer a
     tensor-parallel style could split."""
+    unsplittable_tp: str | None = None
+    """Why the passes cannot split this model by tensor parallelism (its family's
+    ``Family.tensor_parallel``, or no family describing it); ``None`` where they can, or where
+    only a traced graph is known."""
 
 
 @dataclass(frozen=True)
@@ -133,26 +140,29 @@ def facts_of(model: object) -> ModelFacts:
         return ModelFacts(num_blocks=0, **found)
     group = find_block_group(model)
     found["vocab_size"] = vocab_of(model)
-    found["context_attention"], found["unsplittable"] = _family_facts(model)
+    (found["context_attention"], found["unsplittable"],
+     found["unsplittable_tp"]) = _family_facts(model)
     found["attention_core_hook"] = any(hasattr(m, ATTENTION_CORE_HOOK) for m in model.modules())
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), **found)
 
 
-def _family_facts(model: object) -> tuple[bool, str | None]:
+def _family_facts(model: object) -> tuple[bool, str | None, str | None]:
     """(whether the passes can run ``model`` context-parallel: its family names attention
-    modules of it that take the hook, True for a model of no family; why the passes cannot cut
-    it into pipeline stages: ``None`` for a model of a registered family, else each family's
-    reason)."""
+    modules of it that take the hook; why the passes cannot cut it into pipeline stages:
+    ``None`` for a model of a registered family, else each family's reason; why they cannot
+    split it by tensor parallelism: its family's ``tensor_parallel``, or the first reason for a
+    model of no family)."""
     from autopar.models.family import family_of
 
     try:
         family = family_of(model)  # type: ignore[arg-type]
     except AutoparError as err:
-        return True, err.what
+        return False, err.what, ("no model family describes where its attention and MLP "
+                                 f"are ({err.what})")
     attention = any(family.context_attention(m)
                     for m in model.modules())  # type: ignore[attr-defined]
-    return attention, None
+    return attention, None, family.tensor_parallel
 
 
 def vocab_of(model: object) -> int | None:
@@ -192,6 +202,16 @@ def heads_problem(facts: ModelFacts, tp: int) -> Problem | None:
             return Problem(f"tp={tp} does not divide the {heads} {name}: a tensor-parallel "
                            "rank holds whole heads", "tp",
                            f"choose tp among the divisors of {heads}")
+    return None
+
+
+def tensor_parallel_problem(facts: ModelFacts, tp: int) -> Problem | None:
+    if tp > 1 and facts.unsplittable_tp is not None:
+        return Problem(f"tp={tp}: the passes cannot split this model by tensor parallelism "
+                       f"({facts.unsplittable_tp})", "tp",
+                       "use tp=1 for this model (dp, ZeRO, checkpointing and, where it has a "
+                       "chain of blocks, pp run), or register a Family describing its layout "
+                       "(a folder under autopar/models/)")
     return None
 
 
@@ -308,7 +328,8 @@ def problems(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> lis
     """Every reason ``config`` cannot run for the model of ``facts`` on batch ``train``."""
     chunks = config.pp * (config.virtual_stages
                           if config.schedule is Schedule.INTERLEAVED else 1)
-    found = [heads_problem(facts, config.tp), stages_problem(facts, config.pp, chunks),
+    found = [heads_problem(facts, config.tp), tensor_parallel_problem(facts, config.tp),
+             stages_problem(facts, config.pp, chunks),
              microbatch_problem(config, train), positions_problem(facts, train.seq_len),
              experts_problem(facts, config.ep),
              context_parallel_problem(facts, train.seq_len, config.cp)]

@@ -18,7 +18,8 @@ from rich.table import Table
 
 from autopar.costmodel.cluster import CLUSTER_FILE_SUFFIXES, ClusterSpec, preset_names
 from autopar.core.errors import AutoparError
-from autopar.cli_args import config_from_fields, model_spec, progress_bar, write_text
+from autopar.cli_args import (config_from_fields, expert_dp_note, model_spec, progress_bar,
+                              write_text)
 from autopar.cli_compare import add_compare_parser, cmd_compare
 from autopar.cli_dryrun import add_dryrun_parser, add_workers_argument, cmd_dryrun
 from autopar.cli_export import add_export_parser, cmd_export
@@ -198,6 +199,9 @@ def cmd_estimate(args: argparse.Namespace, console: Console) -> int:
     cluster = _cluster(args)
     train = _train(args, model)
     config = _config(args, cluster)
+    note = expert_dp_note(_given_fields(args), config)
+    if note is not None:
+        console.print(note)
     with console.status("tracing and costing..."):
         est = estimate(model, cluster, train, config, efficiency=_efficiency(args))
     console.print(estimate_tables(est, cluster, title=f"{args.model} on {cluster.name}"))

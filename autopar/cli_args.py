@@ -50,20 +50,46 @@ def model_spec(args) -> "ModelSpec":
 
 def config_from_fields(fields: dict[str, object], gpus: int | None, where: str):
     """The ``ParallelConfig`` of the given flags: ``dp`` defaults to the ``gpus`` left over by
-    tp*pp*cp (to 1 without ``gpus``), ``--virtual-stages`` implies the interleaved schedule."""
+    tp*pp*cp (to 1 without ``gpus``), ``--virtual-stages`` implies the interleaved schedule.
+
+    Expert parallelism is carved from the data-parallel ranks (``autopar.core.mesh``), so
+    ``ParallelConfig.dp`` counts the ep ranks too. A user who writes ``--ep 2 --dp 2`` for four
+    GPUs means DeepSpeed's reading -- dp expert-data-parallel replicas of ep expert shards, ep x
+    dp ranks in all -- and gets it: where ``dp*tp*pp*cp`` falls short of ``gpus`` by exactly
+    the factor ep, ``dp`` becomes ``dp * ep`` (``expert_dp_note`` says so)."""
     from autopar.core.specs import ParallelConfig
 
     fields = dict(fields)
+    inner = int(fields.get("tp", 1)) * int(fields.get("pp", 1)) * int(fields.get("cp", 1))
     if "dp" not in fields:
-        inner = int(fields.get("tp", 1)) * int(fields.get("pp", 1)) * int(fields.get("cp", 1))
         if gpus is not None and gpus % inner:
             raise AutoparError(f"tp*pp*cp = {inner} does not divide the {gpus} GPUs; {gpus} is "
                                f"not a multiple of {inner}", where=where,
                                fix="choose degrees whose product divides the GPU count, or --dp")
         fields["dp"] = (gpus or inner) // inner
+    elif _counts_expert_replicas(fields, inner, gpus):
+        fields["dp"] = int(fields["dp"]) * int(fields["ep"])  # type: ignore[call-overload]
     if fields.get("virtual_stages", 1) != 1 and "schedule" not in fields:
         fields["schedule"] = "interleaved"
     return ParallelConfig(**fields)  # type: ignore[arg-type]
+
+
+def _counts_expert_replicas(fields: dict[str, object], inner: int, gpus: int | None) -> bool:
+    """Whether ``--dp`` was given as the expert-data-parallel degree beside ``--ep``: ep x dp x
+    tp x pp x cp is the GPU count and dp x tp x pp x cp is not."""
+    ep, dp = int(fields.get("ep", 1)), int(fields["dp"])  # type: ignore[call-overload]
+    return gpus is not None and ep > 1 and dp * inner != gpus and dp * ep * inner == gpus
+
+
+def expert_dp_note(fields: dict[str, object], config) -> str | None:
+    """The sentence saying ``--dp`` was read as expert-data-parallel replicas beside ``--ep``
+    (``config_from_fields``), or ``None`` where it was taken as given."""
+    given = fields.get("dp")
+    if given is None or config.ep == 1 or int(given) == config.dp:  # type: ignore[call-overload]
+        return None
+    return (f"--dp {given} --ep {config.ep}: {given} expert data-parallel replicas of {config.ep} "
+            f"expert shards, i.e. dp {config.dp} with ep {config.ep} carved from it "
+            f"(autopar's ParallelConfig.dp counts the ep ranks)")
 
 
 def read_plan(path: str, where: str = "PLAN"):

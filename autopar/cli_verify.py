@@ -13,7 +13,7 @@ import argparse
 
 from rich.console import Console
 
-from autopar.cli_args import config_from_fields, model_spec, read_plan
+from autopar.cli_args import config_from_fields, expert_dp_note, model_spec, read_plan
 from autopar.core.errors import AutoparError
 from autopar.core.specs import TrainSpec
 
@@ -50,21 +50,20 @@ def add_verify_parser(sub: argparse._SubParsersAction, parents: list,
     add_parallel(p, "plan as flags (ParallelConfig fields)")
 
 
-def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model):
+def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model, console):
     from autopar.api import plan_for
     from autopar.tracing import resolve_seq_len
     from autopar.costmodel.cluster import process_cluster
 
     config = config_from_fields(fields, args.nproc, "--nproc")
     if args.nproc is not None and args.nproc != config.world_size:
-        fix = "make them equal, or leave --nproc out"
-        dp = args.nproc // (config.tp * config.pp * config.cp)
-        if config.ep > 1 and dp % config.ep == 0:  # ep counts inside dp, not beside it
-            fix = (f"ep is carved from the dp ranks: for {dp // config.ep} expert data-parallel "
-                   f"group(s) of {config.ep} ep ranks on {args.nproc} processes give --dp {dp} "
-                   f"--ep {config.ep}")
         raise AutoparError(f"--nproc {args.nproc} but dp*tp*pp*cp = {config.world_size}",
-                           where="--nproc", fix=fix)
+                           where="--nproc", fix="make them equal, or leave --nproc out (ep is "
+                           "carved from dp: --dp counts the ep ranks, or the expert replicas "
+                           "when dp*ep*tp*pp*cp is --nproc)")
+    note = expert_dp_note(fields, config)
+    if note is not None:
+        console.print(note)
     batch = args.global_batch or config.dp * config.micro_batch * (
         config.num_microbatches or 2 * config.pp)
     seq = resolve_seq_len(model, None, args.seq_len)
@@ -93,7 +92,7 @@ def cmd_verify(args: argparse.Namespace, console: Console, given_fields) -> int:
                                fix="pass --model (and plan flags) or --plan plan.json")
         spec = model_spec(args)
         with console.status("planning..."):
-            plan = _plan_from_flags(args, fields, spec, spec.build("meta"))
+            plan = _plan_from_flags(args, fields, spec, spec.build("meta"), console)
     console.print(f"verifying {plan.summary()} on {plan.config.world_size} CPU processes, "
                   f"{args.steps} steps, batch {plan.train.global_batch} x "
                   f"{plan.train.seq_len} tokens ({plan.train.precision.value})")

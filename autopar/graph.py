@@ -30,6 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from autopar.models.blocks import BlockGroup
+
+__all__ = ["BlockGroup", "GraphIR", "NodeInfo", "TensorMeta"]
+
 
 @dataclass(frozen=True)
 class TensorMeta:
@@ -82,24 +86,6 @@ class NodeInfo:
     @property
     def out(self) -> TensorMeta | None:
         return self.outputs[0] if self.outputs else None
-
-
-@dataclass
-class BlockGroup:
-    """A block repeated ``len(instances)`` times (a 96-layer GPT: one group of 96)."""
-
-    path: str
-    """Qualified name of the container (``layers``)."""
-    instances: tuple[str, ...]
-    """Module paths of the instances, in execution order (``layers.0``, ``layers.1``, ...)."""
-    module_type: str
-    """Class name of one instance."""
-    uniform: bool = True
-    """Whether every instance runs the same op sequence as instance 0 (checked by the tracer)."""
-
-    @property
-    def count(self) -> int:
-        return len(self.instances)
 
 
 @dataclass

@@ -9,11 +9,14 @@ Schedules (Narayanan et al., SC'21; Korthikanti et al., 2022):
   ``m`` (torch's ``ScheduleInterleaved1F1B``; ``p * (1 + (p - 1) / (p * v))`` on the first
   stage, as Narayanan et al. give it).
 
-The bubble is ``(p - 1) / v`` stage-times of a micro-batch (v = 1 without interleaving).
+The bubble is ``(p - 1) / v`` stage-times of a micro-batch (v = 1 without interleaving); with
+stages of different cost, the times of the stages the fill and the drain pass through, not the
+slowest one's (``pipeline_s``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autopar.core.errors import AutoparError
@@ -90,6 +93,30 @@ def bubble_fraction(schedule: Schedule, pp: int, m: int, v: int) -> float:
     ``tests/unit/test_schedule_slots.py`` holds the two equal."""
     chunks = v if schedule is Schedule.INTERLEAVED else 1
     return ((pp - 1) + (chunks - 1) * max(0, pp - m)) / (chunks * m)
+
+
+def pipeline_s(schedule: Schedule, pp: int, m: int, v: int,
+               stage_s: Sequence[float]) -> tuple[float, float]:
+    """(busy, bubble) seconds of one step's pipeline when a micro-batch's forward and backward
+    take ``stage_s[r]`` on rank ``r`` (all its chunks; communication inside the stage, the
+    point-to-point transfers included, since torch's schedules wait for them).
+
+    The slowest rank paces the steady state, ``m`` of its stage times (busy). The bubble is
+    what the fill and the drain add to that: the other ranks' stage times, each passed once
+    through on the way to the slowest rank and back (``(sum - slowest) / v`` with ``m >= pp``,
+    ``bubble_fraction`` of ``m`` of their mean in general). With equal stages that is
+    ``bubble_fraction * m`` stage times; with a heavy last stage (the head) or uneven blocks
+    (126 layers on 16 stages) it is less, as ``costmodel/schedule_slots.py``'s slot-by-slot
+    layout of the schedule has it (``tests/unit/test_schedule_slots.py`` holds them within
+    2 % on such stages; the slowest-stage bubble was up to 3 % long there)."""
+    if len(stage_s) != pp:
+        raise AutoparError(f"{len(stage_s)} stage times for {pp} pipeline stages",
+                           where="pipeline_s", fix="pass one time per stage")
+    slow = max(stage_s)
+    if pp == 1:
+        return m * slow, 0.0
+    fill = (sum(stage_s) - slow) / (pp - 1)
+    return m * slow, bubble_fraction(schedule, pp, m, v) * m * fill
 
 
 def balanced_partition(num_blocks: int, pp: int, block_s: float, first_s: float,

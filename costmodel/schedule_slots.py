@@ -23,6 +23,7 @@ With equal stages the idle time of a rank is the cost model's bubble:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autopar.core.errors import AutoparError
@@ -69,11 +70,13 @@ def rank_order(schedule: Schedule, stage: int, pp: int, m: int, v: int
     return order
 
 
-def schedule_slots(schedule: Schedule, pp: int, m: int, v: int, forward_s: float,
-                   backward_s: float) -> tuple[Slot, ...]:
+def schedule_slots(schedule: Schedule, pp: int, m: int, v: int,
+                   forward_s: float | Sequence[float],
+                   backward_s: float | Sequence[float]) -> tuple[Slot, ...]:
     """Every slot of one step's pipeline, rank by rank in the order each runs them, when a
     micro-batch's forward through all of a rank's blocks takes ``forward_s`` and its backward
-    ``backward_s`` (a chunk's ``1 / v`` of them under the interleaved schedule)."""
+    ``backward_s`` (a chunk's ``1 / v`` of them under the interleaved schedule): one number
+    for every rank, or one per rank (stages of different cost)."""
     if pp < 1 or m < 1 or v < 1:
         raise AutoparError(f"a schedule needs pp, micro-batches and virtual stages >= 1, got "
                            f"pp={pp} m={m} v={v}", where="schedule_slots",
@@ -84,7 +87,8 @@ def schedule_slots(schedule: Schedule, pp: int, m: int, v: int, forward_s: float
                            f"rounds of equal size for pp={pp}", where="num_microbatches",
                            fix="use a multiple of pp micro-batches")
     last = pp * chunks - 1
-    fwd, bwd = forward_s / chunks, backward_s / chunks
+    fwd = [t / chunks for t in _per_rank(forward_s, pp)]
+    bwd = [t / chunks for t in _per_rank(backward_s, pp)]
     orders = [rank_order(schedule, s, pp, m, v) for s in range(pp)]
     done: dict[tuple[bool, int, int], float] = {}  # (backward, virtual stage, mb) -> end
     nxt, free = [0] * pp, [0.0] * pp
@@ -100,7 +104,7 @@ def schedule_slots(schedule: Schedule, pp: int, m: int, v: int, forward_s: float
                 if need is not None and need not in done:
                     break
                 start = max(free[s], done[need] if need is not None else 0.0)
-                end = start + (bwd if backward else fwd)
+                end = start + (bwd[s] if backward else fwd[s])
                 done[(backward, vs, mb)] = free[s] = end
                 slots[s].append(Slot(s, chunk, mb, backward, start, end))
                 nxt[s] += 1
@@ -108,3 +112,18 @@ def schedule_slots(schedule: Schedule, pp: int, m: int, v: int, forward_s: float
         if not moved:  # an order that waits on itself: a bug in rank_order, not bad input
             raise RuntimeError(f"pipeline schedule {schedule} pp={pp} m={m} v={v} deadlocks")
     return tuple(slot for rank in slots for slot in rank)
+
+
+def _per_rank(seconds: float | Sequence[float], pp: int) -> list[float]:
+    if isinstance(seconds, (int, float)):
+        return [float(seconds)] * pp
+    if len(seconds) != pp:
+        raise AutoparError(f"{len(seconds)} stage times for {pp} pipeline ranks",
+                           where="schedule_slots", fix="give one time per rank, or one for all")
+    return [float(t) for t in seconds]
+
+
+def makespan_s(slots: Sequence[Slot]) -> float:
+    """Seconds from the first slot's start to the last one's end: the schedule's critical
+    path."""
+    return max(slot.end_s for slot in slots) - min(slot.start_s for slot in slots)

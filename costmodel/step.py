@@ -3,7 +3,8 @@
 ``estimate_step(workload, cluster, train, config)`` is the whole cost model. It prices one
 micro-batch on every pipeline stage (compute per op, recomputation, tensor-, context- and
 expert-parallel communication, pipeline sends), runs the schedule (micro-batches times the
-slowest stage plus the bubble), adds what the data-parallel gradient reduction cannot hide
+slowest stage plus the bubble the other stages' fill and drain make: ``pipeline.pipeline_s``,
+the critical path ``schedule_slots`` lays out), adds what the data-parallel gradient reduction cannot hide
 behind the backward pass and the optimizer step, and sizes every stage's memory.
 """
 
@@ -31,7 +32,7 @@ from .memory import (
 )
 from .peak import StageActivations, StageParams, stage_peak
 from .profile import recording
-from .pipeline import StagePartition, bubble_fraction, even_partition, in_flight_microbatches
+from .pipeline import StagePartition, even_partition, in_flight_microbatches, pipeline_s
 from autopar.core.specs import (Checkpoint, Optimizer, ParallelConfig, Precision, Schedule,
                                 TrainSpec)
 from .topology import MeshGroups, mesh_groups
@@ -425,9 +426,8 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     times = [_stage_time(workload, part, s, split, policies, config, g, cluster, eff, memo)
              for s in range(config.pp)]
     slow = max(range(config.pp), key=lambda s: times[s].total)
-    t_mb = times[slow].total
     v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
-    bubble = bubble_fraction(config.schedule, config.pp, m, v) * m * t_mb
+    _, bubble = pipeline_s(config.schedule, config.pp, m, v, [t.total for t in times])
 
     dp_exposed, optimizer_s, offload_s, offloaded = 0.0, 0.0, 0.0, 0.0
     stage_mem = []

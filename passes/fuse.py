@@ -89,7 +89,7 @@ def apply_fusions(model: nn.Module, fusions: tuple[str, ...] | list[str], tp: in
         return []
     register_dtensor_rules()
     family = model_family(model)
-    parts = family.parts
+    parts = family.parts_of(model)
     counts = dict.fromkeys(fusions, 0)
     for root in (parts.blocks, *parts.last):
         for name in ("rms_norm", "layer_norm", "gelu"):

@@ -5,11 +5,12 @@ as planned), so they need, per model family, the modules before the blocks, the 
 modules after it, and how each is called. Each family describes its own in
 ``autopar/models/<family>/parts.py`` and registers it (``autopar.models.family``); here the
 passes ask the registry for the family of a model, never naming a model class. The built-in
-``gpt``, ``llama`` and ``moe`` families are known, and transformers' Llama-style causal LMs
-(``hf-llama``: ``model.embed_tokens``, ``model.layers``, ``model.norm``, ``lm_head`` and a
-``model.rotary_emb``, blocks of Llama's projections and norms: Llama, Mistral, Qwen2, Qwen3,
-Gemma); another model raises ``AutoparError`` saying, per family, why it is not one of its
-models (and the search plans it with pp = 1 only: ``admissibility.ModelFacts.unsplittable``).
+``gpt``, ``llama`` and ``moe`` families are known, transformers' Llama-style causal LMs
+(``hf-llama``), GPT-2 and Phi-3, and, last, the ``generic`` family describes any decoder whose
+forward is embedding -> a chain of its blocks -> head from its traced forward; another model
+raises ``AutoparError`` saying, per family, why it is not one of its models (and the search
+plans it with pp = 1 only: ``admissibility.ModelFacts.unsplittable``; such a plan runs the
+model whole, ``passes/whole_model.py``).
 
 Every ``ModelParts`` callable takes the *stage root*: a module that holds the model's submodules
 under their original names (see ``passes/stage.py``), so ``root.tok_emb`` is the model's
@@ -40,4 +41,13 @@ def model_family(model: nn.Module) -> Family:
 
 def parts_of(model: nn.Module) -> ModelParts:
     """The parts of ``model``; ``AutoparError`` for a layout the passes do not know."""
-    return model_family(model).parts
+    return model_family(model).parts_of(model)
+
+
+def parts_or_none(model: nn.Module) -> ModelParts | None:
+    """The parts of ``model``; ``None`` for a model no family describes (a one-stage program
+    runs it whole: ``passes/whole_model.py``)."""
+    try:
+        return family_of(model).parts_of(model)
+    except AutoparError:
+        return None

@@ -43,7 +43,9 @@ class InFlightStage(PipelineStage):
     infos and copies them without their buffer); a buffer is made when its receive is posted
     and let go after the micro-batch's backward (after its forward when the stage has none), so
     a rank holds the buffers of the micro-batches in flight, as Megatron's schedules do. The activation buffer is
-    the stage's input, which the forward keeps for the backward anyway."""
+    the stage's input, which the forward keeps for the backward anyway. The last stage's losses,
+    which the schedule keeps for the caller until the step ends, are detached after their
+    backward, so their graphs do not keep every micro-batch's input alive that long."""
 
     def _setup_forward_recv_info(self, num_microbatches: int, has_backward: bool) -> None:
         # torch's infos for one micro-batch (one buffer, dropped), unallocated for every one
@@ -71,10 +73,16 @@ class InFlightStage(PipelineStage):
             _release(self.args_recv_info.get(fwd_chunk_id, ()))
         return output
 
-    def backward_one_chunk(self, bwd_chunk_id: int, *args, **kwargs) -> None:
-        super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+    def backward_one_chunk(self, bwd_chunk_id: int, *args, loss=None, **kwargs) -> None:
+        super().backward_one_chunk(bwd_chunk_id, *args, loss=loss, **kwargs)
         _release(self.args_recv_info.get(bwd_chunk_id, ()))
         _release(self.grad_recv_info.get(bwd_chunk_id, ()))
+        if isinstance(loss, torch.Tensor) and not loss._is_view():
+            # the schedule keeps every micro-batch's loss until the step ends, to hand them to
+            # the caller; left attached, its graph (through the input's AccumulateGrad node)
+            # would keep the micro-batch's received activation alive that long: one per
+            # micro-batch of the step on the last stage
+            loss.detach_()
 
 
 def _unallocated(infos: tuple[_RecvInfo, ...]) -> tuple[_RecvInfo, ...]:

@@ -53,9 +53,11 @@ from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions, keep_fuse
 from autopar.passes.loss_scaling import grad_scaler, quiet_found_inf
 from autopar.core.mesh import MeshAxis
 from autopar.passes.mesh import check_executable, dp_rank
-from autopar.passes.model_parts import ModelParts, model_family, parts_of
+from autopar.passes.model_parts import ModelParts, model_family, parts_or_none
 from autopar.passes.pipeline import StageShapes, build_schedule
 from autopar.passes.stage import StageModule, build_stages, stage_layout
+from autopar.passes.whole_model import checkpoint_blocks, whole_model_blocks
+from autopar.training import logits_of
 from autopar.passes.tensor_parallel import (
     apply_tensor_parallel,
     loss_is_vocab_parallel,
@@ -91,8 +93,9 @@ class ParallelProgram:
 
     plan: Plan
     mesh: DeviceMesh
-    parts: ModelParts
-    stages: list[tuple[int, StageModule]]
+    parts: ModelParts | None
+    """``None``: the one stage is the model itself, run whole (``passes/whole_model.py``)."""
+    stages: list[tuple[int, nn.Module]]
     num_stages: int
     device: torch.device
     tied: TiedWeights
@@ -101,7 +104,7 @@ class ParallelProgram:
     """fp16's dynamic loss scaling (``passes/loss_scaling.py``); ``None`` otherwise."""
 
     @property
-    def modules(self) -> list[StageModule]:
+    def modules(self) -> list[nn.Module]:
         return [m for _, m in self.stages]
 
     @property
@@ -132,7 +135,8 @@ class ParallelProgram:
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of one micro-batch, vocabulary-parallel when planned."""
-        head = self.modules[-1].get_submodule(self.parts.head)
+        head = (None if self.parts is None
+                else self.modules[-1].get_submodule(self.parts.head))
         if isinstance(head, LinearCrossEntropyHead):  # fused: the stage gave the hidden state
             return head.loss(logits, targets)
         if loss_is_vocab_parallel(self.plan):
@@ -213,7 +217,7 @@ class ParallelProgram:
         for k, (tok, tgt) in enumerate(zip(tokens.chunk(m), targets.chunk(m))):
             set_microbatch(module.modules(), self.plan.config.zero, last=k == m - 1)
             with self._loss_context():
-                loss = self.loss(module(tok), tgt)
+                loss = self.loss(logits_of(module, tok), tgt)
                 scaled = loss / m
                 (scaled if self.scaler is None else self.scaler.scale(scaled)).backward()
             total += _plain(loss)
@@ -239,9 +243,11 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     (``passes/pipeline.py:build_schedule``)."""
     check_executable(plan, facts_of(model))
     device = torch.device(device or mesh.device_type)
-    parts = parts_of(model)
+    parts = parts_or_none(model)
     dtype = torch.bfloat16 if plan.train.precision is Precision.BF16_PURE else None
     _move(model, device, dtype)
+    if parts is None:  # no family describes it: the admissibility check has kept pp = tp = 1
+        return _whole_model_program(model, plan, mesh, device)
     cp, cp_rank = plan.config.cp, mesh.get_local_rank(MeshAxis.CP.value)
     if cp > 1:  # before the fusions, whose graphs then keep the attention's call to it
         apply_context_parallel(model, model_family(model), plan,
@@ -273,6 +279,23 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
         program.schedule = build_schedule(stages, num_stages, plan, mesh, device,
                                           program._scaled_loss, shapes)
     return program
+
+
+def _whole_model_program(model: nn.Module, plan: Plan, mesh: DeviceMesh,
+                         device: torch.device) -> ParallelProgram:
+    """The one-stage program of a model no family describes (``passes/whole_model.py``):
+    data parallelism, ZeRO and checkpointing of its blocks, nothing that needs its layout."""
+    c = plan.config
+    if c.pp > 1 or c.tp > 1 or c.cp > 1 or c.ep > 1 or c.fusions:
+        raise AutoparError(  # admissibility refuses these first; the passes' own guard
+            "a model no family describes runs whole: data parallelism, ZeRO and activation "
+            "checkpointing only", where="autopar.parallelize",
+            fix="plan it with pp = tp = cp = ep = 1 and no fusions")
+    blocks = whole_model_blocks(model)
+    checkpoint_blocks(blocks, c.checkpoint_of(len(blocks)))
+    apply_data_parallel(model, blocks, plan, mesh)
+    return ParallelProgram(plan, mesh, None, [(0, model)], 1, device, TiedWeights([], None),
+                           scaler=grad_scaler(plan.train, device))
 
 
 def _positions(seq_len: int, device: torch.device, *, cp: int, rank: int) -> torch.Tensor:

@@ -7,8 +7,10 @@ classes. The folder's ``__init__`` calls ``register``; ``autopar.models`` import
 sub-package it finds, so a new family -- or a new transformers architecture -- is a new folder
 and touches no other file. Callers ask ``family_of(model)`` and never name a model class.
 
-Families are kept in name order, and so are their presets in ``PRESETS`` (each family's in its
-own order, the tiny test shapes after all the full-size ones).
+Families are kept in name order, the fallback families (``Family.fallback``: the ``generic``
+decoder, which reads a model's parts off its traced forward, ``Family.describe``) after every
+other; their presets in ``PRESETS`` in name order (each family's in its own order, the tiny
+test shapes after all the full-size ones).
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ class Family:
 
     name: str
     """The family's name: ``"gpt"``; the ``family`` of its presets and its config class."""
-    parts: ModelParts
-    """Where its models' pieces are and how a pipeline stage calls them."""
+    parts: ModelParts | None
+    """Where its models' pieces are and how a pipeline stage calls them; ``None`` for a family
+    that reads them off each model (``describe``)."""
     mismatch: Callable[[nn.Module], str | None] | None = None
     """model -> ``None`` where it is of this family, else why not (a clause of the error
     ``family_of`` raises); ``None`` here: the models are the instances of ``model_class``."""
@@ -90,8 +93,31 @@ class Family:
     the one-process build; ``None``: the model initialises itself (``init_weights()``), and a
     sharded build builds it whole once."""
 
+    describe: Callable[[nn.Module], ModelParts] | None = None
+    """model -> its parts, for a family whose layout differs from model to model (the generic
+    decoder family reads it off the module tree and the traced forward); called once its
+    ``mismatch`` has accepted the model. ``None``: every model's parts are ``parts``."""
+    fallback: bool = False
+    """Tried after every other family (the generic decoder family): it describes a model only
+    when no family of its own does."""
+    tensor_parallel: str | None = None
+    """Why the passes cannot split this family's models by tensor parallelism (a fused q/k/v
+    projection, GPT-2's ``Conv1D``...), which ``admissibility`` reports as the reason tp > 1 is
+    refused; ``None``: they can (the plan's ``nn.Linear``/``nn.Embedding`` splits)."""
+
+    def parts_of(self, model: nn.Module) -> ModelParts:
+        """The parts of ``model``, one of this family's models."""
+        if self.describe is not None:
+            return self.describe(model)
+        assert self.parts is not None  # __post_init__ requires parts or describe
+        return self.parts
+
     def __post_init__(self) -> None:
         where = f"autopar.models.Family({self.name!r})"
+        if self.parts is None and self.describe is None:
+            raise AutoparError("a family needs its models' parts, or a describe function "
+                               "that reads them off each model; this one has neither",
+                               where=where, fix="pass parts=ModelParts(...) or describe=...")
         if self.mismatch is None and self.model_class is None:
             raise AutoparError("a family recognises its models by a mismatch function or by "
                                "its model_class; this one has neither", where=where,
@@ -173,8 +199,8 @@ def _arrange_presets() -> None:
 
 
 def registered() -> list[Family]:
-    """Every registered family, by name."""
-    return [_FAMILIES[name] for name in sorted(_FAMILIES)]
+    """Every registered family, by name, the fallback families (``Family.fallback``) last."""
+    return sorted(_FAMILIES.values(), key=lambda f: (f.fallback, f.name))
 
 
 def family_named(name: str) -> Family:
@@ -187,8 +213,9 @@ def family_named(name: str) -> Family:
 
 
 def family_of(model: nn.Module) -> Family:
-    """The family ``model`` is of (the first, by name, that recognises it); ``AutoparError``
-    naming each family's reason where none does."""
+    """The family ``model`` is of (the first, by name, that recognises it; a fallback family,
+    the generic decoder, only after every other); ``AutoparError`` naming each family's reason
+    where none does."""
     reasons = []
     for family in registered():
         why = family.why_not(model)
@@ -198,9 +225,10 @@ def family_of(model: nn.Module) -> Family:
     raise AutoparError(
         f"no model family describes a {type(model).__name__} ({'; '.join(reasons)})",
         where="autopar.models.family_of",
-        fix="use a built-in model (autopar.models.build) or a transformers Llama-style causal "
-            "LM, or register a Family for it (a folder under autopar/models/); planning and "
-            "estimates work for any model")
+        fix="write its forward as embedding -> a chain of its repeated blocks x = block(x, "
+            "...) -> final norm and head (the generic decoder family), use a built-in model or "
+            "a transformers causal LM of a registered family, or register a Family for it (a "
+            "folder under autopar/models/); pp = 1 plans run without it")
 
 
 def config_family(config: object) -> Family | None:

@@ -30,6 +30,20 @@ def token_positions(root: nn.Module, seq_len: int, device: torch.device) -> torc
     return None if positions is None else positions(seq_len, device)
 
 
+def causal_mask(seq_len: int, window: int | None, like: torch.Tensor) -> torch.Tensor:
+    """The additive (1, 1, seq, seq) causal mask in ``like``'s dtype and device, for a
+    transformers block whose eager attention adds the mask it is given and builds none itself;
+    with ``window``, a query sees only the ``window`` latest keys, itself included
+    (transformers' ``sliding_window_overlay``)."""
+    import torch
+
+    mask = torch.full((seq_len, seq_len), float("-inf"), device=like.device,
+                      dtype=like.dtype).triu(1)
+    if window is not None:
+        mask = mask + torch.full_like(mask, float("-inf")).tril(-window)
+    return mask[None, None]
+
+
 def no_block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
     """Blocks that take the activations only."""
     return ()

@@ -42,8 +42,8 @@ from autopar.costmodel.memory import activation_bytes_per_element
 from autopar.costmodel.pipeline import (
     StagePartition,
     balanced_partition,
-    bubble_fraction,
     even_partition,
+    pipeline_s,
 )
 from autopar.core.specs import Checkpoint, ParallelConfig, Schedule, TrainSpec
 from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step, tp_comm_s
@@ -121,8 +121,8 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
               + (post if s == config.pp - 1 else 0.0) for s in range(config.pp)]
     m = config.microbatches(train)
     v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
-    slow = max(stages)
-    return m * slow * (1 + bubble_fraction(config.schedule, config.pp, m, v)), part
+    busy, bubble = pipeline_s(config.schedule, config.pp, m, v, stages)
+    return busy + bubble, part
 
 
 def _estimate(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: ParallelConfig,

@@ -102,6 +102,9 @@ def _plan(est: Estimate, name: str, cluster: ClusterSpec, train: TrainSpec,
     if facts is not None and facts.unsplittable is not None:  # the report says why pp is 1
         est = replace(est, notes=(*est.notes, "pp = 1 only: the passes cannot cut this model "
                                   f"into pipeline stages ({facts.unsplittable})"))
+    if facts is not None and facts.unsplittable_tp is not None:  # and why tp is 1
+        est = replace(est, notes=(*est.notes, "tp = 1 only: the passes cannot split this model "
+                                  f"by tensor parallelism ({facts.unsplittable_tp})"))
     result = strategies.result(c)
     graph = strategies.solver.graph
     ops = result.block_strategies if result is not None else tuple(

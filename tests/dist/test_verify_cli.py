@@ -12,6 +12,15 @@ def test_verify_flags_plan_passes(capsys):
     assert "PASSED" in out and "dp2 tp2" in out
 
 
+def test_the_issues_expert_parallel_command_reads_dp_as_expert_replicas(capsys):
+    """``--ep 2 --dp 2 --nproc 4``: two expert data-parallel replicas of two expert shards, the
+    plan's dp 4 with ep 2 carved from it, and the program matches one process."""
+    assert main(["verify", "--model", "tiny-moe", "--ep", "2", "--dp", "2", "--nproc", "4",
+                 "--steps", "2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps lines
+    assert "PASSED" in out and "dp4 tp1 pp1 ep2" in out and "dp 4 with ep 2" in out
+
+
 def test_plan_file_from_autopar_plan_verifies(tmp_path, capsys):
     plan = tmp_path / "plan.json"
     assert main(["plan", "--model", "tiny-gpt", "--cluster", "hgx-h100-80g", "--nodes", "1",

@@ -156,26 +156,26 @@ def test_layouts_the_engine_cannot_run_are_refused(llama, facts):
 
 
 def test_a_model_no_family_can_cut_into_stages_gets_pp_1_plans_only_and_the_reason(facts):
-    """Phi-3's fused projections are no registered family's layout: its blocks are found
-    (num_blocks 2) but the passes cannot cut it, so every plan is pp = 1, each says why in its
-    notes, and a pp = 2 plan is refused with the reason."""
-    pytest.importorskip("transformers")
+    """A decoder whose forward adds the embedding to every block's output (tests/data/
+    nanogpt.py's ``make_skip``) is no chain of blocks, so no family describes it: its blocks
+    are found (num_blocks 4) but the passes cannot cut it, so every plan is pp = 1, each says
+    why in its notes, and a pp = 2 plan is refused with the reason."""
+    from pathlib import Path
+
     from autopar.core.model_spec import ModelSpec
 
     assert facts.unsplittable is None  # the zoo's llama has its family
-    phi3 = ModelSpec.transformers_config("Phi3ForCausalLM", {
-        "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 64, "pad_token_id": None, "bos_token_id": None,
-        "eos_token_id": None}).build("meta")
-    phi3_facts = facts_of(phi3)
-    assert phi3_facts.num_blocks == 2 and "Phi3ForCausalLM" in phi3_facts.unsplittable
-    plan = autopar.optimize(phi3, process_cluster(4), TRAIN, keep=3)
+    nanogpt = Path(__file__).resolve().parents[1] / "data" / "nanogpt.py"
+    skip = ModelSpec.parse(f"{nanogpt}:make_skip").build("meta")
+    skip_facts = facts_of(skip)
+    assert skip_facts.num_blocks == 4 and "SkipGPT" in skip_facts.unsplittable
+    plan = autopar.optimize(skip, process_cluster(4), TRAIN, keep=3)
     assert [p.config.pp for p in (plan, *plan.alternatives)] == [1] * (1 + len(plan.alternatives))
     assert any(n.startswith("pp = 1 only: the passes cannot cut this model") and
-               "fused projections" in n for n in plan.estimate.notes), plan.estimate.notes
+               "does not read the output of the block before it" in n
+               for n in plan.estimate.notes), plan.estimate.notes
     assert any(w.startswith("pp=2: the passes cannot cut this model")
-               for w in _what(phi3_facts, dp=2, pp=2, micro_batch=1))
+               for w in _what(skip_facts, dp=2, pp=2, micro_batch=1))
     with pytest.raises(AutoparError, match="pp=2: the passes cannot cut this model"):
-        autopar.plan_for(phi3, process_cluster(4), TRAIN,
+        autopar.plan_for(skip, process_cluster(4), TRAIN,
                          ParallelConfig(dp=2, pp=2, micro_batch=1))

@@ -77,6 +77,30 @@ def test_ep_must_divide_dp_cp(capsys) -> None:
     assert "ep=3" in err
 
 
+@pytest.mark.parametrize(("flags", "dp", "read_as_replicas"), [
+    ({"dp": 2, "ep": 2}, 4, True),            # ep x dp = 4 GPUs: dp counts the expert replicas
+    ({"dp": 4, "ep": 2}, 4, False),           # dp x tp x pp x cp = 4: as given
+    ({"dp": 2, "ep": 2, "tp": 2}, 2, False),  # fills the 4 GPUs as given
+])
+def test_dp_beside_ep_counts_expert_replicas_only_when_that_fills_the_gpus(
+        flags: dict, dp: int, read_as_replicas: bool) -> None:
+    from autopar.cli_args import config_from_fields, expert_dp_note
+
+    config = config_from_fields(flags, 4, "--nproc")
+    assert config.dp == dp and config.ep == 2
+    note = expert_dp_note(flags, config)
+    assert (note is not None) == read_as_replicas
+    if read_as_replicas:
+        assert "dp 4 with ep 2" in note
+
+
+def test_dp_beside_ep_that_does_not_fill_the_gpus_is_taken_as_given(capsys) -> None:
+    """dp 1 x ep 2 is not 8 GPUs either way: the ep-in-dp error, not a silent doubling."""
+    err = _error(capsys, ["estimate", "--model", "tiny-moe", "--cluster", "dgx-a100-80g",
+                          "--global-batch", "8", "--dp", "1", "--ep", "2"])
+    assert "ep=2" in err
+
+
 def test_unknown_model_and_cluster_exit_2(capsys) -> None:
     assert "gpt-17b" in _error(capsys, ["estimate", "--model", "gpt-17b", "--cluster",
                                         "dgx-a100-80g", "--global-batch", "8"])

@@ -98,7 +98,6 @@ def test_transformers_decoders_of_llamas_layout_are_of_the_hf_llama_family(
 
 
 @pytest.mark.parametrize(("architecture", "fields", "reason"), [
-    ("Phi3ForCausalLM", {}, "no linear self_attn.q_proj"),  # fused qkv_proj, gate_up_proj
     ("MixtralForCausalLM", {"num_local_experts": 4}, "no linear mlp.gate_proj"),
     ("Qwen2MoeForCausalLM", {"num_experts": 4, "moe_intermediate_size": 32,
                              "shared_expert_intermediate_size": 32}, "no linear mlp.gate_proj"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autopar.models.parts import ModelParts
+from autopar.models.parts import ModelParts, causal_mask
 
 LAYOUT = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
 """The submodules a model of this family has."""
@@ -64,16 +64,6 @@ def _has(model: nn.Module, path: str) -> bool:
     return _get(model, path) is not None
 
 
-def _causal_mask(seq_len: int, window: int | None, like: torch.Tensor) -> torch.Tensor:
-    """The additive (1, 1, seq, seq) causal mask; with ``window``, a query sees only the
-    ``window`` latest keys, itself included (transformers' ``sliding_window_overlay``)."""
-    mask = torch.full((seq_len, seq_len), float("-inf"), device=like.device,
-                      dtype=like.dtype).triu(1)
-    if window is not None:
-        mask = mask + torch.full_like(mask, float("-inf")).tril(-window)
-    return mask[None, None]
-
-
 def sliding_window(root_config: object, block: nn.Module) -> int | None:
     """The attention window of ``block``: its attention's own ``sliding_window`` where it has
     one (Qwen2's per-layer types), else the config's (Mistral: every layer); ``None``: full."""
@@ -89,7 +79,7 @@ def _block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
     mask = None
     if getattr(root.config, "_attn_implementation", "sdpa") != "sdpa":
         # eager attention gets no causal mask when none is passed: build the additive one
-        mask = _causal_mask(seq_len, None, cos)
+        mask = causal_mask(seq_len, None, cos)
     return (cos, sin), positions, mask, root.config
 
 
@@ -99,7 +89,7 @@ def _call_block(block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor
     window = sliding_window(config, block)
     if window is not None and window < seq_len:
         # the model's forward masks this layer to its window; a stage calls the block itself
-        mask = _causal_mask(seq_len, window, cos)
+        mask = causal_mask(seq_len, window, cos)
     out = block(x, attention_mask=mask, position_ids=positions, position_embeddings=(cos, sin))
     return out[0] if isinstance(out, tuple) else out
 
