@@ -8,7 +8,7 @@ ZeRO (Rajbhandari et al., SC'20, Figure 1): model-state memory per GPU within 2 
 Selective recomputation (Korthikanti et al., MLSys'23, Tables 3 and 5): each model priced under
 full recomputation and under sequence parallelism with selective recomputation; full is the
 slower, by the published ratio of iteration times within 3 % (measured: 22B +2.4 %, 175B
-+1.2 %, 530B +1.5 %, 1T -1.0 %), and selective keeps 34/t / 2 = 2.125 times full's activations
++1.3 %, 530B +1.7 %, 1T -0.8 %), and selective keeps 34/t / 2 = 2.125 times full's activations
 per layer (the paper's Table 2: 34*s*b*h/t against 2*s*b*h) within 1 %.
 """
 
