@@ -143,8 +143,9 @@ def _cp_comm_s(
     eff: Efficiency,
 ) -> float:
     """Seconds of ``cp_collectives`` (this tp rank's heads; none overlapped with compute); a
-    recomputed forward gathers again (``tp_comm_s``'s rule: the selective policy keeps the
-    attention's output, not its gathered inputs)."""
+    recomputed forward gathers again (``reissues``: full and matmuls, which keeps the
+    attention's output, not its gathered inputs; selective recomputes nothing of a fused
+    attention)."""
     if split.cp == 1:
         return 0.0
     total = 0.0

@@ -6,7 +6,7 @@ Ops: ``linear`` (``nn.Linear``, ``F.linear``, ATen ``addmm``), ``matmul`` (``mm`
 * FLOPs: ``2 * M * N * K`` with batch dims, i.e. ``2 * out.numel * K``; bias adds are not
   counted (the Megatron-LM convention, Narayanan et al. 2021, eq. 3, counts only the GEMMs).
   ``einsum``: ``2 * prod(size of every index letter)`` for two operands.
-* Saved: every activation input (the backward's two GEMMs read them). The selective policy
+* Saved: every activation input (the backward's two GEMMs read them). The matmuls policy
   keeps a linear layer's output (``is_linear``).
 * Strategies: a weight GEMM is replicated, split by columns or by rows
   (``weight_gemm_rule``); a product of two activations is replicated or batched over split heads
@@ -72,7 +72,7 @@ def is_expert_gemm(node: NodeInfo, graph: GraphIR) -> bool:
 
 def is_linear(node: NodeInfo, graph: GraphIR) -> bool:
     """A linear layer: a GEMM of one activation by a weight matrix, which PyTorch runs as
-    ``aten.mm``/``addmm`` -- the ops whose outputs the selective policy keeps. Stacked expert
+    ``aten.mm``/``addmm`` -- the ops whose outputs the matmuls policy keeps. Stacked expert
     weights (3-d) run as ``bmm`` and are recomputed."""
     return is_weight_gemm(node, graph) and all(
         len(graph.params[p].shape) <= 2 for p in node.params if p in graph.params)

@@ -119,7 +119,7 @@ class OpFamily:
     returns_input: Callable[[NodeInfo], bool] | None = None
     """The node returns its input itself (a dropout with p = 0): no kernel, no storage."""
     kept_by_matmuls: NodeTest | None = None
-    """The selective policy caches the node's output (``passes/checkpointing.py``)."""
+    """The matmuls policy caches the node's output (``passes/checkpointing.py``)."""
     weight_op: NodeTest | None = None
     """The node holds its module's weights: its strategy is the module's style."""
     fusions: tuple[FusionPattern, ...] = ()
@@ -252,7 +252,7 @@ def save(node: NodeInfo, saver: Saver) -> None:
 
 
 def kept_by_matmuls(node: NodeInfo, graph: GraphIR) -> bool:
-    """Whether the selective policy keeps ``node``'s output instead of recomputing it."""
+    """Whether the matmuls policy keeps ``node``'s output instead of recomputing it."""
     family = _BY_OP.get(node.op)
     return family is not None and family.kept_by_matmuls is not None \
         and family.kept_by_matmuls(node, graph)

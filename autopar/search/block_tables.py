@@ -328,7 +328,7 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
 
 
 def _cached_partials(saved: tuple[SavedTensor, ...], rows: set[str]) -> tuple[SavedTensor, ...]:
-    """The selective policy caches a row-split linear's output before its reduction: a
+    """The matmuls policy caches a row-split linear's output before its reduction: a
     full-size partial sum on every tp rank, divided by neither tp nor SP, and not the reduced
     tensor a reader may keep for autograd. The mark of each such output (in ``rows``) moves to
     an entry of its own, ``<node>.partial``."""
