@@ -68,6 +68,11 @@ class ModelFacts:
     fused_attention: bool = True
     """The blocks' attention is a fused op, which context parallelism runs over the K/V
     gathered from the cp ranks (``passes/context_parallel.py``)."""
+    attention_core_hook: bool = True
+    """Some module of the model takes the ``selective`` policy's attention-core runner
+    (``models.family.ATTENTION_CORE_HOOK``); without one an unfused attention core (as
+    transformers' eager attention) runs whole under ``selective``, which the planner prices
+    so (``search.planner.strategies_of``). True where only a traced graph is known."""
     context_attention: bool = True
     """The model's family gives its attention a context-parallel hook
     (``models.family.Family.context_attention``; ``passes/context_parallel.py``); False for a
@@ -124,6 +129,7 @@ def facts_of(model: object) -> ModelFacts:
     planner has traced the model."""
     from torch import nn
 
+    from autopar.models.family import ATTENTION_CORE_HOOK
     from autopar.tracing_blocks import find_block_group
 
     config = getattr(model, "config", None)
@@ -136,6 +142,7 @@ def facts_of(model: object) -> ModelFacts:
     found["vocab_size"] = vocab_of(model)
     (found["context_attention"], found["unsplittable"],
      found["unsplittable_tp"]) = _family_facts(model)
+    found["attention_core_hook"] = any(hasattr(m, ATTENTION_CORE_HOOK) for m in model.modules())
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), **found)
 

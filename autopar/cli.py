@@ -82,7 +82,7 @@ def _add_parallel(p: argparse.ArgumentParser, title: str) -> None:
     g.add_argument("--virtual-stages", type=_positive, default=None, metavar="N")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--checkpoint", default=None,
-                   help="none | selective | full, or a comma-separated policy per block")
+                   help="none | selective | matmuls | full, or a comma-separated policy per block")
     g.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None,
                    help="optimizer states in CPU memory")
     g.add_argument("--fusions", type=_names, default=None, metavar="A,B",

@@ -86,8 +86,12 @@ _PRECISION = {
 }
 
 _CHECKPOINT = {
-    Checkpoint.SELECTIVE: "non-reentrant checkpoint saving matmul and fused attention outputs, "
-                          "recomputing the rest",
+    Checkpoint.SELECTIVE: "non-reentrant checkpoint of the eager attention core only "
+                          "(Korthikanti et al.; fused attention runs as is), and under sequence "
+                          "parallelism the column-parallel inputs kept as shards and gathered "
+                          "again in the backward",
+    Checkpoint.MATMULS: "non-reentrant checkpoint saving matmul and fused attention outputs, "
+                        "recomputing the rest",
     Checkpoint.FULL: "non-reentrant checkpoint of the block",
 }
 """What each recomputing policy runs (``passes/checkpointing.py``); ``none`` keeps everything."""

@@ -109,6 +109,62 @@ def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
     return RunCheck(row, best, achieved, float(row["achieved_teraflops_per_gpu"]))
 
 
+@dataclass(frozen=True)
+class RecomputeCheck:
+    """A Korthikanti et al. Table 5 row priced both ways: full recomputation (tensor and
+    pipeline parallelism, no sequence parallelism) and the paper's present work (sequence
+    parallelism with selective recomputation)."""
+
+    row: dict
+    full: Estimate
+    selective: Estimate
+    full_layer_bytes: float
+    """Activations one block keeps per micro-batch on one GPU under ``full``."""
+    selective_layer_bytes: float
+
+    @property
+    def time_ratio(self) -> float:
+        """Predicted full / selective iteration time."""
+        return self.full.step_time_s / self.selective.step_time_s
+
+    @property
+    def published_time_ratio(self) -> float:
+        return self.row["iteration_s_full_recompute"] / self.row["iteration_s_present_work"]
+
+    @property
+    def memory_ratio(self) -> float:
+        """Predicted selective / full activations per layer."""
+        return self.selective_layer_bytes / self.full_layer_bytes
+
+
+def check_recompute_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
+                        efficiency: Efficiency = DEFAULT_EFFICIENCY) -> RecomputeCheck:
+    """A row of ``tests/data/korthikanti_table5.json`` (the model, tp, pp and micro-batch of
+    its Table 3; Megatron's fused kernels; the 1F1B schedule) priced under full recomputation
+    and under selective recomputation with sequence parallelism."""
+    from autopar.costmodel.compute import Split
+    from autopar.costmodel.memory import activation_bytes_per_element, saved_bytes
+    from autopar.core.specs import Checkpoint
+
+    gpus, tp, pp = row["num_gpus"], row["tensor_parallel_size"], row["pipeline_parallel_size"]
+    model, cluster, train = megatron_inputs(row, cluster_preset)
+    graph = trace(model, train)
+    strategies = strategies_of(graph, facts_of(model), graph.model_name, cluster, train,
+                               efficiency=efficiency, fusions=MEGATRON_FUSIONS)
+    priced = {}
+    for policy, sp in ((Checkpoint.FULL, False), (Checkpoint.SELECTIVE, True)):
+        config = ParallelConfig(dp=gpus // (tp * pp), tp=tp, pp=pp,
+                                micro_batch=row["micro_batch_size"], sequence_parallel=sp,
+                                checkpoint=policy, fusions=MEGATRON_FUSIONS)
+        split = Split(config.micro_batch, tp, 1, sp, activation_bytes_per_element(
+            train.precision), "fp16", seq_len=train.seq_len)
+        block = strategies(config).block
+        priced[policy] = (config_estimate(strategies, config),
+                          saved_bytes(block, split, policy))
+    (full, full_bytes), (sel, sel_bytes) = priced[Checkpoint.FULL], priced[Checkpoint.SELECTIVE]
+    return RecomputeCheck(row, full, sel, full_bytes, sel_bytes)
+
+
 def zero_model_states(example: dict) -> dict[str, float]:
     """Model-state bytes per GPU (decimal GB) for the ZeRO paper's example, per stage."""
     sb = state_bytes_per_param(Precision.FP16, Optimizer.ADAM)

@@ -136,11 +136,15 @@ def draw_case(rng: random.Random, index: int = 0) -> Case:
         fields["sequence_parallel"] = True
     layers = spec.overrides["num_layers"]
     r = rng.random()
+    # odd cases run the matmuls policy where even ones run selective (an index, not a draw:
+    # the seeded samples stay the cases they were)
+    partial = "matmuls" if index % 2 else "selective"
     if r < 0.15:
-        fields["checkpoint"] = tuple(rng.choice(("none", "selective", "full"))
-                                     for _ in range(layers))
+        fields["checkpoint"] = tuple(p if p != "selective" else partial for p in (
+            rng.choice(("none", "selective", "full")) for _ in range(layers)))
     elif r < 0.5:
-        fields["checkpoint"] = rng.choice(("selective", "full"))
+        policy = rng.choice(("selective", "full"))
+        fields["checkpoint"] = partial if policy == "selective" else policy
     if rng.random() < 0.1:
         fields["offload"] = True
     if rng.random() < 0.12:

@@ -8,9 +8,10 @@ knows of an op:
   one-byte mask, GELU its input...), deduplicated through views to the tensor that owns the
   storage. For a GPT block with eager attention this gives Korthikanti et al.'s 34*s*h +
   5*a*s^2 bytes exactly. Each is marked with the policies that keep it: autograd without
-  checkpointing, and the selective policy of ``passes/checkpointing.py``, which keeps the block
+  checkpointing; the ``matmuls`` policy of ``passes/checkpointing.py``, which keeps the block
   input and the outputs of the linear layers and of fused attention and recomputes every other
-  op. A fused kernel (``FusionPattern.kernel_saves``) keeps what its autograd saves instead of
+  op; and what the ``selective`` policy rebuilds instead of keeping: what an unfused attention
+  core makes (``ops.attention_core``), the 5*a*s^2 term. A fused kernel (``FusionPattern.kernel_saves``) keeps what its autograd saves instead of
   what its eager ops would; the loss also records what it holds only while it runs
   (``transient``).
 * **Costs per op** (``op_costs``): FLOPs and bytes per sequence, and which roofline applies.
@@ -38,10 +39,11 @@ from autopar.graph import GraphIR, NodeInfo
 from autopar.models.moe.model import DROPLESS_MARK
 from autopar.ops import (
     PATTERNS,
+    attention_core,
     find_fusions,
     fused_bytes,
     is_expert_gemm,
-    kept_by_selective,
+    kept_by_matmuls,
     kind_of,
     ops_without_rules,
     save,
@@ -94,8 +96,9 @@ class _Saver:
 def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], fusions: tuple[str, ...] = ()
                   ) -> tuple[SavedTensor, ...]:
     """The activations ``nodes`` keep for backward, per sequence, each storage counted once,
-    marked with the policies that keep them (without checkpointing; selective); a match of a
-    fused kernel's pattern keeps what the kernel saves."""
+    marked with the policies that keep them (without checkpointing; ``matmuls``) and, where an
+    unfused attention core makes them, as what ``selective`` rebuilds; a match of a fused
+    kernel's pattern keeps what the kernel saves."""
     saver = _Saver(graph, frozenset(n.name for n in nodes))
     fused = {c.name: (pattern, chain) for pattern, chain in find_fusions(graph, nodes, fusions)
              if PATTERNS[pattern].kernel_saves is not None for c in chain}
@@ -108,30 +111,35 @@ def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], fusions: tuple[str, ...
                 kernel_saves(chain, saver)
         else:
             save(n, saver)
-    _mark_selective(graph, nodes, saver)
-    return tuple(saver.seen.values())
+    _mark_matmuls(graph, nodes, saver)
+    core = attention_core(graph, nodes)
+    # made inside a core and read by nothing outside it (the core's output is the projection's
+    # input, kept)
+    return tuple(replace(t, attention_core=True)
+                 if t.name.partition(".")[0] in core and all(s in core for s in t.savers) else t
+                 for t in saver.seen.values())
 
 
-def _mark_selective(graph: GraphIR, nodes: list[NodeInfo], saver: _Saver) -> None:
-    """Mark (or add) what the selective policy keeps: the block input, which checkpointing
+def _mark_matmuls(graph: GraphIR, nodes: list[NodeInfo], saver: _Saver) -> None:
+    """Mark (or add) what the ``matmuls`` policy keeps: the block input, which checkpointing
     saves, and what the policy caches -- every linear layer's output and fused attention's
-    output and log-sum-exp (``autopar.ops.kept_by_selective``). Where the solve splits a linear
+    output and log-sum-exp (``autopar.ops.kept_by_matmuls``). Where the solve splits a linear
     by rows, it caches the partial sums before their reduction instead
     (``search.block_tables.solved_layer``)."""
     seen = saver.seen
 
     def mark(key: str) -> None:
         if key in seen:
-            seen[key] = replace(seen[key], selective=True)
+            seen[key] = replace(seen[key], matmuls=True)
         elif (t := saver.activation(key.partition(".")[0])) is not None:
-            seen[key] = replace(t, name=key, without_checkpoint=False, selective=True)
+            seen[key] = replace(t, name=key, without_checkpoint=False, matmuls=True)
 
     names = {n.name for n in nodes}
     external = [i for n in nodes for i in n.inputs if i not in names]
     if external:
         mark(storage_of(graph, external[0]))
     for n in nodes:
-        if kept_by_selective(n, graph):
+        if kept_by_matmuls(n, graph):
             mark(n.name)
             if n.name + ".lse" in seen:
                 mark(n.name + ".lse")
@@ -143,6 +151,7 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
     per_seq = 1.0 / graph.batch
     chains = {chain[0].name: (name, chain) for name, chain in find_fusions(graph, nodes, fusions)}
     inside = {n.name for _, chain in chains.values() for n in chain[1:]}
+    core = attention_core(graph, nodes)
     costs = []
     for n in nodes:
         if n.name in inside:
@@ -159,7 +168,8 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
                 name=f"{pattern}:{n.name}", op=pattern, kind=OpKind.MEMORY,
                 flop=sum(c.fwd_flop for c in chain) * per_seq,
                 bytes=fused_bytes(graph, chain) * per_seq * scale, shard=Shard.REPLICATED,
-                kept_by_selective=any(kept_by_selective(c, graph) for c in chain),
+                kept_by_matmuls=any(kept_by_matmuls(c, graph) for c in chain),
+                attention_core=any(c.name in core for c in chain),
             ))
             continue
         kv = 0.0
@@ -169,7 +179,7 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
         costs.append(OpCost(
             name=n.name, op=n.op, kind=kind_of(n), flop=n.fwd_flop * per_seq,
             bytes=n.fwd_bytes * per_seq * scale, shard=Shard.REPLICATED,
-            kept_by_selective=kept_by_selective(n, graph),
+            kept_by_matmuls=kept_by_matmuls(n, graph), attention_core=n.name in core,
             expert=is_expert_gemm(n, graph), kv_elements=kv * per_seq,
         ))
     return tuple(costs)
@@ -192,7 +202,7 @@ def _fused_loss_costs(graph: GraphIR, chain: list[NodeInfo], act_bytes: float
     weight = sum(graph.params[p].numel for p in head.params if p in graph.params)
     gemm = OpCost(name=head.name, op=head.op, kind=OpKind.MATMUL, flop=head.fwd_flop * per_seq,
                   bytes=head.fwd_bytes * per_seq * scale, shard=Shard.REPLICATED,
-                  kept_by_selective=True)
+                  kept_by_matmuls=True)
     rows = OpCost(name=f"linear_cross_entropy:{loss.name}", op="linear_cross_entropy",
                   kind=OpKind.MEMORY, flop=loss.fwd_flop * per_seq,
                   bytes=3 * logits.nbytes * per_seq * scale, shard=Shard.REPLICATED,
@@ -257,6 +267,16 @@ def _dropless(node: NodeInfo, graph: GraphIR) -> bool:
     experts, traced as ``grouped_mm``: no capacity, nothing dropped)."""
     return node.target.endswith(DROPLESS_MARK) or (
         node.op == "grouped_mm" and is_expert_gemm(node, graph))
+
+
+def without_attention_core(work: Workload) -> Workload:
+    """``work`` with no op or tensor marked as an attention core's: what ``selective`` runs
+    for a model whose attention takes no core runner (``ModelFacts.attention_core_hook``):
+    the cores whole, as ``none``."""
+    def plain(layer: LayerCost) -> LayerCost:
+        return replace(layer, ops=tuple(replace(o, attention_core=False) for o in layer.ops),
+                       saved=tuple(replace(t, attention_core=False) for t in layer.saved))
+    return replace(work, pre=plain(work.pre), block=plain(work.block), post=plain(work.post))
 
 
 def layer_nodes(graph: GraphIR) -> tuple[list[NodeInfo], list[NodeInfo], list[NodeInfo]]:

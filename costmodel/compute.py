@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from autopar.core.specs import Checkpoint
 from .cluster import ClusterSpec
 from .efficiency import Efficiency
 from .profile import note
@@ -258,20 +259,33 @@ def estimate_op_s(
                       bwd_bytes / hbm + k if bwd is None else bwd, 0.0)
 
 
+def reruns(op: OpCost, policy: Checkpoint) -> bool:
+    """Whether ``policy`` runs ``op``'s forward again in the backward: ``full`` every op,
+    ``matmuls`` every op but the linear layers and fused attention, ``selective`` the unfused
+    attention core's (``passes/checkpointing.py``)."""
+    if policy is Checkpoint.FULL:
+        return True
+    if policy is Checkpoint.MATMULS:
+        return not op.kept_by_matmuls
+    if policy is Checkpoint.SELECTIVE:
+        return op.attention_core
+    return False
+
+
 def estimate_layer_s(
     layer: LayerCost,
     split: Split,
     cluster: ClusterSpec,
     eff: Efficiency,
     *,
-    only_recomputed_by_selective: bool = False,
+    recomputed_by: Checkpoint | None = None,
     expert_scale: float = 1.0,
 ) -> PhaseTimes:
-    """Compute seconds of a layer (or of the ops the selective policy reruns) for one
-    micro-batch on one GPU."""
+    """Compute seconds of a layer (or of the ops the ``recomputed_by`` policy reruns in the
+    backward, ``reruns``) for one micro-batch on one GPU."""
     total = PhaseTimes()
     for op in layer.ops:
-        if only_recomputed_by_selective and op.kept_by_selective:
+        if recomputed_by is not None and not reruns(op, recomputed_by):
             continue
         total = total + estimate_op_s(op, split, cluster, eff, expert_scale=expert_scale)
     return total

@@ -13,15 +13,23 @@ from the traced graph, under each checkpoint policy as ``passes/checkpointing.py
 * ``none``: what autograd saves. For a GPT block with eager attention and dropout this is
   Korthikanti et al. (2022): per layer ``s*b*h*(34 + 5*a*s/h)`` bytes without parallelism,
   ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` with tensor parallelism, ``s*b*h/t*(34 + 5*a*s/h)``
-  adding sequence parallelism.
-* ``selective``: the block input and what the selective-checkpoint policy caches -- the output
+  adding sequence parallelism -- and, as the engine runs it, the column-parallel linears'
+  all-gathered inputs, which DTensor saves whole (``4*s*b*h*(1 - 1/t)`` more for a GPT
+  block): the solved block's tensors are sized as their savers hold them (``LayerCost.held``).
+* ``selective`` (Korthikanti et al. 2022): what ``none`` keeps but the tensors an unfused
+  attention core makes (scores, probabilities, the dropout's mask and output: the
+  ``5*a*s^2*b`` bytes), which its recomputation rebuilds; ``34*s*b*h`` bytes (``/t`` with
+  tensor + sequence parallelism) for a GPT block. Each kept tensor is sized in its producer's
+  layout: the row-parallel linears' outputs reduce-scattered, the column-parallel linears'
+  inputs as their sequence shards, which the backward gathers again (``passes/regather.py``;
+  ``none`` keeps them gathered, ``LayerCost.held``). With fused attention and no sequence
+  parallelism it keeps what ``none`` keeps.
+* ``matmuls``: the block input and what the selective-checkpoint policy caches -- the output
   of every linear layer (``aten.mm``/``addmm``) and of fused attention (its output and
   log-sum-exp). For a GPT block in fp16 that is ``2 + 6 + 2 + 8 + 2 = 20*s*b*h`` bytes (input,
   QKV, projection, MLP up, MLP down) plus the attention output ``2*s*b*h`` when attention is
   fused. A row-parallel linear's output is cached before its all-reduce (or reduce-scatter):
   the full-size partial sum, divided neither by tp nor by sequence parallelism.
-  This is not Korthikanti et al.'s selective recomputation (which keeps everything but the s^2
-  attention core, ``34*s*b*h/t``): it recomputes the memory-bound ops instead.
 * ``full``: the block input, ``2*s*b*h`` (``/t`` with SP).
 
 Fused kernels (``ParallelConfig.fusions``) keep what their autograd saves, for every policy: the
@@ -126,9 +134,16 @@ def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
     """Bytes one micro-batch of ``layer`` keeps for the backward pass on one GPU."""
     if policy is Checkpoint.FULL:
         return layer.input_elements * split.act_bytes * split.scale(Shard.SEQ)
+    if policy is Checkpoint.MATMULS:
+        return _bytes(layer, split, lambda t: t.matmuls)
     if policy is Checkpoint.SELECTIVE:
-        return _bytes(layer, split, lambda t: t.selective)
-    return _bytes(layer, split, lambda t: t.without_checkpoint) + gathered_kv_bytes(layer, split)
+        # in the producers' layouts: a gathered input is kept as its shard and gathered again
+        # in the backward (passes/regather.py)
+        return (_bytes(layer, split, lambda t: t.without_checkpoint and not t.attention_core)
+                + gathered_kv_bytes(layer, split))
+    kept = layer.held or layer.saved  # as the savers hold them, where the solve walked it
+    return (_sized((t for t in kept if t.without_checkpoint), split)
+            + gathered_kv_bytes(layer, split))
 
 
 def gathered_kv_bytes(layer: LayerCost, split: Split) -> float:
@@ -137,8 +152,9 @@ def gathered_kv_bytes(layer: LayerCost, split: Split) -> float:
     all-gathered (``passes/context_parallel.py``), and the causal mask of the rank's queries
     against the whole sequence, which SDPA keeps in the query's dtype (measured on the CPU
     kernel, ``_scaled_dot_product_flash_attention_for_cpu``: a bool (s/cp, s) mask is saved
-    as a float one), once per attention and micro-batch. Not kept under the selective policy,
-    which keeps the attention's output, not its inputs."""
+    as a float one), once per attention and micro-batch. Kept under ``selective`` too (the
+    gathering attention is fused); not under ``matmuls``, which keeps the attention's output,
+    not its inputs."""
     if split.cp == 1:
         return 0.0
     total = 0.0
@@ -178,9 +194,11 @@ def recompute_working_bytes(layer: LayerCost, split: Split, policy: Checkpoint) 
     the recomputation rebuilds for autograd beyond what the policy kept."""
     if policy is Checkpoint.NONE:
         return 0.0
-    if policy is Checkpoint.SELECTIVE:
-        return (_bytes(layer, split, lambda t: t.without_checkpoint and not t.selective)
+    if policy is Checkpoint.MATMULS:
+        return (_bytes(layer, split, lambda t: t.without_checkpoint and not t.matmuls)
                 + gathered_kv_bytes(layer, split))
+    if policy is Checkpoint.SELECTIVE:
+        return _bytes(layer, split, lambda t: t.without_checkpoint and t.attention_core)
     return saved_bytes(layer, split, Checkpoint.NONE) - saved_bytes(layer, split, policy)
 
 
@@ -209,7 +227,9 @@ def _recomputed(t: SavedTensor, policy: Checkpoint) -> bool:
     checkpointing every saved tensor is kept from the forward and priced as kept)."""
     if policy is Checkpoint.FULL:
         return t.without_checkpoint
+    if policy is Checkpoint.MATMULS:
+        return t.without_checkpoint and not t.matmuls
     if policy is Checkpoint.SELECTIVE:
-        return t.without_checkpoint and not t.selective
+        return t.without_checkpoint and t.attention_core
     return False
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from .cluster import ClusterSpec
 from .collectives import Collective, Group, estimate_collective_s
-from .compute import PhaseTimes, Split, estimate_layer_s, estimate_op_s, measured
+from .compute import PhaseTimes, Split, estimate_layer_s, estimate_op_s, measured, reruns
 from .efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, StageMemory
@@ -95,6 +95,13 @@ def _stage_groups(
     return groups
 
 
+def reissues(policy: Checkpoint) -> bool:
+    """Whether ``policy``'s recomputation issues the block's forward collectives again (tp, cp,
+    ep): ``full`` and ``matmuls`` rerun the ops around them; ``selective`` reruns the attention
+    core only, which issues none (under cp the attention is fused: nothing is rerun)."""
+    return policy in (Checkpoint.FULL, Checkpoint.MATMULS)
+
+
 def tp_collective_s(c: TPCollective, split: Split, tp_group: Group, cluster: ClusterSpec,
                     eff: Efficiency) -> float:
     """Seconds of one tensor-parallel collective for one micro-batch on one cp rank."""
@@ -121,9 +128,13 @@ def tp_comm_s(
     total = overlappable = 0.0
     for c in layer.tp_collectives:
         t = tp_collective_s(c, split, g.tp, cluster, eff)
-        # a recomputed forward issues its collectives again: the selective policy caches GEMM
-        # outputs, not the collectives after them (passes/checkpointing.py)
-        repeats = 2 if (c.phase is Phase.FORWARD and policy is not Checkpoint.NONE) else 1
+        # a recomputed forward issues its collectives again: the matmuls policy caches GEMM
+        # outputs, not the collectives after them; selective recomputes the attention core
+        # only, which issues none, but gathers the column-parallel inputs it kept as shards
+        # again (passes/checkpointing.py, passes/regather.py)
+        again = reissues(policy) or (policy is Checkpoint.SELECTIVE
+                                     and c.kind == Collective.ALL_GATHER.value)
+        repeats = 2 if (c.phase is Phase.FORWARD and again) else 1
         if overlapped_gemm_s is not None and Collective(c.kind) in OVERLAPPED_BY_ASYNC_TP:
             overlappable += t * repeats
         else:
@@ -168,15 +179,16 @@ def _cp_comm_s(
     eff: Efficiency,
 ) -> float:
     """Seconds of ``cp_collectives`` (this tp rank's heads; none overlapped with compute); a
-    recomputed forward gathers again (``tp_comm_s``'s rule: the selective policy keeps the
-    attention's output, not its gathered inputs)."""
+    recomputed forward gathers again (``reissues``: full and matmuls, which keeps the
+    attention's output, not its gathered inputs; selective recomputes nothing of a fused
+    attention)."""
     if split.cp == 1:
         return 0.0
     total = 0.0
     for kind, phase, op in cp_collectives(layer):
         heads = split.tp if op.shard is Shard.TP else 1  # this tp rank's key/value heads
         nbytes = op.kv_elements * split.micro_batch * split.act_bytes / heads
-        repeats = 2 if (phase is Phase.FORWARD and policy is not Checkpoint.NONE) else 1
+        repeats = 2 if (phase is Phase.FORWARD and reissues(policy)) else 1
         total += repeats * estimate_collective_s(kind, nbytes, g.cp, cluster, eff)
     return total
 
@@ -189,7 +201,7 @@ def ep_alltoalls(layer: LayerCost, policy: Checkpoint) -> tuple[int, int]:
     if layer.ep_alltoall_elements == 0:
         return (0, 0)
     forward = 3 if layer.ep_dropless else 2
-    return forward, 2 + (forward if policy is not Checkpoint.NONE else 0)
+    return forward, 2 + (forward if reissues(policy) else 0)
 
 
 def _ep_comm_s(
@@ -208,7 +220,7 @@ def _ep_comm_s(
     forward, backward = ep_alltoalls(layer, policy)
     count_exchanges = 0
     if layer.ep_dropless:
-        count_exchanges = 1 + (policy is not Checkpoint.NONE)
+        count_exchanges = 1 + reissues(policy)
         counts = estimate_collective_s(Collective.ALL_TO_ALL, 8.0 * g.ep.size, g.ep, cluster,
                                        eff)
     else:
@@ -228,9 +240,10 @@ def _layer_time(
     recompute = 0.0
     if policy is Checkpoint.FULL:
         recompute = t.forward
-    elif policy is Checkpoint.SELECTIVE:
-        # every op but the linear layers and fused attention runs again in the backward
-        recompute = estimate_layer_s(layer, split, cluster, eff, only_recomputed_by_selective=True,
+    elif policy is not Checkpoint.NONE:
+        # matmuls: every op but the linear layers and fused attention runs again in the
+        # backward; selective: the unfused attention core's
+        recompute = estimate_layer_s(layer, split, cluster, eff, recomputed_by=policy,
                                      expert_scale=imbalance).forward
     overlapped = (tp_gemm_s(layer, split, policy, cluster, eff)
                   if ASYNC_TP in config.fusions and config.tp > 1 else None)
@@ -483,8 +496,7 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     recomputed = sum(
         workload.block.matmul_flop if p is Checkpoint.FULL else
         sum(o.flop for o in workload.block.ops
-            if not o.kept_by_selective and o.kind in (OpKind.MATMUL, OpKind.ATTENTION))
-        if p is Checkpoint.SELECTIVE else 0.0
+            if reruns(o, p) and o.kind in (OpKind.MATMUL, OpKind.ATTENTION))
         for p in policies
     )
     model_flops = 3 * fwd * train.global_batch

@@ -41,9 +41,12 @@ class OpCost:
     bytes: float
     """Bytes read+written at the traced dtype's itemsize scaled to the activation dtype."""
     shard: Shard
-    kept_by_selective: bool = False
-    """The selective policy keeps this op's output (a linear layer's GEMM, fused attention), so
+    kept_by_matmuls: bool = False
+    """The ``matmuls`` policy keeps this op's output (a linear layer's GEMM, fused attention), so
     its backward does not run it again; it reruns every other op of the block."""
+    attention_core: bool = False
+    """An op of an unfused attention core (q.k^T to probabilities.v, ``ops.attention_core``):
+    the one work the ``selective`` policy reruns in the backward."""
     expert: bool = False
     """Expert computation of an MoE layer (its weights are split by ep)."""
     kv_elements: float = 0.0
@@ -64,21 +67,25 @@ class SavedTensor:
     """Fixed element size (a bool mask: 1, an fp32 statistic: 4); None: the activation dtype."""
     without_checkpoint: bool = True
     """Kept when the block is not checkpointed: autograd saves it for some op's backward."""
-    selective: bool = False
-    """Kept under the selective policy: the block input, a linear layer's output, fused
+    matmuls: bool = False
+    """Kept under the ``matmuls`` policy: the block input, a linear layer's output, fused
     attention's output and statistics (``passes/checkpointing.py``)."""
+    attention_core: bool = False
+    """Made by an unfused attention core and saved only by its ops (scores, probabilities, the
+    dropout's mask and output; not the core's output): the ``selective`` policy rebuilds it in the backward instead of keeping it; it
+    keeps every other tensor ``without_checkpoint`` keeps."""
     transient: bool = False
     """Not kept from forward to backward but live while the layer runs, on top of what it
     keeps: the eager loss's fp32 gradients of the logits, the fused loss's chunk of logits.
     Counted once, at the stage's peak, not per micro-batch in flight (``without_checkpoint``
-    and ``selective`` are then false)."""
+    and ``matmuls`` are then false)."""
     per_token: bool = True
     """The size scales with the tokens on this GPU (an activation); False for a buffer the size
     of a weight (the fused loss's weight gradient): ``elements`` per micro-batch, whatever its
     size, divided by neither the micro-batch nor cp."""
     savers: tuple[str, ...] = ()
     """The nodes that keep it for their backward, in the forward's order (a fused kernel's
-    saves: the last node of its chain); none for what only the selective policy caches."""
+    saves: the last node of its chain); none for what only the ``matmuls`` policy caches."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,12 @@ class LayerCost:
     grow with the load imbalance, and the per-expert counts are exchanged first."""
     no_rule_ops: tuple[str, ...] = ()
     """Ops the sharding rules did not know, costed as replicated."""
+    held: tuple[SavedTensor, ...] = ()
+    """``saved`` as the ops hold it for the backward (``search.backward_walk.saved_as_held``):
+    an activation once per layout its savers read it in, so a column-parallel linear under
+    sequence parallelism keeps its all-gathered input whole, as DTensor's does. Made with
+    ``backward`` (the repeated block's, after the solve); empty otherwise, and then ``saved``
+    (each tensor in its producer's layout) is what a layer keeps."""
     backward: tuple[BackwardMoment, ...] = ()
     """The layer's backward, op by op, in the layouts the strategy solve chose: where the
     working set of a block's backward peaks (the repeated block's, after the solve; empty

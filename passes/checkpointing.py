@@ -2,7 +2,21 @@
 
 * ``full``: the block runs under non-reentrant ``torch.utils.checkpoint``; only its input is
   kept and the whole block is recomputed in the backward pass.
-* ``selective``: the same, with a selective-checkpoint policy
+* ``selective`` (Korthikanti et al. 2022; Megatron-LM's ``--recompute-modules core_attn``):
+  the block runs as is, but each unfused attention core in it -- the attention modules with an
+  ``attention_core_runner`` hook (``CORE_HOOK``; the GPT family's eager attention) -- runs
+  under non-reentrant ``torch.utils.checkpoint``: q.k^T, scale, mask, softmax, dropout and
+  .v are recomputed in the backward from q, k and v (which the QKV projection's output holds
+  anyway), and every other tensor is kept as autograd saves it. Under tensor + sequence
+  parallelism what autograd keeps is what DTensor's redistributions produce (the
+  reduce-scatter's sequence-split output, not the row-parallel linear's partial sums), and
+  the column-parallel linears' all-gathered inputs are kept as this rank's shard and
+  gathered again in the backward (``passes/regather.py``, as Megatron does), so every kept
+  tensor is 1/t. An SAC policy over the whole block
+  cannot do this: it keeps the outputs of every op it saves, and the partial sums before a
+  reduce-scatter are one (the row-parallel GEMM's); recomputing that GEMM instead would rerun
+  the linear. Fused attention keeps no internals: there ``selective`` runs the block as is.
+* ``matmuls``: the block runs under non-reentrant checkpoint with a selective-checkpoint policy
   (``create_selective_checkpoint_contexts``) that saves the outputs of the matmuls (``mm``,
   ``addmm``: the linear layers) and of fused attention, and recomputes everything else (norms,
   activations, rotary embedding, the unfused attention core's products, softmax and dropout).
@@ -28,8 +42,26 @@ from torch.utils.checkpoint import (
 )
 
 from autopar.core.specs import Checkpoint
+from autopar.models.family import ATTENTION_CORE_HOOK
+from autopar.passes.regather import regathered_saves
 
 aten = torch.ops.aten
+
+CORE_HOOK = ATTENTION_CORE_HOOK
+
+
+def _recompute(core: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
+    return checkpoint(core, *args, use_reentrant=False)
+
+
+def set_core_runners(block: nn.Module, policy: Checkpoint) -> None:
+    """Point the block's attention-core hooks at the checkpointed runner under ``selective``,
+    and clear them under any other policy (``full`` recomputes the whole block anyway)."""
+    runner = _recompute if policy is Checkpoint.SELECTIVE else None
+    for module in block.modules():
+        if hasattr(module, CORE_HOOK):
+            setattr(module, CORE_HOOK, runner)
+
 
 SAVED_OPS = frozenset(op for op in (
     aten.mm.default,
@@ -40,22 +72,26 @@ SAVED_OPS = frozenset(op for op in (
     getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None) and
     aten._scaled_dot_product_flash_attention_for_cpu.default,
 ) if op is not None)
-"""Ops whose outputs the selective policy keeps."""
+"""Ops whose outputs the ``matmuls`` policy keeps."""
 
 
 def _save_matmuls(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def selective_context() -> tuple:
+def matmuls_context() -> tuple:
     return create_selective_checkpoint_contexts(_save_matmuls)
 
 
 def run_block(call: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor], block: nn.Module,
               x: torch.Tensor, extra: tuple, policy: Checkpoint) -> torch.Tensor:
     """``call(block, x, extra)`` under ``policy``."""
+    set_core_runners(block, policy)
+    if policy is Checkpoint.SELECTIVE:
+        with regathered_saves():
+            return call(block, x, extra)
     if policy is Checkpoint.NONE:
         return call(block, x, extra)
-    context = selective_context if policy is Checkpoint.SELECTIVE else None
+    context = matmuls_context if policy is Checkpoint.MATMULS else None
     kwargs = {"context_fn": context} if context is not None else {}
     return checkpoint(partial(call, block), x, extra, use_reentrant=False, **kwargs)

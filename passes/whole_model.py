@@ -14,14 +14,13 @@ and a wrapper module would change the parameter names (and checkpoint keys).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache, partial
+from functools import cache
 
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from autopar.core.specs import Checkpoint
 from autopar.models.blocks import find_block_group
-from autopar.passes.checkpointing import selective_context
+from autopar.passes.checkpointing import run_block
 
 
 def whole_model_blocks(model: nn.Module) -> list[nn.Module]:
@@ -30,12 +29,17 @@ def whole_model_blocks(model: nn.Module) -> list[nn.Module]:
     return [] if group is None else [model.get_submodule(p) for p in group.instances]
 
 
+def _module_call(module: nn.Module, args: tuple, kwargs: dict) -> object:
+    return nn.Module.__call__(module, *args, **kwargs)
+
+
 @cache
 def _checkpointed(cls: type[nn.Module], policy: Checkpoint) -> type[nn.Module]:
     def __call__(self, *args, **kwargs):  # noqa: N807 - the module's call, checkpointed
-        context = {"context_fn": selective_context} if policy is Checkpoint.SELECTIVE else {}
-        return checkpoint(partial(nn.Module.__call__, self), *args, use_reentrant=False,
-                          **context, **kwargs)
+        # the stage's rules (passes/checkpointing.py): full and matmuls checkpoint the call,
+        # selective checkpoints the attention cores that take the hook (none where no family
+        # describes the model: it runs whole, as the planner prices it)
+        return run_block(_module_call, self, args, kwargs, policy)
 
     return type(f"Checkpointed{cls.__name__}", (cls,), {"__call__": __call__})
 

@@ -47,13 +47,41 @@ class Checkpoint(StrEnum):
     NONE = "none"
     """Keep every activation the backward pass needs."""
     SELECTIVE = "selective"
+    """Korthikanti et al.'s (2022) selective recomputation (Megatron-LM ``--recompute-granularity
+    selective --recompute-modules core_attn``): recompute only the unfused attention core --
+    q.k^T, scale and mask, softmax, softmax dropout, .v: the ``5*a*s^2*b`` bytes per layer --
+    and keep every other activation as autograd saves it: under tensor + sequence parallelism
+    the row-parallel linears' outputs as the reduce-scatter produces them (sequence-split, not
+    the full-size partial sums before it), the norms' inputs and the dropout masks
+    sequence-split, and the column-parallel linears' all-gathered inputs as their shards,
+    gathered again in the backward (``passes/regather.py``, as Megatron does): the paper's
+    ``34*s*b*h/t`` bytes per GPT layer in fp16. Fused attention never stores the core's
+    internals: there it recomputes nothing and keeps what ``none`` keeps (less the gathered
+    inputs' other shards under sequence parallelism)."""
+    MATMULS = "matmuls"
     """Keep the block input and the outputs of the linear layers (GEMMs by a weight matrix) and
     of fused attention (output and log-sum-exp); recompute every other op in the backward pass
     -- norms, activations, RoPE, dropout, the forward collectives, and the unfused attention
-    core's batched matmuls and the MoE experts' (``bmm``), which are not linear layers. Not
-    Korthikanti et al.'s (2022) selective recomputation, which recomputes only the s^2
-    attention core and keeps the rest: with fused attention that would keep what ``none``
-    keeps."""
+    core's batched matmuls and the MoE experts' (``bmm``), which are not linear layers. An
+    addition to Megatron's policies, kept because it keeps less than ``selective`` without
+    sequence parallelism (at tp = 1 its row-parallel partial sums are whole tensors anyway),
+    for memory-bound recompute and the forward's tp collectives issued again; ``selective``
+    wins under tp + SP, where matmuls' partial sums stay full-size. The memory model's bytes
+    per layer, in units of s*b*h, GPT-175B block (h = 12288, a = 96, s = 2048, b = 1, fp16,
+    dropout 0.1; ``tests/unit/test_activation_memory.py``):
+
+    ==================  ======  =========  =======  ====
+    attention, split    none    selective  matmuls  full
+    ==================  ======  =========  =======  ====
+    fused, tp 1         34.0    34.0       22.0     2.0
+    fused, tp 8         13.0    13.0       8.0      2.0
+    fused, tp 8 + SP    7.75    4.25       6.25     0.25
+    eager, tp 1         114.0   34.0       20.0     2.0
+    eager, tp 8         23.0    13.0       7.75     2.0
+    eager, tp 8 + SP    17.75   4.25       6.0      0.25
+    ==================  ======  =========  =======  ====
+
+    (``none`` under SP keeps DTensor's two all-gathered norm outputs whole: 2 x 2 x 7/8.)"""
     FULL = "full"
     """Keep only the block input; recompute the whole block in the backward pass."""
 

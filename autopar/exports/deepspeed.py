@@ -28,7 +28,7 @@ num_microbatches,      ``gradient_accumulation_steps``, ``train_batch_size``
 global_batch
 sequence_parallel      no equivalent in AutoTP: norm activations kept whole per rank     close
 checkpoint             full: ``activation_checkpointing`` (+ ``pipeline.                 exact /
-                       activation_checkpoint_interval`` 1); selective: none              close /
+                       activation_checkpoint_interval`` 1); selective, matmuls: none     close /
                                                                                          none
 offload                ``zero_optimization.offload_optimizer`` on the CPU (ZeRO >= 1)    exact
 precision              ``bf16`` / ``fp16`` (dynamic loss scaling as autopar's) / fp32;   exact
@@ -212,6 +212,13 @@ def _checkpoint(plan: Plan, cfg: dict[str, object], row) -> None:
         row("config.checkpoint", text, "", Fit.EXACT, "nothing recomputed")
         return
     if c.checkpoint is Checkpoint.SELECTIVE:
+        row("config.checkpoint", text, "", Fit.NONE,
+            "DeepSpeed has no selective policy: without code of yours "
+            "(deepspeed.checkpointing.checkpoint around each attention core) the attention "
+            "core's scores and probabilities are kept, more memory than the plan's (with fused "
+            "attention, as much)")
+        return
+    if c.checkpoint is Checkpoint.MATMULS:
         row("config.checkpoint", text, "", Fit.NONE,
             "DeepSpeed has no selective policy: without code of yours (torch's "
             "create_selective_checkpoint_contexts around each block) every activation is "

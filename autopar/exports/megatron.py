@@ -29,7 +29,9 @@ stage_blocks           even, else ``--pipeline-model-parallel-layout``
 sequence_parallel      ``--sequence-parallel``                                           exact
 checkpoint full        ``--recompute-granularity full --recompute-method uniform         exact
                        --recompute-num-layers 1``
-checkpoint selective   ``--recompute-granularity selective --recompute-modules           close
+checkpoint selective   ``--recompute-granularity selective --recompute-modules           exact
+                       core_attn`` (Korthikanti et al. 2022, the same policy)
+checkpoint matmuls     ``--recompute-granularity selective --recompute-modules           close
                        core_attn layernorm`` (+ ``moe_act``)
 per-block checkpoint   ``--recompute-method block --recompute-num-layers N`` when it is  exact /
                        "the first N blocks of each chunk"; else the nearest that keeps   close
@@ -209,13 +211,18 @@ def _checkpoint(plan: Plan, shape: ModelShape | None) -> Item:
         if policy is Checkpoint.FULL:
             return Item("config.checkpoint", value, _FULL_ALL, Fit.EXACT,
                         "every layer recomputed from its input")
-        return _selective(value, moe)
+        if policy is Checkpoint.SELECTIVE:
+            return Item("config.checkpoint", value, _CORE_ATTN, Fit.EXACT,
+                        "the attention core recomputed, every other activation kept "
+                        "(Korthikanti et al. 2022; with fused attention nothing is recomputed, "
+                        "as in the plan)")
+        return _matmuls(value, moe)
     policies = c.checkpoint
-    if Checkpoint.SELECTIVE in policies:
+    if Checkpoint.MATMULS in policies or Checkpoint.SELECTIVE in policies:
         return Item("config.checkpoint", value, _FULL_ALL, Fit.CLOSE,
-                    "Megatron cannot mix selective and full recomputation across layers: every "
-                    "layer recomputed in full, so less activation memory and more recompute "
-                    "time than the plan's")
+                    "Megatron cannot mix selective and full recomputation, or selective and "
+                    "none, across layers: every layer recomputed in full, so less activation "
+                    "memory and more recompute time than the plan's")
     n, exact = _first_full_per_chunk(policies, _chunks(plan))
     if n == 0:
         return Item("config.checkpoint", value, (), Fit.EXACT, "nothing recomputed")
@@ -233,11 +240,15 @@ _FULL_ALL: tuple[Setting, ...] = (("recompute_granularity", "full"),
                                   ("recompute_method", "uniform"), ("recompute_num_layers", 1))
 
 
-def _selective(value: str, moe: bool) -> Item:
+_CORE_ATTN: tuple[Setting, ...] = (("recompute_granularity", "selective"),
+                                   ("recompute_modules", ["core_attn"]))
+
+
+def _matmuls(value: str, moe: bool) -> Item:
     modules = ["core_attn", "layernorm"] + (["moe_act"] if moe else [])
     note = ("Megatron recomputes the listed modules (the attention core and the norms"
             + (", and the experts' activation, which needs --moe-grouped-gemm" if moe else "")
-            + "); autopar's selective also recomputes the MLP's activation, RoPE and dropout, "
+            + "); autopar's matmuls also recomputes the MLP's activation, RoPE and dropout, "
             "which Megatron keeps: more activation memory than the plan's")
     return Item("config.checkpoint", value,
                 (("recompute_granularity", "selective"), ("recompute_modules", modules)),

@@ -33,8 +33,9 @@ cp, ep                 ``context_parallel_degree``, ``expert_parallel_degree``  
 micro_batch, seq_len,  ``num_tokens_per_microbatch_per_dp_rank``,                        exact
 global_batch,          ``num_tokens_per_train_step``, ``max_context_length``,
 num_microbatches       ``num_pp_microbatches`` (accumulation is derived)
-checkpoint             none: ``None``; full: ``FullAC``; selective: ``SelectiveAC``       exact /
-                       (saves every second matmul); per block: one policy for all       close
+checkpoint             none: ``None``; full: ``FullAC``; selective and matmuls:           exact /
+                       ``SelectiveAC`` (another policy: saves every second matmul);     close
+                       per block: one policy for all
 offload                ``enable_cpu_offload`` (FSDP2 offloads parameters and gradients  close
                        too); refused with ZeRO-0
 precision              bf16: ``mixed_precision_param`` bfloat16; fp32: float32;          exact /
@@ -256,8 +257,8 @@ def _checkpoint(plan: Plan, row) -> tuple[dict[str, object] | None, str | None]:
     text = checkpoint_text(c.checkpoint)
     policy = c.checkpoint
     if isinstance(policy, tuple):
-        most = (Checkpoint.FULL if Checkpoint.FULL in policy else Checkpoint.SELECTIVE
-                if Checkpoint.SELECTIVE in policy else Checkpoint.NONE)
+        most = next((p for p in (Checkpoint.FULL, Checkpoint.MATMULS, Checkpoint.SELECTIVE)
+                     if p in policy), Checkpoint.NONE)
         if most is not Checkpoint.NONE:
             row("config.checkpoint", text, f"{_AC_NAME[most]} on every block", Fit.CLOSE,
                 "torchtitan applies one policy to every block: the plan's most recomputing "
@@ -271,15 +272,25 @@ def _checkpoint(plan: Plan, row) -> tuple[dict[str, object] | None, str | None]:
         row("config.checkpoint", text, "FullAC.Config()", Fit.EXACT,
             "every block recomputed from its input")
         return FULL_AC, "FullAC"
+    if policy is Checkpoint.SELECTIVE:
+        row("config.checkpoint", text, "SelectiveAC.Config()", Fit.CLOSE,
+            "torchtitan's SelectiveAC (op mode) is another policy than Korthikanti et al.'s: "
+            "it saves the matmul, attention and communication outputs but recomputes every "
+            "second matmul and every other op (norms, activations); the plan's keeps every "
+            "activation but the attention core's: less activation memory, more recompute than "
+            "planned")
+        return SELECTIVE_AC, "SelectiveAC"
     row("config.checkpoint", text, "SelectiveAC.Config()", Fit.CLOSE,
         "torchtitan's selective policy saves the matmul, attention and communication outputs "
-        "but recomputes every second matmul; autopar's keeps every linear layer's output: "
-        "less activation memory, more recompute than planned")
+        "but recomputes every second matmul; autopar's matmuls keeps every linear layer's "
+        "output: less activation memory, more recompute than planned")
     return SELECTIVE_AC, "SelectiveAC"
 
 
-_AC = {Checkpoint.FULL: FULL_AC, Checkpoint.SELECTIVE: SELECTIVE_AC}
-_AC_NAME = {Checkpoint.FULL: "FullAC", Checkpoint.SELECTIVE: "SelectiveAC"}
+_AC = {Checkpoint.FULL: FULL_AC, Checkpoint.MATMULS: SELECTIVE_AC,
+       Checkpoint.SELECTIVE: SELECTIVE_AC}
+_AC_NAME = {Checkpoint.FULL: "FullAC", Checkpoint.MATMULS: "SelectiveAC",
+            Checkpoint.SELECTIVE: "SelectiveAC"}
 
 
 def _flavor(shape: ModelShape | None) -> str | None:

@@ -32,6 +32,14 @@ if TYPE_CHECKING:
     from autopar.models.init import InitScheme
 
 
+ATTENTION_CORE_HOOK = "attention_core_runner"
+"""The attribute an attention module with an unfused core (q.k^T, mask, softmax, dropout, .v)
+takes the ``selective`` policy's runner by: ``None``, or ``runner(core, q, k, v)``, which
+``passes/checkpointing.py`` sets to run the core checkpointed (the GPT family's eager
+attention). A model with no such module runs its unfused cores whole under ``selective``, and
+is priced so (``ModelFacts.attention_core_hook``)."""
+
+
 def no_rms_norm(module: nn.Module) -> tuple[nn.Parameter, float | None] | None:
     """A family without an RMSNorm class of its own (``nn.RMSNorm`` the pass knows itself)."""
     return None

@@ -20,7 +20,7 @@ strategy rule over the tensor-parallel ranks, and its fusion patterns (``registr
 
 Everything that needs op knowledge asks the registry: the tracer (``naming.canonical_op``,
 ``forward_flop``, ``forward_bytes``), the cost tables (``autopar.workload``: ``save``,
-``kind_of``, ``kept_by_selective``, ``fusion.find_fusions``), the strategy solve
+``kind_of``, ``kept_by_matmuls``, ``fusion.find_fusions``), the strategy solve
 (``strategies_for``), the module styles (``is_weight_op``), the kernel pass (``PATTERNS``). It
 is the one place that answers whether an op is known (``is_known``) and which ops have no rule
 (``ops_without_rules``). The registry imports nothing of the search, the passes or the cost
@@ -43,7 +43,7 @@ from autopar.ops import (
     view,
 )
 from autopar.ops.fusion import find_fusions, fused_bytes
-from autopar.ops.gemm import is_expert_gemm, is_weight_gemm
+from autopar.ops.gemm import attention_core, is_expert_gemm, is_weight_gemm
 from autopar.ops.registry import (
     CANONICAL_OPS,
     FAMILIES,
@@ -59,7 +59,7 @@ from autopar.ops.registry import (
     has_rule,
     is_known,
     is_weight_op,
-    kept_by_selective,
+    kept_by_matmuls,
     kind_of,
     ops_without_rules,
     register,
@@ -77,8 +77,8 @@ FAMILY_MODULES = (gemm, attention, norm, activation, elementwise, dropout, view,
 __all__ = [
     "CANONICAL_OPS", "FAMILIES", "OP_NAMES", "PATTERNS", "VIEW", "FusionPattern", "OpFamily",
     "Saver", "family_of", "find_fusions", "forward_bytes", "forward_flop",
-    "fused_bytes", "has_rule", "is_expert_gemm", "is_known", "is_weight_gemm",
-    "is_weight_op", "kept_by_selective", "kind_of", "ops_without_rules", "register",
+    "attention_core", "fused_bytes", "has_rule", "is_expert_gemm", "is_known", "is_weight_gemm",
+    "is_weight_op", "kept_by_matmuls", "kind_of", "ops_without_rules", "register",
     "returns_input", "save", "storage_of", "strategies_for",
     "unregister",
 ]

@@ -4,7 +4,7 @@
   even for causal attention, as Megatron-LM counts it (the causal mask halves the useful work,
   but the MFU convention charges the full product; kernels skip about half of it).
   ``FlopCounterMode`` counts zero for the CPU flash op, so attention is always counted here.
-* Saved: query, key, value, the output and the fp32 log-sum-exp per query row; the selective
+* Saved: query, key, value, the output and the fp32 log-sum-exp per query row; the matmuls
   policy keeps the output and log-sum-exp.
 * Strategies: replicated, or split by heads (query, key and value all split; a mask or bias
   input is read replicated).
@@ -57,4 +57,4 @@ ATTENTION = register(OpFamily(
         "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
         "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math")},
     kind=OpKind.ATTENTION, flop=sdpa_flop, saves=sdpa_saves, rule=attention_rule,
-    kept_by_selective=_always))
+    kept_by_matmuls=_always))

@@ -6,7 +6,7 @@ Ops: ``linear`` (``nn.Linear``, ``F.linear``, ATen ``addmm``), ``matmul`` (``mm`
 * FLOPs: ``2 * M * N * K`` with batch dims, i.e. ``2 * out.numel * K``; bias adds are not
   counted (the Megatron-LM convention, Narayanan et al. 2021, eq. 3, counts only the GEMMs).
   ``einsum``: ``2 * prod(size of every index letter)`` for two operands.
-* Saved: every activation input (the backward's two GEMMs read them). The selective policy
+* Saved: every activation input (the backward's two GEMMs read them). The matmuls policy
   keeps a linear layer's output (``is_linear``).
 * Strategies: a weight GEMM is replicated, split by columns or by rows
   (``weight_gemm_rule``); a product of two activations is replicated or batched over split heads
@@ -72,10 +72,49 @@ def is_expert_gemm(node: NodeInfo, graph: GraphIR) -> bool:
 
 def is_linear(node: NodeInfo, graph: GraphIR) -> bool:
     """A linear layer: a GEMM of one activation by a weight matrix, which PyTorch runs as
-    ``aten.mm``/``addmm`` -- the ops whose outputs the selective policy keeps. Stacked expert
+    ``aten.mm``/``addmm`` -- the ops whose outputs the matmuls policy keeps. Stacked expert
     weights (3-d) run as ``bmm`` and are recomputed."""
     return is_weight_gemm(node, graph) and all(
         len(graph.params[p].shape) <= 2 for p in node.params if p in graph.params)
+
+
+def is_activation_product(node: NodeInfo, graph: GraphIR) -> bool:
+    """A GEMM of two activations and no parameter (attention's q.k^T and probabilities.v)."""
+    return node.op in GEMM.ops and not node.params and \
+        len([i for i in node.inputs if graph.has_node(i)]) >= 2
+
+
+def attention_core(graph: GraphIR, nodes: Sequence[NodeInfo]) -> frozenset[str]:
+    """The unfused attention cores among ``nodes``: each product of two activations (q.k^T)
+    whose result reaches another (probabilities.v), with every node on the way (scale, mask,
+    softmax, dropout) -- what Korthikanti et al.'s selective recomputation recomputes
+    (``Checkpoint.SELECTIVE``). Fused attention has none: its kernel keeps no internals."""
+    inside = {n.name: n for n in nodes}
+    users: dict[str, list[str]] = {name: [] for name in inside}
+    for n in nodes:
+        for i in n.inputs:
+            if i in users:
+                users[i].append(n.name)
+    products = {n.name for n in nodes if is_activation_product(n, graph)}
+    core: set[str] = set()
+    for start in products:
+        reached, todo = {start}, [start]
+        while todo:  # what the scores feed, up to the next product
+            for u in users[todo.pop()]:
+                if u not in reached:
+                    reached.add(u)
+                    if u not in products:
+                        todo.append(u)
+        ends = [e for e in reached if e in products and e != start]
+        on_path, todo = set(ends), list(ends)
+        while todo:  # back from each product to the scores, through what they reached
+            for i in inside[todo.pop()].inputs:
+                if i in reached and i not in on_path:
+                    on_path.add(i)
+                    todo.append(i)
+        if ends:
+            core |= on_path | {start}
+    return frozenset(core)
 
 
 def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
@@ -124,4 +163,4 @@ GEMM = register(OpFamily(
              # transformers' custom op for MoE experts on CPU
              "grouped_mm_fallback": "grouped_mm"},
     kind=OpKind.MATMUL, flop=gemm_flop, saves=saves_inputs, rule=gemm_rule,
-    kept_by_selective=is_linear, weight_op=is_weight_gemm))
+    kept_by_matmuls=is_linear, weight_op=is_weight_gemm))

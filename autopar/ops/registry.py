@@ -118,8 +118,8 @@ class OpFamily:
     """Forward bytes; None: every operand read plus every output written."""
     returns_input: Callable[[NodeInfo], bool] | None = None
     """The node returns its input itself (a dropout with p = 0): no kernel, no storage."""
-    kept_by_selective: NodeTest | None = None
-    """The selective policy caches the node's output (``passes/checkpointing.py``)."""
+    kept_by_matmuls: NodeTest | None = None
+    """The matmuls policy caches the node's output (``passes/checkpointing.py``)."""
     weight_op: NodeTest | None = None
     """The node holds its module's weights: its strategy is the module's style."""
     fusions: tuple[FusionPattern, ...] = ()
@@ -251,11 +251,11 @@ def save(node: NodeInfo, saver: Saver) -> None:
     (family.saves if family is not None else saves_inputs)(node, saver)
 
 
-def kept_by_selective(node: NodeInfo, graph: GraphIR) -> bool:
-    """Whether the selective policy keeps ``node``'s output instead of recomputing it."""
+def kept_by_matmuls(node: NodeInfo, graph: GraphIR) -> bool:
+    """Whether the matmuls policy keeps ``node``'s output instead of recomputing it."""
     family = _BY_OP.get(node.op)
-    return family is not None and family.kept_by_selective is not None \
-        and family.kept_by_selective(node, graph)
+    return family is not None and family.kept_by_matmuls is not None \
+        and family.kept_by_matmuls(node, graph)
 
 
 def is_weight_op(node: NodeInfo, graph: GraphIR) -> bool:

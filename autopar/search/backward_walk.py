@@ -55,15 +55,16 @@ def saved_as_held(graph: GraphIR, sg: StrategyGraph, chosen: list[Strategy],
     input whole (DTensor's linear saves what it multiplies; Megatron instead saves the
     sequence-split input and gathers it again in the backward). An activation gets one entry
     per layout its savers hold it in (``name@layout``). Everything else -- the layer's input,
-    which the layer does not make, the selective policy's cached partial sums, statistics and
+    which the layer does not make, the matmuls policy's cached partial sums, statistics and
     log-probabilities (sized by ``block_tables._saved_shard``), what the loss holds only while
-    it runs -- keeps its entry. Only the walk sizes by these entries: the activations a stage
-    keeps (``LayerCost.saved``) are still sized in the producer's layout, short by the gathered
-    inputs under sequence parallelism (2 bytes x s x b x h x (1 - 1/tp) each).
+    it runs -- keeps its entry. The solved block records them (``LayerCost.held``): what a
+    stage keeps under ``none`` and ``selective`` is sized by these entries, the gathered
+    inputs under sequence parallelism included (2 bytes x s x b x h x (1 - 1/tp) each);
+    ``matmuls`` keeps ``LayerCost.saved``'s entries it marks, in the producer's layout.
 
     The second value maps an op's index to the entries released once its backward ran: those
     whose earliest saver (``SavedTensor.savers``, recorded by ``autopar.workload``) in the
-    forward's order it is (a tensor no node keeps, a cache of the selective policy, goes with
+    forward's order it is (a tensor no node keeps, a cache of the matmuls policy, goes with
     the node its name starts with); the layer's input is never released inside the layer."""
     inside = frozenset(op.node.name for op in sg.ops if op.node is not None)
     position = {op.node.name: j for j, op in enumerate(sg.ops) if op.node is not None}

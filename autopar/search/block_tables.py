@@ -26,7 +26,7 @@ from autopar.costmodel.step import tp_collective_s
 from autopar.core.layout import Layout, Shard, Strategy, Style, shard_of
 from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, TPCollective
 from autopar.graph import GraphIR, NodeInfo
-from autopar.ops import kept_by_selective, strategies_for
+from autopar.ops import kept_by_matmuls, strategies_for
 from autopar.ops.loss import LOSS_PARALLEL_TRANSIENT_BYTES
 from autopar.search.backward_walk import backward_moments, saved_as_held
 from autopar.search.ilp_types import BlockProblem, Edge, StrategyTable
@@ -305,7 +305,7 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
     ops = tuple(replace(c, shard=Shard.TP if divides.get(head_node(c), False)
                         else Shard.REPLICATED) for c in layer.ops)
     rows = {op.name for op, s in zip(sg.ops, chosen) if op.node is not None
-            and s.name is Style.ROW and kept_by_selective(op.node, graph)}
+            and s.name is Style.ROW and kept_by_matmuls(op.node, graph)}
     saved = _cached_partials(tuple(_saved_shard(graph, s, layout) for s in layer.saved), rows)
     # expert weights (3-d) are divided by ep in the step model; no tp split reaches them
     split_params = {p for op, s in zip(sg.ops, chosen) if op.node is not None
@@ -320,28 +320,28 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
                                    for p in op.node.params if p in graph.params)
                  for op in sg.ops if op.node is not None}
         held, released = saved_as_held(graph, sg, chosen, saved)
-        solved = replace(solved, backward=backward_moments(graph, sg, chosen, solved, held,
-                                                           released, share))
+        moments = backward_moments(graph, sg, chosen, solved, held, released, share)
+        solved = replace(solved, held=held, backward=moments)
     strategies = tuple((op.name, s.name) for op, s in zip(sg.ops, chosen) if op.node is not None)
     stream = chosen[sg.stream_in].output if sg.stream_in is not None else None
     return SolvedLayer(solved, strategies, stream, chosen[sg.output].output)
 
 
 def _cached_partials(saved: tuple[SavedTensor, ...], rows: set[str]) -> tuple[SavedTensor, ...]:
-    """The selective policy caches a row-split linear's output before its reduction: a
+    """The matmuls policy caches a row-split linear's output before its reduction: a
     full-size partial sum on every tp rank, divided by neither tp nor SP, and not the reduced
     tensor a reader may keep for autograd. The mark of each such output (in ``rows``) moves to
     an entry of its own, ``<node>.partial``."""
     out: list[SavedTensor] = []
     added: list[SavedTensor] = []
     for t in saved:
-        if t.name not in rows or not t.selective:
+        if t.name not in rows or not t.matmuls:
             out.append(t)
             continue
         partial = replace(t, name=t.name + ".partial", shard=Shard.REPLICATED,
                           without_checkpoint=False)
         if t.without_checkpoint:  # autograd keeps the reduced output too
-            out.append(replace(t, selective=False))
+            out.append(replace(t, matmuls=False))
             added.append(partial)
         else:
             out.append(partial)

@@ -17,9 +17,12 @@ Each candidate is priced with its own workload (the per-op strategies solved for
 * **Checkpointing, block by block.** With the block's strategies tied, every recomputed block
   of a stage saves the same bytes and costs the same time, so the choice is how many blocks of
   each stage to recompute, not which. No recomputation when that fits (it only adds time);
-  otherwise uniform selective, uniform full, and the mixes "k blocks full, the rest none" and
-  "k blocks full, the rest selective" with the fewest full blocks per stage that fit (found from
-  the uniform policies' stage memory, which is linear in k, then checked by pricing the mix).
+  otherwise uniform selective (Korthikanti et al.'s: the eager attention core recomputed),
+  uniform matmuls, uniform full, and the mixes "k blocks full, the rest none", "... the rest
+  selective" and "... the rest matmuls" with the fewest full blocks per stage that fit (found
+  from the uniform policies' stage memory, which is linear in k, then checked by pricing the
+  mix). A partial policy is tried only where it keeps less than ``none`` (selective with fused
+  attention keeps the same).
   The fastest that fits wins; with nothing fitting, optimizer offload is tried.
 """
 
@@ -49,7 +52,7 @@ from autopar.costmodel.workload import Workload
 from autopar.admissibility import ModelFacts
 from autopar.search.space import SpaceStats, outer_candidates
 
-POLICIES = (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.FULL)
+POLICIES = (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS, Checkpoint.FULL)
 
 
 @dataclass(frozen=True)
@@ -174,13 +177,13 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
     if not full.fits:
         return None, min(full, none, key=lambda e: e.peak_memory_bytes)
     fitting = [full]
-    selective = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.SELECTIVE),
-                          eff, part)
     bases = [(Checkpoint.NONE, none)]
-    if selective.peak_memory_bytes < none.peak_memory_bytes:  # it drops something
-        if selective.fits:
-            fitting.append(selective)
-        bases.append((Checkpoint.SELECTIVE, selective))
+    for policy in (Checkpoint.SELECTIVE, Checkpoint.MATMULS):
+        partial = _estimate(work, cluster, train, config.with_(checkpoint=policy), eff, part)
+        if partial.peak_memory_bytes < none.peak_memory_bytes:  # it drops something
+            if partial.fits:
+                fitting.append(partial)
+            bases.append((policy, partial))
     partition = part or even_partition(work.num_blocks, config.pp, config.virtual_stages)
     usable = float(cluster.usable_hbm_bytes)
     uniform = none.config.checkpoint_of(work.num_blocks)

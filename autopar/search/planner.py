@@ -33,7 +33,7 @@ from autopar.search.space import check_constraints
 from autopar.search.tp_solve import StrategyResult, StrategySolver
 from autopar.core.layout import Style
 from autopar.ops import ops_without_rules
-from autopar.workload import build_workload
+from autopar.workload import build_workload, without_attention_core
 
 ProgressFn = Callable[[int, int], None]
 """Called as ``progress(done, total)`` while candidates are priced."""
@@ -126,6 +126,8 @@ def strategies_of(graph: GraphIR, facts: ModelFacts, name: str, cluster: Cluster
     its tp split (memoised per split): what the search and ``plan_config`` price."""
     act = activation_bytes_per_element(train.precision)
     work = build_workload(graph, act, name=name, fusions=fusions)
+    if not facts.attention_core_hook:  # selective runs such a model's cores whole
+        work = without_attention_core(work)
     solver = StrategySolver(graph, work, act, split_weights=split_weights)
     # context parallelism gathers the K/V of a fused attention op: the traced graph says whether
     # there is one, which the module tree alone (``facts_of``) cannot

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import autopar
 from autopar.admissibility import facts_of
@@ -29,7 +30,8 @@ from autopar.search.planner import strategies_of
 from autopar.training import ModelSpec
 from autopar.costmodel.cluster import process_cluster
 
-KIND = {"c10d_functional.all_reduce": "all-reduce",
+KIND = {"c10d_functional.all_reduce": "all-reduce",  # CommDebugMode's names, and the ops'
+        # (_c10d_functional.<name>.default) without the underscore and the overload
         "c10d_functional.all_gather_into_tensor": "all-gather",
         "c10d_functional.reduce_scatter_tensor": "reduce-scatter"}
 
@@ -148,3 +150,50 @@ def test_ep_all_to_alls_match_the_plan(fake_world, checkpoint):
 def _op(mode: CommDebugMode, name: str):
     """The counted op called ``name`` (the counts are keyed by op overload packets)."""
     return next((op for op in mode.get_comm_counts() if str(op) == name), name)
+
+
+class _Collectives(TorchDispatchMode):
+    """Counts the functional collectives dispatched while active, by kind. (CommDebugMode
+    does not count the all-gathers a saved-tensor unpack hook issues in the backward.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func).removeprefix("_").removesuffix(".default")
+        if name in KIND:
+            self.counts[KIND[name]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt-eager", "tiny-llama"])
+def test_selective_gathers_the_kept_shards_again_in_the_backward(fake_world, model):
+    """tp 2 + SP, selective: the column-parallel linears' inputs are kept as sequence shards
+    and gathered again in the backward (``passes/regather.py``): one all-gather more in the
+    backward per forward all-gather of a block, as ``costmodel.step.tp_comm_s`` prices;
+    nothing else changes (the recomputed attention core issues no collective)."""
+    from autopar.costmodel.workload import Phase
+
+    spec = (ModelSpec("tiny-gpt", {"attention": "eager"}) if model == "tiny-gpt-eager"
+            else ModelSpec(model))
+    train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")
+    backward = {}
+    for policy in ("none", "selective"):
+        config = ParallelConfig(tp=2, sequence_parallel=True, micro_batch=2, checkpoint=policy)
+        plan = autopar.plan_for(spec.build("meta"), process_cluster(2), train, config)
+        program = autopar.parallelize(spec.build("cpu"), plan, autopar.device_mesh(plan))
+        tokens = torch.randint(256, (2, 32))
+        loss = program.loss(program.modules[0](tokens), tokens)
+        with _Collectives() as mode:
+            loss.backward()
+        backward[policy] = mode.counts
+    built = spec.build("meta")
+    work = strategies_of(autopar.trace(built, train), facts_of(built), spec.label,
+                         process_cluster(2), train, efficiency=DEFAULT_EFFICIENCY,
+                         split_weights=True)(config)
+    again = work.num_blocks * sum(1 for c in work.block.tp_collectives
+                                  if c.phase is Phase.FORWARD and c.kind == "all-gather")
+    assert again == 2 * work.num_blocks  # the attention's and the MLP's inputs
+    assert backward["selective"]["all-gather"] == backward["none"]["all-gather"] + again
+    assert backward["selective"]["reduce-scatter"] == backward["none"]["reduce-scatter"]

@@ -48,7 +48,7 @@ def test_dropless_layers_move_the_mean_rows_times_the_imbalance():
 
 @pytest.mark.parametrize("dropless,policy,expected", [
     (False, Checkpoint.NONE, (2, 2)), (False, Checkpoint.FULL, (2, 4)),
-    (True, Checkpoint.NONE, (3, 2)), (True, Checkpoint.SELECTIVE, (3, 5)),
+    (True, Checkpoint.NONE, (3, 2)), (True, Checkpoint.MATMULS, (3, 5)),
 ])
 def test_all_to_alls_per_layer_follow_the_mode_and_the_recompute(dropless, policy, expected):
     work = _workload({"capacity_factor": None if dropless else 1.25})

@@ -40,12 +40,39 @@ def test_breakdown_sums_to_step_time_and_flops_agree(gpt) -> None:
 def test_recompute_trades_memory_for_time(gpt) -> None:
     cluster = ClusterSpec.preset("dgx-a100-80g", nodes=1)
     runs = {p: _est(gpt, cluster, dp=2, tp=4, micro_batch=4, checkpoint=p)
-            for p in ("none", "selective", "full")}
+            for p in ("none", "selective", "matmuls", "full")}
     act = {p: e.memory_breakdown["activations"] for p, e in runs.items()}
-    # Selective keeps the linear layers' and attention's outputs and recomputes the
+    # matmuls keeps the linear layers' and attention's outputs and recomputes the
     # memory-bound ops: between none and full in memory and in time.
-    assert act["none"] > act["selective"] > act["full"]
-    assert runs["none"].step_time_s < runs["selective"].step_time_s < runs["full"].step_time_s
+    assert act["none"] > act["matmuls"] > act["full"]
+    assert runs["none"].step_time_s < runs["matmuls"].step_time_s < runs["full"].step_time_s
+    # selective recomputes the attention core, which fused attention (this GPT's) does not
+    # store: the same memory and time as none
+    assert act["selective"] == act["none"]
+    assert runs["selective"].step_time_s == runs["none"].step_time_s
+
+
+def test_selective_recomputes_only_the_eager_attention_core() -> None:
+    model = autopar.models.build("gpt-7.5b", attention="eager", num_layers=4, device="meta")
+    train = TrainSpec(global_batch=64, seq_len=2048)
+    graph = autopar.trace(model, train)
+    cluster = ClusterSpec.preset("dgx-a100-80g", nodes=1)
+    runs = {p: autopar.estimate(graph, cluster, train, ParallelConfig(
+                dp=2, tp=4, micro_batch=1, sequence_parallel=True, checkpoint=p))
+            for p in ("none", "selective", "matmuls", "full")}
+    act = {p: e.memory_breakdown["activations"] for p, e in runs.items()}
+    assert act["none"] > act["matmuls"] > act["selective"] > act["full"]  # tp 4 + SP
+    # its recompute: the core's two batched GEMMs (4*s^2*h FLOPs a layer) and its
+    # memory-bound ops; its extra communication: the two gathered inputs it kept as shards,
+    # gathered again in the backward -- less than matmuls reissues (every forward collective)
+    recompute = {p: e.time_breakdown["recompute"] for p, e in runs.items()}
+    assert 0 < recompute["selective"] < recompute["full"]
+    comm = {p: e.time_breakdown["comm_tp"] for p, e in runs.items()}
+    assert comm["none"] < comm["selective"] < comm["matmuls"] == comm["full"]
+    s, h, layers = 2048, model.config.hidden_size, 4
+    core_flops = 4 * s * s * h * layers * train.global_batch
+    extra = runs["selective"].hardware_flops_per_step - runs["none"].hardware_flops_per_step
+    assert extra == pytest.approx(core_flops)
 
 
 def test_per_block_checkpoint_list_sits_between_the_extremes(gpt) -> None:
@@ -74,7 +101,12 @@ def test_sequence_parallel_divides_activations_and_offload_frees_the_optimizer(g
     cluster = ClusterSpec.preset("hgx-h100-80g", nodes=1)
     base = _est(gpt, cluster, dp=1, tp=8, micro_batch=1)
     sp = _est(gpt, cluster, dp=1, tp=8, micro_batch=1, sequence_parallel=True)
-    assert sp.memory_breakdown["activations"] < base.memory_breakdown["activations"] / 2
+    # without checkpointing DTensor keeps the column-parallel inputs gathered (13 -> 7.75
+    # s*b*h a layer, Checkpoint.MATMULS's table); selective keeps them as shards (4.25)
+    assert sp.memory_breakdown["activations"] < base.memory_breakdown["activations"] * 0.7
+    selective = _est(gpt, cluster, dp=1, tp=8, micro_batch=1, sequence_parallel=True,
+                     checkpoint="selective")
+    assert selective.memory_breakdown["activations"] < base.memory_breakdown["activations"] / 2
     off = _est(gpt, cluster, dp=1, tp=8, micro_batch=1, offload=True)
     assert off.memory_breakdown["optimizer"] == 0
     assert off.time_breakdown["offload"] > 0

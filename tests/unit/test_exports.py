@@ -133,8 +133,7 @@ def test_megatron_interleaved_fp16_plan_field_by_field(llama_interleaved_fp16, t
             a.context_parallel_size, a.expert_model_parallel_size) == ("2", "2", "1", "1")
     assert a.num_layers_per_virtual_pipeline_stage == str(32 // (c.pp * c.virtual_stages))
     assert a.sequence_parallel and a.use_distributed_optimizer and not a.use_megatron_fsdp
-    assert a.recompute_granularity == "selective" and a.recompute_modules == ["core_attn",
-                                                                               "layernorm"]
+    assert a.recompute_granularity == "selective" and a.recompute_modules == ["core_attn"]
     assert a.recompute_method is None and a.recompute_num_layers is None
     assert (a.micro_batch_size, a.global_batch_size, a.seq_length) == ("1", "64", "4096")
     assert a.fp16 and not a.bf16 and a.initial_loss_scale == "65536" and a.hysteresis == "1"
@@ -145,8 +144,31 @@ def test_megatron_interleaved_fp16_plan_field_by_field(llama_interleaved_fp16, t
     assert a.swiglu and a.normalization == "RMSNorm" and a.position_embedding_type == "rope"
     assert a.untie_embeddings_and_output_weights and a.add_bias_linear is False  # no biases
     rows = {r.field: r for r in export_target(plan, "megatron").rows}
-    assert rows["config.checkpoint"].fit is Fit.CLOSE  # Megatron keeps the MLP activation
+    assert rows["config.checkpoint"].fit is Fit.EXACT  # Korthikanti et al.'s policy itself
     assert rows["config.virtual_stages"].fit is Fit.EXACT
+
+
+def test_matmuls_maps_close_to_megatron_selective_and_torchtitan_selective_ac(
+        llama_interleaved_fp16, tmp_path, monkeypatch):
+    plan = _plan("llama3-8b", H100, 2, TrainSpec(global_batch=64, seq_len=4096),
+                 **{**llama_interleaved_fp16.config.to_dict(), "checkpoint": "matmuls"})
+    a = _megatron_args(plan, tmp_path)
+    assert a.recompute_granularity == "selective" and a.recompute_modules == ["core_attn",
+                                                                               "layernorm"]
+    rows = {r.field: r for r in export_target(plan, "megatron").rows}
+    assert rows["config.checkpoint"].fit is Fit.CLOSE  # Megatron keeps the MLP activation
+    rows = {r.field: r for r in export_target(plan, "torchtitan").rows}
+    assert rows["config.checkpoint"].fit is Fit.CLOSE and "matmuls" in rows[
+        "config.checkpoint"].note
+    rows = {r.field: r for r in export_target(plan, "deepspeed").rows}
+    assert rows["config.checkpoint"].fit is Fit.NONE
+
+
+def test_torchtitan_selective_ac_is_another_policy_than_korthikantis(llama_interleaved_fp16):
+    bf16 = _plan("llama3-8b", H100, 2, TrainSpec(global_batch=64, seq_len=4096),
+                 **llama_interleaved_fp16.config.to_dict())
+    row = {r.field: r for r in export_target(bf16, "torchtitan").rows}["config.checkpoint"]
+    assert row.fit is Fit.CLOSE and "another policy" in row.note
 
 
 def test_megatron_gpt175b_full_recompute_and_gpt_shape(gpt175b, tmp_path):
@@ -387,7 +409,7 @@ def test_bridge_values_field_by_field(llama_interleaved_fp16, gpt175b):
     assert o["model.virtual_pipeline_model_parallel_size"] == "2"
     assert o["model.sequence_parallel"] == "true"
     assert o["model.recompute_granularity"] == "selective"
-    assert o["model.recompute_modules"] == "[core_attn,layernorm]"
+    assert o["model.recompute_modules"] == "[core_attn]"
     assert o["ddp.use_distributed_optimizer"] == "true"
     assert (o["train.micro_batch_size"], o["train.global_batch_size"]) == ("1", "64")
     assert o["dataset.seq_length"] == o["model.seq_length"] == "4096"

@@ -154,10 +154,10 @@ MODELS = {
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("policy", [Checkpoint.SELECTIVE, Checkpoint.FULL])
+@pytest.mark.parametrize("policy", [Checkpoint.MATMULS, Checkpoint.FULL])
 def test_checkpointed_block_keeps_what_the_cost_model_charges(name: str,
                                                                policy: Checkpoint) -> None:
-    # Exact: full keeps the block input; selective keeps it and the cached outputs of the
+    # Exact: full keeps the block input; matmuls keeps it and the cached outputs of the
     # linear layers (aten.mm/addmm) and of fused attention (output and log-sum-exp), nothing
     # of the recomputed ops (norms, RoPE, activations, the eager attention core, the MoE
     # experts' bmm, dropout masks, which the replayed RNG state regenerates).
@@ -165,13 +165,13 @@ def test_checkpointed_block_keeps_what_the_cost_model_charges(name: str,
     assert kept_bytes(model, policy) == predicted_bytes(model, policy)
 
 
-def test_selective_keeps_the_gemm_outputs_of_a_llama_block() -> None:
+def test_matmuls_keeps_the_gemm_outputs_of_a_llama_block() -> None:
     # input x, q, k and v (GQA: k and v are half of q), attention output and lse, o_proj,
     # gate, up, down: (1 + 1 + 0.5 + 0.5 + 1 + 1 + 2 + 2 + 1) tokens x h, plus lse
     model = MODELS["tiny-llama"]()
     h, heads = model.config.hidden_size, model.config.num_heads
     expected = B * S * (10 * h + heads) * FP32
-    assert kept_bytes(model, Checkpoint.SELECTIVE) == expected
+    assert kept_bytes(model, Checkpoint.MATMULS) == expected
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt", "tiny-gpt-eager"])
@@ -203,6 +203,36 @@ def test_unchecked_dropout_gap_is_the_cpu_mask_dtype() -> None:
     assert kept_bytes(model, Checkpoint.NONE) == predicted_bytes(model, Checkpoint.NONE) + extra
 
 
+@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-gpt-eager"])
+def test_selective_block_keeps_what_the_cost_model_charges(name: str) -> None:
+    # Exact: what none keeps but the eager attention core's scores and probabilities, which the
+    # checkpointed core rebuilds from q, k and v; with fused attention, what none keeps.
+    model = MODELS[name]()
+    assert kept_bytes(model, Checkpoint.SELECTIVE) == predicted_bytes(model, Checkpoint.SELECTIVE)
+
+
+def test_selective_drops_the_eager_core_of_a_gpt_block_and_nothing_else() -> None:
+    # Korthikanti et al.'s 5*a*s^2*b term without dropout is the scores once: softmax keeps
+    # its output (fp32 here); the masked scores are freed, the dropout is the identity.
+    model = MODELS["tiny-gpt-eager"]()
+    core = B * model.config.num_heads * S * S * FP32
+    assert kept_bytes(model, Checkpoint.NONE) - kept_bytes(model, Checkpoint.SELECTIVE) == core
+    fused = MODELS["tiny-gpt"]()
+    assert kept_bytes(fused, Checkpoint.SELECTIVE) == kept_bytes(fused, Checkpoint.NONE)
+
+
+def test_selective_drops_the_eager_core_with_dropout_mask_and_output() -> None:
+    # With dropout on: softmax's output, the dropout's mask (a float one on CPU, see
+    # test_unchecked_dropout_gap_is_the_cpu_mask_dtype) and its output: 3 x a x s^2 x b
+    # elements, the 5*a*s^2*b bytes of fp16 with a one-byte mask.
+    model = MODELS["tiny-gpt-eager-dropout"]()
+    core = 3 * B * model.config.num_heads * S * S * FP32
+    assert kept_bytes(model, Checkpoint.NONE) - kept_bytes(model, Checkpoint.SELECTIVE) == core
+    predicted = (predicted_bytes(model, Checkpoint.NONE)
+                 - predicted_bytes(model, Checkpoint.SELECTIVE))
+    assert predicted == B * model.config.num_heads * S * S * (2 * FP32 + 1)
+
+
 # --- with the fused kernels (Triton's interpreter on CPU) ----------------------------------
 
 FUSED = {
@@ -220,7 +250,7 @@ def _fused(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 @pytest.mark.parametrize("name", sorted(FUSED))
-@pytest.mark.parametrize("policy", [Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.FULL])
+@pytest.mark.parametrize("policy", [Checkpoint.NONE, Checkpoint.MATMULS, Checkpoint.FULL])
 def test_fused_block_keeps_what_the_cost_model_charges(name: str, policy: Checkpoint) -> None:
     # Exact under every policy, on CPU too: the fused norms keep x alone (the kernels recompute
     # the statistics; the CPU gap of eager RMSNorm is gone), SwiGLU gate and up, RoPE nothing

@@ -17,6 +17,7 @@ q, k and v; views use ``-1`` for the head count so the same code runs on a local
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import math
 from dataclasses import dataclass
 from enum import StrEnum
@@ -126,20 +127,31 @@ class GPTAttention(nn.Module):
         self.context_parallel: nn.Module | None = None
         """Set by ``passes/context_parallel.py`` under cp > 1 (fused attention only): attention
         of this rank's queries against the whole sequence's keys and values."""
+        self.attention_core_runner: Callable[..., torch.Tensor] | None = None
+        """Set by ``passes/checkpointing.py`` under the ``selective`` policy (eager attention):
+        ``runner(core, q, k, v)`` runs ``core`` so that its scores, probabilities and dropout
+        mask are recomputed in the backward (Korthikanti et al. 2022)."""
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The eager attention core: q.k^T, scale, causal mask, softmax, dropout, .v."""
+        s = q.shape[-2]
+        scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale
+        # causal_mask[:s, :s], written with narrow so that torch.fx traces it (s is a Proxy).
+        mask = self.causal_mask.narrow(0, 0, s).narrow(1, 0, s)
+        scores = scores.masked_fill(mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        probs = self.attn_drop(probs)
+        return torch.matmul(probs, v)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         # (b, s, heads, 3, head_dim) -> three (b, heads, s, head_dim) views, no copies.
         q, k, v = self.qkv(x).view(b, s, -1, 3, self.head_dim).unbind(dim=3)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if self.eager:
-            scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale
-            # causal_mask[:s, :s], written with narrow so that torch.fx traces it (s is a Proxy).
-            mask = self.causal_mask.narrow(0, 0, s).narrow(1, 0, s)
-            scores = scores.masked_fill(mask, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            probs = self.attn_drop(probs)
-            out = torch.matmul(probs, v)
+        if self.eager and self.attention_core_runner is not None:
+            out = self.attention_core_runner(self.core, q, k, v)
+        elif self.eager:
+            out = self.core(q, k, v)
         elif self.context_parallel is not None:
             out = self.context_parallel(q, k, v,
                                         dropout_p=self.dropout if self.training else 0.0)
