@@ -43,9 +43,9 @@ def _gathered(t: torch.Tensor) -> bool:
     if not isinstance(t.placements[0], Replicate) or t.shape[0] < t.device_mesh.size():
         return False
     node = t.grad_fn
-    while node is not None and type(node).__name__ in _VIEWS:
+    while node is not None and node.name() in _VIEWS:
         node = node.next_functions[0][0] if node.next_functions else None
-    return node is not None and type(node).__name__ == "RedistributeBackward"
+    return node is not None and node.name() == "RedistributeBackward"
 
 
 @dataclass
