@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-import autopar
-from autopar import ParallelConfig, TrainSpec, kernels
+from autopar import kernels
 from autopar.training import ModelSpec
-from autopar.costmodel.cluster import process_cluster
 from autopar.verify import verify
+from plans import process_plan
 
 pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason="the kernels need CUDA or TRITON_INTERPRET=1")
@@ -39,17 +38,10 @@ CASES = {
 }
 
 
-def _plan(spec: ModelSpec, fields: dict, batch: int):
-    config = ParallelConfig(**fields)
-    train = TrainSpec(global_batch=batch, seq_len=32, precision="fp32")
-    return autopar.plan_for(spec.build("meta"), process_cluster(config.world_size), train,
-                            config, name=spec.label)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_fused_program_matches_the_unfused_model(case):
     spec, fields, batch = CASES[case]
-    plan = _plan(spec, fields, batch)
+    plan = process_plan(spec, fields, batch)
     assert plan.config.fusions == fields["fusions"]  # the plan lists the fusions applied
     result = verify(spec, plan, steps=2)
     assert result.passed, result.table()

@@ -35,6 +35,7 @@ from autopar.training import ModelSpec
 from autopar.verify import verify
 
 from launching import free_port
+from plans import process_plan
 
 _SHAPE = {"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts_per_tok": 2,
@@ -61,17 +62,10 @@ CASES = {
 }
 
 
-def _plan(spec: ModelSpec, fields: dict, batch: int, seq_len: int = 32):
-    config = ParallelConfig(**fields)
-    train = TrainSpec(global_batch=batch, seq_len=seq_len, precision="fp32")
-    return autopar.plan_for(spec.build("meta"), process_cluster(config.world_size), train,
-                            config, name=spec.label)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_transformers_moe_under_expert_parallelism_matches_one_process(case):
     spec, fields, batch = CASES[case]
-    result = verify(spec, _plan(spec, fields, batch), steps=3)
+    result = verify(spec, process_plan(spec, fields, batch), steps=3)
     assert result.passed, result.table()
     assert 1 / fields["ep"] <= result.ep_busiest_share <= 1, result.table()
 
@@ -83,7 +77,7 @@ def _count_rank(rank: int, world: int, port: int, checkpoint: str, out: str) -> 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    plan = _plan(QWEN2_MOE, dict(dp=2, ep=2, zero=1, micro_batch=1, checkpoint=checkpoint), 2)
+    plan = process_plan(QWEN2_MOE, dict(dp=2, ep=2, zero=1, micro_batch=1, checkpoint=checkpoint), 2)
     program = autopar.parallelize(QWEN2_MOE.build("cpu"), plan, autopar.device_mesh(plan))
     tokens = torch.randint(256, (1, 32), generator=torch.Generator().manual_seed(rank))
     with _AllToAlls() as forward:

@@ -24,6 +24,7 @@ from autopar.models.hf_llama import HF_LLAMA_TINY
 from autopar.training import ModelSpec
 from autopar.costmodel.cluster import process_cluster
 from autopar.verify import verify
+from plans import process_plan
 
 LLAMA = ModelSpec("tiny-llama")
 GPT = ModelSpec("tiny-gpt")  # tied embedding and head, biases, LayerNorm, GELU
@@ -131,17 +132,10 @@ CASES = {
 }
 
 
-def _plan(spec: ModelSpec, fields: dict, batch: int, precision: str = "fp32"):
-    config = ParallelConfig(**fields)
-    train = TrainSpec(global_batch=batch, seq_len=32, precision=precision)
-    return autopar.plan_for(spec.build("meta"), process_cluster(config.world_size), train,
-                            config, name=spec.label)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_sharded_program_matches_one_process(case):
     spec, fields, batch = CASES[case]
-    result = verify(spec, _plan(spec, fields, batch), steps=3)
+    result = verify(spec, process_plan(spec, fields, batch), steps=3)
     assert result.passed, result.table()
     ep = fields.get("ep", 1)
     if ep > 1:  # the measured load: a share of the group's assignments, at least the mean
@@ -151,13 +145,14 @@ def test_sharded_program_matches_one_process(case):
 
 
 def test_bf16_mixed_precision_with_zero2_matches_its_reference():
-    result = verify(LLAMA, _plan(LLAMA, dict(dp=2, zero=2, micro_batch=2), 8, "bf16"), steps=3)
+    plan = process_plan(LLAMA, dict(dp=2, zero=2, micro_batch=2), 8, precision="bf16")
+    result = verify(LLAMA, plan, steps=3)
     assert result.passed, result.table()
 
 
 def test_vocabulary_parallel_embedding_head_and_loss():
     """loss_parallel: the head's logits stay vocabulary shards into the cross-entropy."""
-    plan = _plan(LLAMA, dict(tp=2, sequence_parallel=True, micro_batch=2), 4)
+    plan = process_plan(LLAMA, dict(tp=2, sequence_parallel=True, micro_batch=2), 4)
     styles = dict(plan.module_strategies)
     styles.update({"tok_emb": "vocab", "head": "column", "<loss>": "vocab"})
     plan = dataclasses.replace(plan, module_strategies=tuple(styles.items()))
@@ -168,7 +163,7 @@ def test_vocabulary_parallel_embedding_head_and_loss():
 def test_pipeline_without_microbatching_is_bit_exact():
     """Two stages, one micro-batch holding the whole batch: the same ops on the same tensors
     as the reference, no cross-rank reduction, so no rounding difference at all."""
-    plan = _plan(LLAMA, dict(pp=2, schedule="gpipe", micro_batch=4), 4)
+    plan = process_plan(LLAMA, dict(pp=2, schedule="gpipe", micro_batch=4), 4)
     result = verify(LLAMA, plan, steps=2)
     assert result.losses == result.reference_losses
     assert result.grads.max_abs == 0.0 and result.params.max_abs == 0.0, result.table()
