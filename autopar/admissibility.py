@@ -125,12 +125,12 @@ def config_value(config: object, key: str) -> int | None:
 def facts_of(model: object) -> ModelFacts:
     """The facts of ``model`` (an ``nn.Module``, built on any device, meta included) from its
     ``config`` and module tree: the blocks are the repeated-block group the tracer finds
-    (``tracing_blocks.find_block_group``); ``fused_attention`` stays unknown (True) until the
+    (``models.blocks.find_block_group``); ``fused_attention`` stays unknown (True) until the
     planner has traced the model."""
     from torch import nn
 
     from autopar.models.family import ATTENTION_CORE_HOOK
-    from autopar.tracing_blocks import find_block_group
+    from autopar.models.blocks import find_block_group
 
     config = getattr(model, "config", None)
     found = {key: config_value(config, key) for key in _CONFIG_FIELDS}

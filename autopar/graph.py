@@ -32,7 +32,7 @@ import torch
 
 from autopar.models.blocks import BlockGroup
 
-__all__ = ["BlockGroup", "GraphIR", "NodeInfo", "TensorMeta"]
+__all__ = ["GraphIR", "NodeInfo", "TensorMeta"]
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ from torch.utils import _pytree as pytree
 from autopar.admissibility import layers_of
 from autopar.core.specs import TrainSpec
 from autopar.graph import GraphIR, NodeInfo, TensorMeta
-from autopar.tracing_blocks import assign_blocks, find_block_group
+from autopar.models.blocks import find_block_group
+from autopar.tracing_blocks import assign_blocks
 from autopar.tracing_errors import (
     ModuleStack,
     no_token_input_error,

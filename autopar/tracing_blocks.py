@@ -13,9 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autopar.graph import NodeInfo
-from autopar.models.blocks import BlockGroup, find_block_group
-
-__all__ = ["BlockGroup", "assign_blocks", "find_block_group"]
+from autopar.models.blocks import BlockGroup
 
 
 def assign_blocks(nodes: list[NodeInfo], group: BlockGroup) -> BlockGroup:
