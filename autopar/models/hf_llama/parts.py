@@ -32,14 +32,24 @@ BLOCK_CHILDREN = frozenset({"self_attn", "mlp", "input_layernorm", "post_attenti
 norms around the MLP are another layout, which the sequence-parallel styles do not cover)."""
 
 
-def mismatch(model: nn.Module) -> str | None:
-    """``None`` for a model with every module of ``LAYOUT`` and blocks of ``BLOCK_LINEARS``,
-    else what it lacks."""
-    missing = [path for path in LAYOUT if not _has(model, path)]
+def root_mismatch(model: nn.Module) -> str | None:
+    """What ``model`` lacks of ``LAYOUT``, or a head whose logits its forward soft-caps (which a
+    pipeline stage's head does not); ``None`` where neither: the check every transformers
+    family laid out like Llama (``hf_moe``, ``hf_phi3``) starts with."""
+    missing = [path for path in LAYOUT if submodule(model, path) is None]
     if missing:
         return f"it has no {', '.join(missing)}"
     if getattr(getattr(model, "config", None), "final_logit_softcapping", None) is not None:
         return "its forward soft-caps the logits, which a pipeline stage's head does not"
+    return None
+
+
+def mismatch(model: nn.Module) -> str | None:
+    """``None`` for a model with every module of ``LAYOUT`` and blocks of ``BLOCK_LINEARS``,
+    else what it lacks."""
+    why = root_mismatch(model)
+    if why is not None:
+        return why
     for i, block in enumerate(model.get_submodule("model.layers")):
         lacking = [path for path in BLOCK_LINEARS
                    if not isinstance(submodule(block, path), nn.Linear)]
@@ -60,9 +70,6 @@ def submodule(module: nn.Module, path: str) -> nn.Module | None:
     except AttributeError:
         return None
 
-
-def _has(model: nn.Module, path: str) -> bool:
-    return submodule(model, path) is not None
 
 
 def sliding_window(root_config: object, block: nn.Module) -> int | None:

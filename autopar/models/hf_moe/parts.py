@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from autopar.models.hf_llama.parts import LAYOUT, submodule
+from autopar.models.hf_llama.parts import BLOCK_CHILDREN, root_mismatch, submodule
 
 ATTENTION_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                      "self_attn.o_proj")
 DENSE_LINEARS = ("gate_proj", "up_proj", "down_proj")
-BLOCK_CHILDREN = frozenset({"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"})
 SPARSE_CHILDREN = frozenset({"gate", "experts"})
 SHARED_CHILDREN = frozenset({"shared_expert", "shared_expert_gate"})
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
@@ -45,12 +44,10 @@ def sparse_blocks(module: nn.Module) -> list[nn.Module]:
 
 def mismatch(model: nn.Module) -> str | None:
     """``None`` for a transformers MoE decoder of the layout above, else why not."""
-    missing = [path for path in LAYOUT if submodule(model, path) is None]
-    if missing:
-        return f"it has no {', '.join(missing)}"
+    why = root_mismatch(model)
+    if why is not None:
+        return why
     config = getattr(model, "config", None)
-    if getattr(config, "final_logit_softcapping", None) is not None:
-        return "its forward soft-caps the logits, which a pipeline stage's head does not"
     if getattr(config, "output_router_logits", False):
         return ("its config sets output_router_logits, so its loss adds the load-balancing "
                 "loss over every layer's router logits together, which pipeline stages and "

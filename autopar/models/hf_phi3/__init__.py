@@ -16,7 +16,7 @@ from torch import nn
 
 from autopar.models.family import Family, register
 from autopar.models.hf_llama.init import hf_scheme
-from autopar.models.hf_llama.parts import HF_LLAMA_PARTS, LAYOUT, submodule
+from autopar.models.hf_llama.parts import HF_LLAMA_PARTS, root_mismatch, submodule
 
 BLOCK_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 """Phi-3's fused projections, every block has them as ``nn.Linear``."""
@@ -24,9 +24,9 @@ BLOCK_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "
 
 def mismatch(model: nn.Module) -> str | None:
     """``None`` for a model with Llama's layout and Phi-3's fused blocks, else what it lacks."""
-    missing = [path for path in LAYOUT if submodule(model, path) is None]
-    if missing:
-        return f"it has no {', '.join(missing)}"
+    why = root_mismatch(model)
+    if why is not None:
+        return why
     for i, block in enumerate(model.get_submodule("model.layers")):
         lacking = [p for p in BLOCK_LINEARS if not isinstance(submodule(block, p), nn.Linear)]
         if lacking:
