@@ -18,7 +18,9 @@ configuration. Two inputs are read:
   cluster; a train.py log or a verify run gives ``step_s`` as the median of its steps.
 * the **published runs** of ``tests/data/published_runs.json`` (Megatron-LM Table 1): each
   row's step time is its FLOPs over its achieved rate, its configuration re-created as
-  ``autopar.validation`` does.
+  ``autopar.validation`` does; or of ``tests/data/korthikanti_table5.json`` (Korthikanti et
+  al. Tables 3 and 5): each row is two runs, its iteration time under full recomputation and
+  under sequence parallelism with selective recomputation (``validation.check_recompute_row``).
 
 The fit minimises the mean squared log error of the step time over the runs, one constant at a
 time (golden-section search in log space inside ``BOUNDS``), for ``ROUNDS`` rounds (one when
@@ -240,12 +242,34 @@ def _published_run(row: dict) -> MeasuredRun:
                        lambda eff: check_megatron_row(row, efficiency=eff, graph=graph).estimate)
 
 
+def recompute_runs(row: dict) -> list[MeasuredRun]:
+    """A row of Korthikanti et al.'s Table 5 as its two measured runs: full recomputation, and
+    sequence parallelism with selective recomputation (one pricing of both per ``Efficiency``)."""
+    from autopar.validation import check_recompute_row
+
+    name = (f"Korthikanti {row['params_billion']}B, {row['num_gpus']} GPUs, "
+            f"tp{row['tensor_parallel_size']} pp{row['pipeline_parallel_size']}")
+    checks: dict[Efficiency, object] = {}
+
+    def check(eff: Efficiency):
+        if eff not in checks:
+            checks[eff] = check_recompute_row(row, efficiency=eff)
+        return checks[eff]
+
+    return [MeasuredRun(f"{name}, full recompute", row["iteration_s_full_recompute"], None,
+                        lambda eff: check(eff).full),
+            MeasuredRun(f"{name}, SP + selective", row["iteration_s_present_work"], None,
+                        lambda eff: check(eff).selective)]
+
+
 def load_runs(path: str, profile: Profile | None = None) -> list[MeasuredRun]:
-    """The runs of a runs file or of the published-runs file (see the module docstring)."""
+    """The runs of a runs file or of a published-runs file (see the module docstring)."""
     p = Path(path)
     data = read_json(p, "runs file", "check the path")
     if isinstance(data, dict) and isinstance(data.get("rows"), list):
-        return [_published_run(row) for row in data["rows"]]
+        return [run for row in data["rows"]
+                for run in (recompute_runs(row) if "iteration_s_present_work" in row
+                            else [_published_run(row)])]
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise AutoparError("a runs file is an object with a 'runs' list (or the published "
                            "runs' 'rows')", where=str(p),

@@ -140,13 +140,16 @@ class RecomputeCheck:
 def check_recompute_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
                         efficiency: Efficiency = DEFAULT_EFFICIENCY) -> RecomputeCheck:
     """A row of ``tests/data/korthikanti_table5.json`` (the model, tp, pp and micro-batch of
-    its Table 3; Megatron's fused kernels; the 1F1B schedule) priced under full recomputation
-    and under selective recomputation with sequence parallelism."""
+    its Table 3; Megatron's fused kernels; the interleaved schedule with the row's
+    ``virtual_stages`` model chunks where its section 6 names one, else 1F1B) priced under full
+    recomputation and under selective recomputation with sequence parallelism."""
     from autopar.costmodel.compute import Split
     from autopar.costmodel.memory import activation_bytes_per_element, saved_bytes
-    from autopar.core.specs import Checkpoint
+    from autopar.core.specs import Checkpoint, Schedule
 
     gpus, tp, pp = row["num_gpus"], row["tensor_parallel_size"], row["pipeline_parallel_size"]
+    chunks = row.get("virtual_stages", 1)
+    schedule = Schedule.INTERLEAVED if chunks > 1 else Schedule.ONE_F_ONE_B
     model, cluster, train = megatron_inputs(row, cluster_preset)
     graph = trace(model, train)
     strategies = strategies_of(graph, facts_of(model), graph.model_name, cluster, train,
@@ -155,7 +158,8 @@ def check_recompute_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
     for policy, sp in ((Checkpoint.FULL, False), (Checkpoint.SELECTIVE, True)):
         config = ParallelConfig(dp=gpus // (tp * pp), tp=tp, pp=pp,
                                 micro_batch=row["micro_batch_size"], sequence_parallel=sp,
-                                checkpoint=policy, fusions=MEGATRON_FUSIONS)
+                                checkpoint=policy, fusions=MEGATRON_FUSIONS,
+                                schedule=schedule, virtual_stages=chunks)
         split = Split(config.micro_batch, tp, 1, sp, activation_bytes_per_element(
             train.precision), "fp16", seq_len=train.seq_len)
         block = strategies(config).block

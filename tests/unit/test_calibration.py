@@ -4,6 +4,7 @@ of, calibration files load or are refused, and the commands refuse bad input wit
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from dataclasses import replace
 
 import pytest
@@ -84,6 +85,15 @@ def test_runs_file_is_read_and_priced(tmp_path):
     (run,) = load_runs(str(path))
     assert run.name == "tiny" and run.step_s == 0.01
     assert run.predict(DEFAULT_EFFICIENCY).step_time_s > 0
+
+
+def test_a_korthikanti_row_is_read_as_its_two_runs():
+    path = Path(__file__).resolve().parents[2] / "tests" / "data" / "korthikanti_table5.json"
+    runs = load_runs(str(path))
+    assert len(runs) == 2 * len(json.loads(path.read_text())["rows"])
+    full, selective = runs[:2]
+    assert (full.step_s, selective.step_s) == (1.42, 1.10)  # Table 5, 22B
+    assert "full recompute" in full.name and "selective" in selective.name
 
 
 @pytest.mark.parametrize("argv, where", [

@@ -6,9 +6,10 @@ count that fit, as the paper tuned them), achieved TFLOP/s per GPU = the paper's
 the predicted step time and the GPU count, within +-10 % of the published figure.
 ZeRO (Rajbhandari et al., SC'20, Figure 1): model-state memory per GPU within 2 %.
 Selective recomputation (Korthikanti et al., MLSys'23, Tables 3 and 5): each model priced under
-full recomputation and under sequence parallelism with selective recomputation; full is the
-slower, by the published ratio of iteration times within 3 % (measured: 22B +2.4 %, 175B
-+1.3 %, 530B +1.7 %, 1T -0.8 %), and selective keeps 34/t / 2 = 2.125 times full's activations
+full recomputation and under sequence parallelism with selective recomputation (the
+interleaved schedule with 3 chunks for 175B and 530B, as its section 6 says); full is the
+slower, by the published ratio of iteration times within 3 % (measured 2026-11-24: 22B +2.4 %,
+175B +1.1 %, 530B +1.1 %, 1T -0.8 %), and selective keeps 34/t / 2 = 2.125 times full's activations
 per layer (the paper's Table 2: 34*s*b*h/t against 2*s*b*h) within 1 %.
 """
 
@@ -88,6 +89,25 @@ def test_calibrated_on_the_smallest_run_the_others_are_predicted() -> None:
     mean_after = sum(abs(r.error) for r in after) / len(after)
     assert abs(fit.after[0].error) < 0.01  # the run it was fitted on
     assert mean_before > 0.3              # the other stack's constants are far off
+    assert mean_after <= CALIBRATED_MEAN_TOLERANCE, [f"{r.name}: {r.error:+.1%}" for r in after]
+
+
+def test_calibrated_on_korthikantis_single_node_run_the_larger_runs_are_predicted() -> None:
+    """Issue 13's protocol on another stack: Korthikanti et al.'s Megatron (2022) runs the same
+    A100s as Table 1's (2021) ~10 % faster, and the defaults, fitted on Table 1, predict its
+    175B-1T iteration times 10-16 % slow (measured 2026-11-24: full recompute +11.2 / +13.2 /
+    +14.9 %, SP + selective +10.0 / +12.0 / +15.8 %). Calibrated on its one single-node run
+    (22B, tp 8 on 8 GPUs; ``matmul_mainloop`` 0.71 -> 0.82), the six runs on 64-512 GPUs,
+    pipelined and interleaved, are predicted within 5 % mean (measured: 1.3 % mean, worst
+    +3.0 %)."""
+    from autopar.calibration import calibrate, errors, recompute_runs
+
+    rows = sorted(_rows(RECOMPUTE_RUNS), key=lambda r: r["num_gpus"])
+    assert rows[0]["num_gpus"] == 8  # one node of DGX A100
+    fit = calibrate(recompute_runs(rows[0]))
+    after = errors([run for row in rows[1:] for run in recompute_runs(row)], fit.efficiency)
+    mean_after = sum(abs(r.error) for r in after) / len(after)
+    assert max(abs(r.error) for r in fit.after) < 0.05  # the runs it was fitted on
     assert mean_after <= CALIBRATED_MEAN_TOLERANCE, [f"{r.name}: {r.error:+.1%}" for r in after]
 
 
