@@ -5,7 +5,10 @@ Used by ``tests/unit/test_published_runs.py`` (which asserts) and
 published configuration: TP, PP, DP = GPUs / (TP * PP), the interleaved schedule and full
 recomputation, mixed precision with fp16 compute. The paper does not give the micro-batch size
 or the number of model chunks per rank; as its authors tuned them, we take the fastest that fits
-among micro-batches of 1, 2, 4 and 8 and every chunk count that divides the stage's layers. Each
+among micro-batches of 1, 2, 4 and 8 and every chunk count that divides the stage's layers,
+with more than one chunk only where the micro-batches come in whole rounds of the pipeline
+(``m % pp == 0``: Megatron-LM's interleaved schedule asserts it, so the 76B and 310B rows
+cannot have run their micro-batch of 4 and 2 interleaved, which the model priced 2-4 % fast). Each
 configuration is priced as ``autopar.estimate`` and the search price it: the per-op strategies
 solved for its tp (``search.planner.config_estimate``).
 """
@@ -93,7 +96,10 @@ def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
     for mb in MICRO_BATCHES:
         if train.global_batch % (dp * mb):
             continue
+        microbatches = train.global_batch // (dp * mb)
         for v in [d for d in range(1, per_stage + 1) if per_stage % d == 0] if pp > 1 else [1]:
+            if v > 1 and microbatches % pp:
+                continue  # Megatron's interleaved schedule needs micro-batches in whole rounds
             try:
                 config = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb,
                                         schedule="interleaved", virtual_stages=v,
