@@ -1,4 +1,5 @@
-"""Print the cost model against published training runs (Megatron-LM Table 1, ZeRO Figure 1).
+"""Print the cost model against published training runs (Megatron-LM Table 1, ZeRO Figure 1,
+Korthikanti et al. Table 5: uncalibrated, and calibrated on its single-node 22B run).
 
     python bench/validate_costmodel.py [--markdown]
 
@@ -18,11 +19,33 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from autopar.calibration import calibrate, errors, recompute_runs
+from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.validation import check_megatron_row, load_published, zero_model_states
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO / "tests" / "data" / "published_runs.json"
 MORE = REPO / "tests" / "data" / "megatron_table1_more.json"
+RECOMPUTE = REPO / "tests" / "data" / "korthikanti_table5.json"
+
+
+def korthikanti_table() -> tuple[list[str], list[list[str]], str]:
+    """Each Table 5 run: published, predicted with the defaults, and predicted with
+    ``matmul_mainloop`` calibrated on the single-node (8-GPU) row alone."""
+    rows = sorted(json.loads(RECOMPUTE.read_text())["rows"], key=lambda r: r["num_gpus"])
+    runs = [run for row in rows for run in recompute_runs(row)]
+    fit = calibrate(runs[:2])
+    before, after = errors(runs, DEFAULT_EFFICIENCY), errors(runs, fit.efficiency)
+    header = ["run", "published s", "default s", "error", "calibrated s", "error"]
+    body = [[b.name, f"{b.measured_s:.2f}", f"{b.predicted_s:.2f}", f"{b.error:+.1%}",
+             f"{a.predicted_s:.2f}", f"{a.error:+.1%}"] for b, a in zip(before, after)]
+    rest = after[2:]
+    note = (f"calibrated on the 22B rows only: matmul_mainloop "
+            f"{DEFAULT_EFFICIENCY.matmul_mainloop:.3f} -> {fit.efficiency.matmul_mainloop:.3f}; "
+            f"the other {len(rest)} runs' mean |error| "
+            f"{sum(abs(r.error) for r in rest) / len(rest):.1%} (defaults: "
+            f"{sum(abs(r.error) for r in before[2:]) / len(rest):.1%})")
+    return header, body, note
 
 
 def main() -> None:
@@ -53,26 +76,31 @@ def main() -> None:
     zbody = [[k, f"{v:.1f}", f"{pred[k]:.2f}", f"{pred[k] / v - 1:+.1%}"]
              for k, v in zero["model_state_bytes_per_gpu_GB"].items()]
     zheader = ["ZeRO stage", "published GB", "predicted GB", "error"]
+    kheader, kbody, knote = korthikanti_table()
     if args.markdown:
-        for h, b in ((header, body), (zheader, zbody)):
+        for h, b in ((header, body), (zheader, zbody), (kheader, kbody)):
             print("| " + " | ".join(h) + " |")
             print("|" + "---|" * len(h))
             for r in b:
                 print("| " + " | ".join(r) + " |")
             print()
+        print(knote + "\n")
         print(f"{len(body)} runs checked in {elapsed:.1f} s on {platform.processor() or 'CPU'} "
               f"({torch.get_num_threads()} threads), torch {torch.__version__}")
         return
     console = Console()
     for title, h, b in (("Megatron-LM (Narayanan et al., SC'21, Table 1)", header, body),
                         ("ZeRO model states (Rajbhandari et al., SC'20, Fig. 1), 7.5B, Nd=64",
-                         zheader, zbody)):
+                         zheader, zbody),
+                        ("Korthikanti et al. (MLSys'23, Table 5) iteration time", kheader,
+                         kbody)):
         t = Table(title=title)
         for col in h:
             t.add_column(col, justify="right")
         for r in b:
             t.add_row(*r)
         console.print(t)
+    console.print(knote)
     console.print(f"{len(body)} runs checked in {elapsed:.1f} s")
 
 
