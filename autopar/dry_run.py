@@ -417,7 +417,20 @@ def _to_empty(model: torch.nn.Module, device: str) -> None:
             return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
         return torch.empty_like(t, device=device)
 
+    # ``_apply`` makes one new parameter per module holding a shared one, which would untie a
+    # weight two modules share (GPT's tied head) and make the dry run hold it twice; the real
+    # run keeps it one (``passes/materialize.py``), so the sharers get the first's again
+    # (swapping in place, ``keeping_parameters``, is refused for fake tensors)
+    shared: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                shared.setdefault(id(p), []).append((module, name))
     model._apply(empty)
+    for holders in shared.values():
+        first, name = holders[0]
+        for module, other in holders[1:]:
+            module._parameters[other] = first._parameters[name]
 
 
 def _shape_finder(micro: torch.Tensor, shapes: dict[str, torch.Tensor]):

@@ -269,6 +269,28 @@ def _dropless(node: NodeInfo, graph: GraphIR) -> bool:
         node.op == "grouped_mm" and is_expert_gemm(node, graph))
 
 
+def loss_input(graph: GraphIR, post_nodes: list[NodeInfo], fusions: tuple[str, ...] = ()
+               ) -> tuple[SavedTensor, ...]:
+    """What the loss reads, as a ``SavedTensor`` marked ``stage_output`` (``<node>.output``):
+    the last stage's output under pipelining (``passes/stage.py``: ``finish`` returns the
+    logits, or the hidden state the fused loss's head reads, ``passes/fuse.py``). The loss is
+    the layer's last node; none where it reads no floating-point activation."""
+    if not post_nodes:
+        return ()
+    loss = post_nodes[-1]
+    for pattern, chain in find_fusions(graph, post_nodes, fusions):
+        if pattern == "linear_cross_entropy" and loss in chain:
+            loss = chain[0]  # the fused head and loss read the head's input
+    if not loss.inputs:
+        return ()
+    name = storage_of(graph, loss.inputs[0])
+    if not graph.has_node(name) or graph.node(name).out is None or \
+            not graph.node(name).out.dtype.is_floating_point:
+        return ()
+    return (SavedTensor(f"{name}.output", graph.node(name).out.numel / graph.batch,
+                        Shard.REPLICATED, without_checkpoint=False, stage_output=True),)
+
+
 def without_attention_core(work: Workload) -> Workload:
     """``work`` with no op or tensor marked as an attention core's: what ``selective`` runs
     for a model whose attention takes no core runner (``ModelFacts.attention_core_hook``):
@@ -299,6 +321,7 @@ def build_workload(graph: GraphIR, act_bytes: float = 2.0, name: str = "",
     pre = build_layer(graph, "pre", pre_nodes, act_bytes, fusions=fusions)
     post = build_layer(graph, "post", post_nodes, act_bytes, exclude_params=frozenset(tied),
                        fusions=fusions)
+    post = replace(post, saved=post.saved + loss_input(graph, post_nodes, fusions))
     block = build_layer(graph, "block", graph.block_nodes(0), act_bytes, fusions=fusions)
     notes = []
     if not graph.blocks.uniform:

@@ -75,6 +75,8 @@ GRID = [
     Case("175b-tp8-pp2", "gpt-175b", "dgx-a100-80g", 2, 16, 2048,
          dict(dp=1, tp=8, pp=2, zero=0, micro_batch=1, sequence_parallel=True,
               schedule="1f1b", checkpoint="selective"), layers=4),
+    Case("gpt-1.7b-fsdp", "gpt-1.7b", "hgx-h100-80g", 1, 16, 2048,
+         dict(dp=8, zero=3, micro_batch=1), layers=2),
     Case("8b-fused", "llama3-8b", "hgx-h100-80g", 1, 16, 8192,
          dict(dp=8, zero=3, micro_batch=1,
               fusions=("rms_norm", "swiglu", "rope", "linear_cross_entropy")), layers=4),

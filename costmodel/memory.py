@@ -189,6 +189,13 @@ def transient_bytes(layer: LayerCost, split: Split) -> float:
     return _bytes(layer, split, lambda t: t.transient)
 
 
+def stage_output_bytes(layer: LayerCost, split: Split) -> float:
+    """Bytes of what the loss reads (``SavedTensor.stage_output``) for one micro-batch: a
+    pipeline's last stage's output, which the schedule holds while the micro-batch's backward
+    runs."""
+    return _bytes(layer, split, lambda t: t.stage_output)
+
+
 def recompute_working_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
     """Extra bytes live while a recomputed layer runs its backward (one layer at a time): what
     the recomputation rebuilds for autograd beyond what the policy kept."""

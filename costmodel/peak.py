@@ -88,6 +88,16 @@ class StageActivations:
     (``costmodel.memory.backward_peak``)."""
     block_grad_fraction: float = 1.0
     """Fraction of the block's parameters whose gradient exists at that moment."""
+    loss_kept: float = 0.0
+    """Of ``kept``: what the loss layer (final norm, head, loss) keeps for one micro-batch,
+    on the stage that holds it; freed by the loss's backward, before the blocks' backward."""
+    loss_in_flight: float = 1.0
+    """Micro-batches holding ``loss_kept`` when the loss's first backward begins
+    (``costmodel.pipeline.loss_in_flight_microbatches``): not ``in_flight``, which counts the
+    stage's blocks (several chunks' under the interleaved schedule)."""
+    stage_output: float = 0.0
+    """What the loss reads (the logits), which a pipeline schedule holds as the last stage's
+    output while the micro-batch's backward runs (``stage_backward``'s argument)."""
 
 
 def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
@@ -116,11 +126,22 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
     # micro-batch's backward holds every one in flight and no earlier gradient
     later = min(a.in_flight, microbatches - 1.0)
 
-    def larger(gathered: float, own: float, working: float) -> dict[str, float]:
-        first = moment(gathered, own, a.in_flight * a.kept + working)
+    later_loss = min(a.loss_in_flight, microbatches - 1.0)
+    blocks_kept = a.kept - a.loss_kept
+
+    def larger(gathered: float, own: float, working: float, *, loss_done: bool = False
+               ) -> dict[str, float]:
+        # ``loss_done``: the loss's backward of the micro-batch that runs has freed what the
+        # loss kept; a pipeline schedule still holds the stage's output (the logits)
+        done = (1.0, a.stage_output) if loss_done else (0.0, 0.0)
+
+        def held(n: float, loss_n: float) -> float:
+            return n * blocks_kept + max(loss_n - done[0], 0.0) * a.loss_kept + done[1] \
+                + working
+        first = moment(gathered, own, held(a.in_flight, a.loss_in_flight))
         if microbatches == 1:
             return first
-        rest = moment(gathered, earlier + own, later * a.kept + working)
+        rest = moment(gathered, earlier + own, held(later, later_loss))
         return max(first, rest, key=lambda kinds: sum(kinds.values()))
 
     # a micro-batch's backward begins; ZeRO-3 freed every unit after the forward that came
@@ -133,7 +154,8 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
     # gradient made, where the stage has the head
     found["blocks' backward"] = larger(
         p.whole * low if gathered_through else (p.root + p.block) * low,
-        (p.head + p.block * a.block_grad_fraction) * low, a.block_working)
+        (p.head + p.block * a.block_grad_fraction) * low, a.block_working,
+        loss_done=holds_loss)
     if holds_embedding:
         # the embedding's backward: its gradient (whole over tp) made in the compute dtype
         # beside the other micro-batches in flight (under pipelining)

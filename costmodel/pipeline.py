@@ -82,6 +82,16 @@ def in_flight_microbatches(schedule: Schedule, stage: int, pp: int, m: int, v: i
     return min(warmup + 1, m * v) / v
 
 
+def loss_in_flight_microbatches(schedule: Schedule, pp: int, m: int) -> float:
+    """Micro-batches that hold what the loss saved for its backward when the last stage's
+    first backward begins. Under GPipe every forward runs before the first backward: all
+    ``m``. Under 1F1B and torch's interleaved schedule the last rank runs each micro-batch's
+    backward of the loss's chunk right after its forward (its warm-up forwards are of its
+    earlier chunks): one; and one without pipelining, which runs a micro-batch's forward and
+    backward before the next."""
+    return float(m) if schedule is Schedule.GPIPE and pp > 1 else 1.0
+
+
 def bubble_fraction(schedule: Schedule, pp: int, m: int, v: int) -> float:
     """Idle stage-times per step as a fraction of ``m`` micro-batch stage-times.
 

@@ -27,12 +27,14 @@ from .memory import (
     model_state_bytes,
     recompute_working_bytes,
     saved_bytes,
+    stage_output_bytes,
     state_bytes_per_param,
     transient_bytes,
 )
 from .peak import StageActivations, StageParams, stage_peak
 from .profile import recording
-from .pipeline import StagePartition, even_partition, in_flight_microbatches, pipeline_s
+from .pipeline import (StagePartition, even_partition, in_flight_microbatches,
+                       loss_in_flight_microbatches, pipeline_s)
 from autopar.core.specs import (ASYNC_TP, Checkpoint, Optimizer, ParallelConfig, Precision,
                                 Schedule, TrainSpec)
 from .topology import MeshGroups, mesh_groups
@@ -541,6 +543,7 @@ def _stage_memory(
     block_grad_bytes = sum(_layer_params(workload.block, config)) * \
         dtype_bytes(train.precision, train.optimizer)[1]
     walked: tuple[float, float] | None = None  # (activations, gradients) of a block's backward
+    loss_kept = 0.0  # of ``kept``: what the loss layer (final norm, head, loss) keeps
     for layer, policy, n in groups:
         key = (layer.name, policy)
         if key not in memo:  # every block costs the same: size it once
@@ -550,6 +553,8 @@ def _stage_memory(
                          backward_peak(layer, split, policy, block_grad_bytes)
                          or (working_bytes, block_grad_bytes))
         kept += n * memo[key][0]
+        if layer is workload.post:
+            loss_kept = n * memo[key][0]
         working = max(working, memo[key][1])
         if layer is workload.block and (walked is None or sum(memo[key][2]) > sum(walked)):
             walked = memo[key][2]
@@ -573,12 +578,19 @@ def _stage_memory(
             head=sum(_layer_params(workload.post, config)) + workload.tied_params / config.tp
             if stage == config.pp - 1 else 0.0,
             embedding_extra=workload.pre.params_tp * (1.0 - 1.0 / config.tp))
-        acts = StageActivations(in_flight, kept, working, block_working,
-                                block_grads / block_grad_bytes if block_grad_bytes else 1.0)
+        last = stage == config.pp - 1
+        acts = StageActivations(
+            in_flight, kept, working, block_working,
+            block_grads / block_grad_bytes if block_grad_bytes else 1.0,
+            loss_kept=loss_kept,
+            loss_in_flight=min(in_flight, loss_in_flight_microbatches(config.schedule,
+                                                                      config.pp, m)),
+            stage_output=stage_output_bytes(workload.post, split)
+            if last and config.pp > 1 else 0.0)
         moment, breakdown = stage_peak(params, acts,
                                        train.precision, train.optimizer, zero=config.zero,
                                        pipelined=config.pp > 1, microbatches=m,
                                        holds_embedding=stage == 0,
-                                       holds_loss=stage == config.pp - 1)
+                                       holds_loss=last)
     return StageMemory(stage=stage, blocks=part.blocks[stage], breakdown=breakdown,
                        moment=moment)

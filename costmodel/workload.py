@@ -86,6 +86,11 @@ class SavedTensor:
     savers: tuple[str, ...] = ()
     """The nodes that keep it for their backward, in the forward's order (a fused kernel's
     saves: the last node of its chain); none for what only the ``matmuls`` policy caches."""
+    stage_output: bool = False
+    """The tensor the loss reads (the logits; the hidden state under the fused loss): a pipeline's
+    last stage's output, which torch's schedule passes to ``stage_backward`` and so holds while
+    the micro-batch's backward runs, after the loss's own backward freed what it saved. Not kept
+    by any policy (``without_checkpoint`` and ``matmuls`` are false)."""
 
 
 @dataclass(frozen=True)

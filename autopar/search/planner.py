@@ -81,7 +81,7 @@ class Strategies:
         """The candidate's workload; ``AutoparError`` when its strategies cannot run."""
         result = self.result(config)
         if result is None:
-            return self.solver.base
+            return self.solver.whole()
         if self.facts is not None:
             if id(result) not in self._problem:
                 found = layer_problems(self.facts, self.module_styles(result), config.tp)

@@ -59,6 +59,25 @@ class StrategySolver:
     split_weights: bool = False
     """Offer the linear layers only their split strategies (``search.forced``)."""
     cache: dict[tuple, StrategyResult] = field(default_factory=dict)
+    _whole: Workload | None = None
+
+    def whole(self) -> Workload:
+        """The base workload (tp = 1: every op whole on its GPU, no solve to run) with its
+        block's backward walked op by op (``LayerCost.held`` and ``backward``, as a solve
+        records them at tp > 1): what the memory model reads for the working set of a
+        block's backward (``costmodel.memory.backward_peak``), which it otherwise prices as
+        the whole weight gradient and no gradient of an activation."""
+        if self._whole is None:
+            _, block_nodes, _ = layer_nodes(self.graph)
+            sg = strategy_graph(self.graph, block_nodes, False, tp=1)
+            choice = tuple(next(i for i, s in enumerate(op.strategies)
+                                if not s.divides and s.output is Layout.R
+                                and all(x is Layout.R for x in s.inputs))
+                           for op in sg.ops)
+            block = solved_layer(self.graph, sg, self.base.block, choice, self.act_bytes, 1,
+                                 walk_backward=True).layer
+            self._whole = replace(self.base, block=block)
+        return self._whole
 
     def _solve(self, nodes: list[NodeInfo], layer, pricing: Pricing, sp: bool, *,
                repeat: int = 1, boundary: bool = False, input_layout: Layout | None = None,

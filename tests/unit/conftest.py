@@ -23,7 +23,7 @@ GPT_BLOCK = dict(seq_len=256, hidden=64, heads=4, batch=2)
 def solved_gpt_block():
     """``of(t, sp)``: the block of a 2-layer GPT (``GPT_BLOCK``) the strategy solve prices at
     tp ``t`` with or without sequence parallelism, every linear layer split (``split_weights``:
-    Megatron's column->row pairs); the base workload's at t = 1."""
+    Megatron's column->row pairs); at t = 1 the base workload's, its backward walked whole."""
     import autopar
     from autopar.admissibility import facts_of
     from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY

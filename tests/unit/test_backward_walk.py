@@ -74,3 +74,27 @@ def test_full_recompute_peaks_above_the_recomputed_activations_alone(block) -> N
     # without recomputation nothing rebuilt is held: only gradients of activations
     none_acts, _ = backward_peak(block, split, Checkpoint.NONE, weight_grads)
     assert none_acts < acts
+
+
+def test_without_tensor_parallelism_the_block_backward_is_walked_too(solved_gpt_block) -> None:
+    # 8b-fused (tp 1) peaks inside its SwiGLU's backward with 0.27 of the block's weight
+    # gradient made, not the whole of it the memory model charged without a walk
+    whole = solved_gpt_block(1)
+    assert whole.backward and whole.backward[-1].weight_grad_fraction == pytest.approx(1.0)
+    assert min(m.weight_grad_fraction for m in whole.backward) < 0.5
+    split = Split(1, 1, 1, False, 2.0, "fp16")
+    assert all(t.shard is Shard.REPLICATED for t in whole.held)
+    acts, grads = backward_peak(whole, split, Checkpoint.NONE, 1.0)
+    assert acts > 0 and grads < 1.0
+
+
+def test_the_loss_input_is_marked_as_the_last_stages_output() -> None:
+    import autopar
+    from autopar.workload import build_workload
+    model = autopar.models.build("gpt", num_layers=2, hidden_size=64, num_heads=4, vocab_size=128,
+                                 seq_len=32, device="meta")
+    graph = autopar.trace(model, autopar.TrainSpec(global_batch=2, seq_len=32))
+    post = build_workload(graph).post
+    out = [t for t in post.saved if t.stage_output]
+    assert len(out) == 1 and out[0].elements == 32 * 128  # the logits of one sequence
+    assert not out[0].without_checkpoint and not out[0].matmuls and not out[0].transient

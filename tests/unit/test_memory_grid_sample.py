@@ -19,7 +19,7 @@ TARGET = 0.03
 
 GRID = load("memory_grid", "memory_grid")
 SAMPLE = ("8b-fsdp-full", "8b-zero1-matmuls", "8b-ddp-fp32", "8b-tp4-nosp-pure",
-          "8b-tp2-sp-sel", "70b-pp2-gpipe-sel")
+          "8b-tp2-sp-sel", "70b-pp2-gpipe-sel", "70b-pp2-zero3", "8b-fused")
 
 
 @pytest.mark.parametrize("name", SAMPLE)

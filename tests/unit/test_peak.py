@@ -98,3 +98,37 @@ def test_gpipe_never_holds_every_microbatch_beside_the_accumulators() -> None:
     _, b = _peak(acts=steady, zero=0, pipelined=True, m=m, embedding=False, loss=True)
     assert b["activations"] == pytest.approx(2 * kept)
     assert b["grads"] >= accumulators
+
+
+def test_a_pipelined_last_stage_holds_the_logits_not_what_the_loss_kept_in_its_blocks_backward(
+) -> None:
+    # 70b-pp2-zero3 pp1's dry run, at its peak inside a block's backward (1F1B, one micro-batch
+    # in flight): the loss's backward has freed the fp32 log-probabilities it saved; the
+    # schedule's stage_backward still holds the stage's output, the logits
+    acts = StageActivations(in_flight=1, kept=1.5e9, working=0.1e9, block_working=0.2e9,
+                            loss_kept=1e9, loss_in_flight=1, stage_output=0.25e9)
+    name, b = stage_peak(SMALL_ROOT, acts, Precision.BF16, Optimizer.ADAMW, zero=3,
+                         pipelined=True, microbatches=8, holds_embedding=False, holds_loss=True)
+    assert name == "blocks' backward"
+    assert b["activations"] == pytest.approx(0.5e9 + 0.25e9 + 0.2e9)
+
+
+def test_gpipe_keeps_what_the_loss_kept_for_the_microbatches_whose_backward_is_still_to_come(
+) -> None:
+    acts = StageActivations(in_flight=4, kept=1.5e9, working=0.1e9, block_working=0.2e9,
+                            loss_kept=1e9, loss_in_flight=4, stage_output=0.25e9)
+    name, b = stage_peak(SMALL_ROOT, acts, Precision.BF16, Optimizer.ADAMW, zero=1,
+                         pipelined=True, microbatches=4, holds_embedding=False, holds_loss=True)
+    # the second micro-batch's blocks' backward (beside the first's gradients): the two still
+    # to come hold all they kept, the running one its blocks' activations and the logits
+    assert name == "blocks' backward"
+    assert b["activations"] == pytest.approx(2 * 1.5e9 + 0.5e9 + 0.25e9 + 0.2e9)
+
+
+def test_without_pipelining_nothing_of_the_loss_is_held_in_the_blocks_backward() -> None:
+    acts = StageActivations(in_flight=1, kept=1.5e9, working=0.1e9, block_working=0.2e9,
+                            loss_kept=1e9, loss_in_flight=1)
+    name, b = stage_peak(SMALL_ROOT, acts, Precision.BF16, Optimizer.ADAMW, zero=2,
+                         pipelined=False, microbatches=1, holds_embedding=False, holds_loss=True)
+    assert name == "blocks' backward"
+    assert b["activations"] == pytest.approx(0.5e9 + 0.2e9)
