@@ -254,6 +254,8 @@ def _trace_block(block: nn.Module, args: tuple, kwargs: dict) -> torch.fx.Graph:
     was_training = block.training
     block.train()
     try:
-        return torch.fx.Tracer().trace(block, concrete_args=concrete or None)
+        tracer = torch.fx.Tracer()
+        tracer.proxy_buffer_attributes = True  # a buffer read is a get_attr node, not a value
+        return tracer.trace(block, concrete_args=concrete or None)
     finally:
         block.train(was_training)
