@@ -77,6 +77,14 @@ class ModelFacts:
     """The model's family gives its attention a context-parallel hook
     (``models.family.Family.context_attention``; ``passes/context_parallel.py``); False for a
     model no family describes."""
+    context_refused: str | None = None
+    """Why the passes cannot run this model's attention context-parallel although its family
+    names hooked modules (``models.family.Family.context_problem``: a generic model's
+    hand-written masked attention, positions its description cannot find); ``None``: they
+    can, or only a traced graph is known."""
+    token_routing: bool = False
+    """Its experts' routers route every token on its own (``Family.token_routing``: dropless,
+    no load-balancing loss in the loss), so context parallelism leaves the routing unchanged."""
     unsplittable: str | None = None
     """Why the execution passes cannot cut the model into pipeline stages (no registered
     family describes its embedding, blocks, final norm and head: ``models.family_of``);
@@ -140,29 +148,32 @@ def facts_of(model: object) -> ModelFacts:
         return ModelFacts(num_blocks=0, **found)
     group = find_block_group(model)
     found["vocab_size"] = vocab_of(model)
-    (found["context_attention"], found["unsplittable"],
-     found["unsplittable_tp"]) = _family_facts(model)
+    (found["context_attention"], found["context_refused"], found["token_routing"],
+     found["unsplittable"], found["unsplittable_tp"]) = _family_facts(model)
     found["attention_core_hook"] = any(hasattr(m, ATTENTION_CORE_HOOK) for m in model.modules())
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), **found)
 
 
-def _family_facts(model: object) -> tuple[bool, str | None, str | None]:
+def _family_facts(model: object) -> tuple[bool, str | None, bool, str | None, str | None]:
     """(whether the passes can run ``model`` context-parallel: its family names attention
-    modules of it that take the hook; why the passes cannot cut it into pipeline stages:
-    ``None`` for a model of a registered family, else each family's reason; why they cannot
-    split it by tensor parallelism: its family's ``tensor_parallel``, or the first reason for a
-    model of no family)."""
+    modules of it that take the hook; why they cannot although it does: the family's
+    ``context_problem``; whether its routers route each token on its own: the family's
+    ``token_routing``; why the passes cannot cut it into pipeline stages: ``None`` for a model
+    of a registered family, else each family's reason; why they cannot split it by tensor
+    parallelism: its family's ``tensor_parallel``, or the first reason for a model of no
+    family)."""
     from autopar.models.family import family_of
 
     try:
         family = family_of(model)  # type: ignore[arg-type]
     except AutoparError as err:
-        return False, err.what, ("no model family describes where its attention and MLP "
-                                 f"are ({err.what})")
+        return False, None, False, err.what, ("no model family describes where its attention "
+                                              f"and MLP are ({err.what})")
     attention = any(family.context_attention(m)
                     for m in model.modules())  # type: ignore[attr-defined]
-    return attention, None, family.tensor_parallel
+    refused = family.context_problem(model) if attention else None  # type: ignore[arg-type]
+    return attention, refused, family.token_routing, None, family.tensor_parallel
 
 
 def vocab_of(model: object) -> int | None:
@@ -268,7 +279,13 @@ def context_parallel_problem(facts: ModelFacts, seq_len: int, cp: int) -> Proble
                        "(an eager attention, or a family without the hook: models.family."
                        "Family.context_attention)", "cp",
                        "use cp=1, or SDPA attention of a family with the hook")
-    if facts.num_experts:
+    if facts.context_refused is not None:
+        return Problem(f"cp={cp}: the passes cannot run this model's attention "
+                       f"context-parallel ({facts.context_refused})", "cp",
+                       "use cp=1 for this model, or write its attention as causal "
+                       "F.scaled_dot_product_attention(q, k, v, is_causal=True) with no mask "
+                       "and its positions as torch.arange(sequence length)")
+    if facts.num_experts and not facts.token_routing:
         return Problem(f"cp={cp} with a mixture of experts: its routing capacity and its "
                        "load-balancing loss are computed over the tokens of a call, which "
                        "context parallelism splits over the cp ranks, so the program would "

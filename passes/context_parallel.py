@@ -8,7 +8,10 @@ step (``passes/program.py``) cuts the tokens and the targets with it, and nothin
 
 Attention (``apply_context_parallel``): each attention module the model's family names
 (``Family.context_attention``) gets a ``GatheredKVAttention`` as its ``context_parallel``
-submodule, which its forward calls instead of causal SDPA. The rank's queries stay local; its K
+submodule, which its forward calls instead of causal SDPA (a transformers model's, once its
+family has set its attention implementation to autopar's: ``Family.use_context_attention``;
+a generic model's blocks, through a function mode over their SDPA calls:
+``models/generic/context.py``). The rank's queries stay local; its K
 and V are all-gathered over the cp group with autograd (``_functional_collectives``'
 ``all_gather_single``: the backward reduce-scatters -- sums -- dK and dV back to their
 owners), put back into sequence order, and SDPA runs with the causal mask of the queries'
@@ -72,14 +75,20 @@ class GatheredKVAttention(nn.Module):
         self.group, self.cp, self.rank = group, cp, rank
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                dropout_p: float = 0.0, enable_gqa: bool = False) -> torch.Tensor:
-        """q, k, v: (batch, heads, local seq, head_dim), this rank's chunks."""
+                dropout_p: float = 0.0, enable_gqa: bool = False, scale: float | None = None,
+                window: int | None = None) -> torch.Tensor:
+        """q, k, v: (batch, heads, local seq, head_dim), this rank's chunks; ``scale`` as SDPA's
+        (``None``: 1/sqrt(head_dim)); ``window``: a query sees only the ``window`` latest keys,
+        itself included (transformers' sliding window), ``None``: every earlier key."""
         seq_len = q.shape[2] * self.cp
         k, v = self._gather(k, v, seq_len)
         mine = chunk_positions(seq_len, self.cp, self.rank, q.device)
-        mask = mine[:, None] >= torch.arange(seq_len, device=q.device)[None, :]
+        behind = mine[:, None] - torch.arange(seq_len, device=q.device)[None, :]
+        mask = behind >= 0
+        if window is not None:
+            mask = mask & (behind < window)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                              enable_gqa=enable_gqa)
+                                              scale=scale, enable_gqa=enable_gqa)
 
     def _gather(self, k: torch.Tensor, v: torch.Tensor, seq_len: int
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,4 +127,6 @@ def apply_context_parallel(model: nn.Module, family: Family, plan: Plan,
     attention = context_attention(model, family)
     for module in attention:
         module.context_parallel = GatheredKVAttention(group, cp, rank)
+    if family.use_context_attention is not None:
+        family.use_context_attention(model)
     return len(attention)

@@ -38,7 +38,7 @@ test_comm_counts.py`` holds the program to it.
 
 Expert weights' gradients are summed over the ep ranks by the all-to-all's backward (every
 rank's tokens reach the owner); FSDP2 then averages over the expert data-parallel ranks only
-(dp / ep of them), so the experts scale their weights' gradients by 1 / ep in the backward
+(dp x cp / ep of them), so the experts scale their weights' gradients by 1 / ep in the backward
 (``ExpertLayer.run``'s ``grad_scale``): the mean over all dp ranks, as for the dense weights
 (``passes/data_parallel.py``). (torchtitan sets FSDP2's ``gradient_divide_factor`` instead;
 on gloo that needs sum reductions, and with a shard group of one -- ZeRO-0's HSDP, or
@@ -56,7 +56,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from autopar.core.errors import AutoparError
-from autopar.core.mesh import DATA_PARALLEL
+from autopar.core.mesh import DATA_PARALLEL, MeshAxis
 from autopar.core.plan import Plan
 from autopar.models.expert_layers import ExpertLayer
 from autopar.models.moe.model import (
@@ -77,14 +77,16 @@ EP = "ep"
 
 
 def expert_mesh(plan: Plan, mesh: DeviceMesh) -> DeviceMesh:
-    """(``edp_replicate``, ``edp_shard``, ``ep``) over this rank's data-parallel ranks."""
+    """(``edp_replicate``, ``edp_shard``, ``ep``) over this rank's data-parallel and
+    context-parallel ranks (dp x cp: every one holds the same weights and its own tokens), ep
+    the innermost of them, as the cost model places it (``costmodel/topology.py``)."""
     c = plan.config
     if c.ep == 1:
         raise AutoparError("expert_mesh of a plan without expert parallelism",
                            where="passes.expert_parallel.expert_mesh", fix="call it for ep > 1")
-    dp_names = tuple(a.value for a in DATA_PARALLEL)
-    flat = mesh[dp_names]._flatten("dp_ep")
-    edp = c.dp // c.ep
+    names = (*(a.value for a in DATA_PARALLEL), MeshAxis.CP.value)
+    flat = mesh[names]._flatten("dp_cp_ep")
+    edp = c.dp * c.cp // c.ep
     sizes = (edp, 1, c.ep) if c.zero == 0 else (1, edp, c.ep)
     return flat._unflatten(0, sizes, (*EXPERT_DP, EP))
 

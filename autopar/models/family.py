@@ -55,6 +55,11 @@ def no_context_attention(module: nn.Module) -> bool:
     return False
 
 
+def no_context_problem(model: nn.Module) -> str | None:
+    """A family whose models' attention, where it takes the hook, runs context-parallel as is."""
+    return None
+
+
 @dataclass(frozen=True)
 class Family:
     """One model family: how to recognise its models and what the passes need to run them."""
@@ -82,8 +87,23 @@ class Family:
     ``SiLUActivation``): the ``swiglu`` fusion reads it as ``F.silu``."""
     context_attention: Callable[[nn.Module], bool] = no_context_attention
     """module -> whether it is a causal attention of the family's that calls its
-    ``context_parallel`` submodule, when it has one, as ``(q, k, v, dropout_p=, enable_gqa=)``
-    in place of causal SDPA: ``passes/context_parallel.py`` gives it one under cp > 1."""
+    ``context_parallel`` submodule, when it has one, as ``(q, k, v, dropout_p=, enable_gqa=,
+    scale=, window=)`` in place of causal SDPA: ``passes/context_parallel.py`` gives it one
+    under cp > 1."""
+    context_problem: Callable[[nn.Module], str | None] = no_context_problem
+    """model -> why its attention cannot run context-parallel although the family names hooked
+    modules (a generic model's hand-written masked attention, positions the description cannot
+    find), which ``admissibility`` reports as the reason cp > 1 is refused; ``None``: it can."""
+    use_context_attention: Callable[[nn.Module], None] | None = None
+    """model -> switch its attention to call the ``context_parallel`` hooks, where its modules
+    do not by themselves (a transformers model: its attention implementation set to autopar's,
+    ``models/hf_llama/context.py``); ``passes/context_parallel.py`` calls it once the hooks are
+    set. ``None``: the attention calls them itself."""
+    token_routing: bool = False
+    """Its mixture-of-experts routers route every token on its own -- dropless, no load-balancing
+    loss in the training loss (transformers' MoE) --, so context parallelism, which splits a
+    call's tokens over the cp ranks, leaves the routing unchanged; ``False``: routing depends on
+    the call's tokens together (capacity, an auxiliary loss), or the model has no experts."""
     expert_layers: Callable[[nn.Module], list[ExpertLayer]] = no_expert_layers
     """module (a model of the family, or a pipeline stage of one) -> its mixture-of-experts
     layers as expert parallelism sees them (``models.expert_layers``), in module order."""

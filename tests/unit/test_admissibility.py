@@ -71,6 +71,11 @@ def test_context_parallelism_is_refused_where_the_program_would_differ(facts):
     # experts: routing capacity and the load-balancing loss are per call, and cp splits it
     moe = dataclasses.replace(facts, num_experts=8)
     assert any("mixture of experts" in f for f in _what(moe, TRAIN, cp=2))
+    # ... unless its routers route each token alone (transformers' dropless MoE, no aux loss)
+    assert _what(dataclasses.replace(moe, token_routing=True), TRAIN, cp=2) == []
+    # a hooked attention the family finds cannot run context-parallel: its reason
+    refused = dataclasses.replace(facts, context_refused="its block h.0 calls softmax")
+    assert any("its block h.0 calls softmax" in f for f in _what(refused, TRAIN, cp=2))
     # an attention no family gives the hook (transformers', GPT's eager one)
     unhooked = dataclasses.replace(facts, context_attention=False)
     assert any("hook" in f for f in _what(unhooked, TRAIN, cp=2))

@@ -8,8 +8,12 @@ recognises a model -- a user's ``FILE.py:FACTORY`` model. Its models run every p
 * tensor parallelism: the description does not know how the attention reads its heads (a
   fused ``c_attn``, a ``view`` by a fixed head count), so splitting q/k/v by columns could hand
   a rank parts of heads; tp > 1 is refused with that reason (``Family.tensor_parallel``).
-* context parallelism: its attention has no ``context_parallel`` hook
-  (``Family.context_attention`` stays ``no_context_attention``).
+* context parallelism where its blocks' attention is anything but causal
+  ``F.scaled_dot_product_attention`` with no mask, or its positions anything but
+  ``torch.arange`` over the sequence length (a hand-written masked softmax attention, a
+  registered mask or position buffer): refused with the reason (``Family.context_problem``,
+  ``context.py``). Otherwise each block takes the context-parallel hook and runs its SDPA
+  calls by it, and the positions are the rank's global ones.
 * initialisation: no per-parameter scheme (``Family.init`` is ``None``): the model's own code
   initialises it, so a sharded build builds it whole once on the CPU (``passes/materialize.py``).
 
@@ -24,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from autopar.core.errors import AutoparError
 from autopar.models.family import Family, register
-from autopar.models.generic.describe import describe
+from autopar.models.generic.describe import context_problem, describe, is_block
 
 if TYPE_CHECKING:
     from torch import nn
@@ -52,6 +56,7 @@ TENSOR_PARALLEL = ("the generic decoder description does not know how this model
                    "heads")
 
 FAMILY = register(Family(name="generic", parts=None, describe=parts, mismatch=mismatch,
-                         fallback=True, tensor_parallel=TENSOR_PARALLEL))
+                         fallback=True, tensor_parallel=TENSOR_PARALLEL,
+                         context_attention=is_block, context_problem=context_problem))
 
 __all__ = ["FAMILY", "TENSOR_PARALLEL", "describe"]

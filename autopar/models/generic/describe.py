@@ -14,7 +14,11 @@ The description, for a model no family of its own describes (a user's ``FILE.py:
    and every block takes the same extra arguments.
 4. The graph is cut into three graphs: *embed* (the tokens -> the first block's input: the
    embeddings, positions, dropout), *extra* (the blocks' extra arguments: masks, rotary
-   tables) and *finish* (the last block's output -> the logits: final norm, head). The extra
+   tables) and *finish* (the last block's output -> the logits: final norm, head). Under
+   context parallelism the positions the first two build (``torch.arange`` over the sequence
+   length) read the rank's global positions, and the blocks' SDPA runs over the K and V
+   gathered from the cp ranks; what makes that sound, and the models refused, is
+   ``context.py``. The extra
    arguments and the finish may read the tokens and the first block's input only through their
    shape, dtype or device, and no parameter before the blocks: every pipeline stage then
    recomputes the extra arguments from its own input (``ModelParts.block_args``) and the last
@@ -39,7 +43,8 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from autopar.models.blocks import find_block_group
-from autopar.models.parts import ModelParts
+from autopar.models.generic.context import block_problem, context_attention, with_positions
+from autopar.models.parts import ModelParts, token_positions
 
 _META_ATTRS = frozenset({"shape", "device", "dtype", "ndim", "is_cuda"})
 """Tensor attributes that read no values."""
@@ -71,6 +76,12 @@ class _Graphs:
 
 
 _CACHE: weakref.WeakKeyDictionary[nn.Module, ModelParts | str] = weakref.WeakKeyDictionary()
+_CONTEXT_PROBLEMS: weakref.WeakKeyDictionary[nn.Module, str | None] = \
+    weakref.WeakKeyDictionary()
+"""Model -> why its described chain cannot run context-parallel (``context.py``), or None."""
+_BLOCKS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+"""The blocks of every described chain: each takes a context-parallel hook, which
+``call_block`` runs its SDPA calls by (``Family.context_attention`` of the generic family)."""
 
 
 def describe(model: nn.Module) -> ModelParts | str:
@@ -126,6 +137,14 @@ def _describe(model: nn.Module) -> ModelParts:
     finish = _cut(gm, [result], {tokens: "tokens", x0: "x", outs[-1]: "h"}, blocks - {outs[-1]},
                   "the logits", meta_only=(tokens, x0))
     first, last, shared = (_modules(model, g, group.path) for g in (embed, finish, extra_gm))
+    # context parallelism: the positions' aranges read the rank's global positions, and the
+    # blocks' attention must be causal SDPA alone (context.py)
+    position_problems = (with_positions(embed, "the embedding's graph"),
+                         with_positions(extra_gm, "the blocks' extra arguments"))
+    _CONTEXT_PROBLEMS[model] = (
+        block_problem(model.get_submodule(str(calls[0].target)), str(calls[0].target),
+                      *extra) or next((p for p in position_problems if p), None))
+    _BLOCKS.update(model.get_submodule(str(c.target)) for c in calls)
     both = sorted(set(first) & set(last))
     if both:
         raise NotAChain(f"{', '.join(both)} runs both before and after the blocks")
@@ -136,6 +155,19 @@ def _describe(model: nn.Module) -> ModelParts:
         finish=graphs_finish(graphs), block_args=graphs_block_args(graphs),
         call_block=call_tuple_block if as_tuple else call_block,
         shared=tuple(m for m in shared if m not in first and m not in last))
+
+
+def context_problem(model: nn.Module) -> str | None:
+    """Why ``model``, described as a chain, cannot run context-parallel (``context.py``);
+    ``None`` where it can (``Family.context_problem`` of the generic family)."""
+    found = describe(model)
+    return found if isinstance(found, str) else _CONTEXT_PROBLEMS.get(model)
+
+
+def is_block(module: nn.Module) -> bool:
+    """Whether ``module`` is a block of a described chain (``Family.context_attention`` of the
+    generic family: the blocks take the context-parallel hook)."""
+    return module in _BLOCKS
 
 
 def _trace(model: nn.Module, leaves: tuple[str, ...]) -> GraphModule:
@@ -312,32 +344,46 @@ def _tokens_like(x: torch.Tensor, seq_len: int) -> torch.Tensor:
     return torch.zeros((), dtype=torch.long, device=x.device).expand(x.shape[0], seq_len)
 
 
+def _held(root: nn.Module, seq_len: int, device: torch.device
+          ) -> tuple[int, torch.Tensor | None]:
+    """(the tokens this rank holds of a sequence of ``seq_len``, their global positions under
+    context parallelism, else ``None``)."""
+    positions = token_positions(root, seq_len, device)
+    return (seq_len if positions is None else positions.numel()), positions
+
+
 def graphs_embed(graphs: _Graphs):
     def embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-        return _run(graphs.embed, root, tokens)  # type: ignore[return-value]
+        positions = token_positions(root, getattr(root, "seq_len", 0), tokens.device)
+        return _run(graphs.embed, root, tokens, positions)  # type: ignore[return-value]
     return embed
 
 
 def graphs_block_args(graphs: _Graphs):
     def block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
-        return _run(graphs.extra, root, _tokens_like(x, seq_len), x)  # type: ignore[return-value]
+        held, positions = _held(root, seq_len, x.device)
+        return _run(graphs.extra, root, _tokens_like(x, held), x,  # type: ignore[return-value]
+                    positions)
     return block_args
 
 
 def graphs_finish(graphs: _Graphs):
     def finish(root: nn.Module, h: torch.Tensor) -> torch.Tensor:
-        seq_len = getattr(root, "seq_len", 0) or h.shape[1]
-        return _run(graphs.finish, root, _tokens_like(h, seq_len), h, h)  # type: ignore
+        held, _ = _held(root, getattr(root, "seq_len", 0) or h.shape[1], h.device)
+        return _run(graphs.finish, root, _tokens_like(h, held), h, h)  # type: ignore
     return finish
 
 
 def call_block(block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor:
-    """``block(x, *args, **kwargs)`` with the traced forward's extra arguments."""
+    """``block(x, *args, **kwargs)`` with the traced forward's extra arguments (under context
+    parallelism with its SDPA calls run by its hook: ``context.context_attention``)."""
     args, kwargs = extra
-    return block(x, *args, **kwargs)
+    with context_attention(block):
+        return block(x, *args, **kwargs)
 
 
 def call_tuple_block(block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor:
     """``block(x, *args, **kwargs)[0]``: a block returning a tuple whose item 0 is the chain."""
     args, kwargs = extra
-    return block(x, *args, **kwargs)[0]
+    with context_attention(block):
+        return block(x, *args, **kwargs)[0]

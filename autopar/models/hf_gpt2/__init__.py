@@ -4,11 +4,14 @@ What is GPT-2's own, which a traced description cannot read (transformers' forwa
 trace with ``torch.fx``): the learned positions ``transformer.wpe`` added to the token
 embedding before the dropout, the blocks called as ``block(x, None, mask)`` (the mask only for
 eager attention, which builds none itself; SDPA attention is causal without one), and the head
-``lm_head`` (tied to ``transformer.wte``) after ``transformer.ln_f``.
+``lm_head`` (tied to ``transformer.wte``) after ``transformer.ln_f``. Under context
+parallelism the learned positions are the global ones of the rank's chunks
+(``models.parts.token_positions``) and the attention runs autopar's context-parallel function
+through transformers' attention interface (``hf_llama/context.py``), with no mask passed.
 
 Not run: tensor parallelism (its projections are transformers' ``Conv1D``, whose weight is
 (in, out), not ``nn.Linear`` layers the engine's column and row styles split; and q, k and v
-are one fused ``c_attn``), context parallelism (no hook in its attention). No per-parameter
+are one fused ``c_attn``). No per-parameter
 init scheme (``Conv1D`` weights and the residual projections' 1/sqrt(2 L) scaling are
 transformers' ``_init_weights``): a sharded build builds the model whole once on the CPU.
 """
@@ -19,6 +22,8 @@ import torch
 from torch import nn
 
 from autopar.models.family import Family, register
+from autopar.models.hf_llama.context import (CONTEXT_ATTENTION, is_context_attention,
+                                              use_context_attention)
 from autopar.models.parts import ModelParts, causal_mask, token_positions
 
 LAYOUT = ("transformer.wte", "transformer.wpe", "transformer.drop", "transformer.h",
@@ -57,7 +62,7 @@ def _embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def _block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
-    if getattr(root.config, "_attn_implementation", "sdpa") == "sdpa":
+    if getattr(root.config, "_attn_implementation", "sdpa") in ("sdpa", CONTEXT_ATTENTION):
         return (None,)
     return (causal_mask(seq_len, None, x),)
 
@@ -79,6 +84,7 @@ HF_GPT2_PARTS = ModelParts(
 
 FAMILY = register(Family(
     name="hf-gpt2", parts=HF_GPT2_PARTS, mismatch=mismatch,
+    context_attention=is_context_attention, use_context_attention=use_context_attention,
     tensor_parallel="GPT-2's projections are transformers Conv1D layers with (in, out) weights "
                     "and one fused c_attn, not the nn.Linear q/k/v the column and row styles "
                     "split"))

@@ -8,7 +8,10 @@ blocks take by keyword; each block holds separate q/k/v/o projections, one dense
 two norms (``BLOCK_CHILDREN``, ``BLOCK_LINEARS``). ``mismatch`` recognises a model by that
 layout, not by its class; what runs inside a block (Gemma's (1 + w) norms, Qwen2's biases)
 is the model's own code. A sliding attention window (Mistral, Qwen2) is masked as the model
-does.
+does. Under context parallelism the rotary tables are of the global positions of the rank's
+chunks (``models.parts.token_positions``) and the blocks get no mask: their attention runs
+autopar's context-parallel function (``context.py``), which masks causally -- and by the
+window -- by global position.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autopar.models.parts import ModelParts, causal_mask
+from autopar.models.hf_llama.context import (CONTEXT_ATTENTION, attention_window,
+                                              runs_context_attention)
+from autopar.models.parts import ModelParts, causal_mask, token_positions
 
 LAYOUT = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
 """The submodules a model of this family has."""
@@ -73,25 +78,20 @@ def submodule(module: nn.Module, path: str) -> nn.Module | None:
 
 
 def sliding_window(root_config: object, block: nn.Module) -> int | None:
-    """The attention window of ``block``: its attention's own ``sliding_window`` where it has
-    one (Qwen2's per-layer types), else none where the config has per-layer types or
-    ``use_sliding_window=False``, else the config's (Mistral: every layer); ``None``: full."""
-    attention = getattr(block, "self_attn", None)
-    if attention is not None and hasattr(attention, "sliding_window"):
-        return attention.sliding_window
-    if getattr(root_config, "layer_types", None) is not None or \
-            getattr(root_config, "use_sliding_window", True) is False:
-        # per-layer types name the windowed layers (their attention holds the window), or the
-        # config turns the window off (Qwen2-MoE keeps sliding_window=0 then)
-        return None
-    return getattr(root_config, "sliding_window", None)
+    """The attention window of ``block`` (``context.attention_window`` of its ``self_attn``);
+    ``None``: full."""
+    return attention_window(root_config, getattr(block, "self_attn", None))
 
 
 def _block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
-    positions = torch.arange(seq_len, device=x.device).unsqueeze(0)
+    # context parallelism: the global positions of the rank's chunks, for RoPE
+    positions = token_positions(root, seq_len, x.device)
+    if positions is None:
+        positions = torch.arange(seq_len, device=x.device)
+    positions = positions.unsqueeze(0)
     cos, sin = root.model.rotary_emb(x, position_ids=positions)
     mask = None
-    if getattr(root.config, "_attn_implementation", "sdpa") != "sdpa":
+    if getattr(root.config, "_attn_implementation", "sdpa") not in ("sdpa", CONTEXT_ATTENTION):
         # eager attention gets no causal mask when none is passed: build the additive one
         mask = causal_mask(seq_len, None, cos)
     return (cos, sin), positions, mask, root.config
@@ -101,8 +101,9 @@ def _call_block(block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor
     (cos, sin), positions, mask, config = extra
     seq_len = positions.shape[-1]
     window = sliding_window(config, block)
-    if window is not None and window < seq_len:
+    if window is not None and window < seq_len and not runs_context_attention(config):
         # the model's forward masks this layer to its window; a stage calls the block itself
+        # (context-parallel attention masks the window by global position itself)
         mask = causal_mask(seq_len, window, cos)
     out = block(x, attention_mask=mask, position_ids=positions, position_embeddings=(cos, sin))
     return out[0] if isinstance(out, tuple) else out

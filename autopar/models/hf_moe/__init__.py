@@ -9,7 +9,10 @@ block whose ``experts`` are transformers' stacked ``gate_up_proj``/``down_proj``
 as ``hf_llama`` does (its ``ModelParts``, imported); tensor parallelism splits attention and
 the dense and shared-expert MLPs as there, and keeps the router and the experts whole on every
 tp rank; expert parallelism shards the stacked weights over the ep ranks and routes through
-the one all-to-all dispatch (``experts.py``, ``passes/expert_parallel.py``).
+the one all-to-all dispatch (``experts.py``, ``passes/expert_parallel.py``). Context
+parallelism runs the attention as ``hf_llama``'s (``hf_llama/context.py``); the routers route
+each token on its own (dropless, no load-balancing loss in the loss: ``Family.token_routing``),
+so splitting the sequence over the cp ranks leaves the routing as one process's.
 
 Refused, with the reason in ``family_of``'s error:
 
@@ -26,6 +29,7 @@ Refused, with the reason in ``family_of``'s error:
 from __future__ import annotations
 
 from autopar.models.family import Family, register
+from autopar.models.hf_llama.context import is_context_attention, use_context_attention
 from autopar.models.hf_llama.modules import is_silu, rms_norm
 from autopar.models.hf_llama.parts import HF_LLAMA_PARTS
 from autopar.models.hf_moe.experts import expert_layers
@@ -34,6 +38,7 @@ from autopar.models.hf_moe.parts import mismatch
 
 FAMILY = register(Family(name="hf-moe", parts=HF_LLAMA_PARTS, mismatch=mismatch,
                          rms_norm=rms_norm, is_silu=is_silu, init=moe_scheme,
-                         expert_layers=expert_layers))
+                         expert_layers=expert_layers, context_attention=is_context_attention,
+                         use_context_attention=use_context_attention, token_routing=True))
 
 __all__ = ["FAMILY"]

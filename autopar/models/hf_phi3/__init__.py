@@ -6,8 +6,8 @@ same arguments), so its stages run the ``hf-llama`` family's parts; and its init
 transformers' ``_init_weights`` laws, drawn one parameter at a time as ``hf-llama``'s. What is
 its own: q, k and v fused in one ``self_attn.qkv_proj`` and the MLP's gate and up in one
 ``mlp.gate_up_proj``, which a column split would cut across q/k/v (and gate/up) rather than by
-heads -- tensor parallelism is refused with that reason. Context parallelism too (no hook in its
-attention).
+heads -- tensor parallelism is refused with that reason. Context parallelism runs its attention
+as ``hf-llama``'s (``hf_llama/context.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from autopar.models.family import Family, register
+from autopar.models.hf_llama.context import is_context_attention, use_context_attention
 from autopar.models.hf_llama.init import hf_scheme
 from autopar.models.hf_llama.parts import HF_LLAMA_PARTS, root_mismatch, submodule
 
@@ -36,6 +37,7 @@ def mismatch(model: nn.Module) -> str | None:
 
 FAMILY = register(Family(
     name="hf-phi3", parts=HF_LLAMA_PARTS, mismatch=mismatch, init=hf_scheme,
+    context_attention=is_context_attention, use_context_attention=use_context_attention,
     tensor_parallel="Phi-3 fuses q, k and v in one qkv_proj and gate and up in one "
                     "gate_up_proj: a column split would cut across them, not by heads"))
 
