@@ -343,10 +343,13 @@ def _tied_weights(mesh: DeviceMesh, plan: Plan, names: list[str],
     pp = plan.config.pp
     if not names:
         return TiedWeights([], None)
-    ranks = mesh.mesh.reshape(pp, -1)
+    # init_device_mesh lays the ranks out row-major over AXES, pp outermost
+    # (passes/mesh.py): the rank at (stage, col) is stage * per_stage + col. Computed, not read
+    # from mesh.mesh, which holds no values under the dry run's fake tensors.
+    per_stage = mesh.size() // pp
     mine = None
-    for col in range(ranks.shape[1]):
-        members = sorted({int(ranks[0, col]), int(ranks[pp - 1, col])})
+    for col in range(per_stage):
+        members = sorted({col, (pp - 1) * per_stage + col})
         group = dist.new_group(members)
         if dist.get_rank() in members:
             mine = group

@@ -197,3 +197,12 @@ def test_the_fake_model_keeps_a_tied_head_one_parameter() -> None:
     with FakeTensorMode(allow_non_fake_inputs=True):
         _to_empty(model, "cpu")
     assert model.head.weight is model.tok_emb.weight and not model.head.weight.is_meta
+
+
+def test_a_pipelined_model_with_a_tied_head_dry_runs_its_last_stage() -> None:
+    # the first and last stages of a tied GPT share the embedding's gradient through a group
+    # of their ranks, found from the mesh's layout: mesh.mesh holds no values under fake tensors
+    plan = _plan("tiny-gpt", dp=2, pp=2, micro_batch=1)
+    run = autopar.dry_run(plan)
+    assert [r.pp_rank for r in run.roles] == [0, 1]
+    assert all(role.peak_bytes > 0 for role in run.roles)
