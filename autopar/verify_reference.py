@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from autopar.core.errors import AutoparError
 from autopar.core.specs import Precision
 from autopar.core.model_spec import ModelSpec
 from autopar.models import set_aux_loss_grad_scale
@@ -75,6 +77,24 @@ def _accumulate_fp32(model: torch.nn.Module, runner: torch.nn.Module, factor: fl
         p.grad = None
 
 
+def _forward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The model's logits for ``tokens``; an error inside the model's own code (a user's
+    ``FILE.py`` model run on longer sequences than its position table holds, say) is told as
+    what it is, not as a traceback out of autopar."""
+    try:
+        return logits_of(model, tokens)
+    except AutoparError:
+        raise
+    except Exception as err:  # the model's code, not autopar's
+        rows, seq = tokens.shape
+        raise AutoparError(
+            f"the model's own forward failed on a batch of {rows} x {seq} tokens: "
+            f"{type(err).__name__}: {err}", where="the one-process reference run of verify",
+            fix=f"check that the model takes sequences of {seq} tokens (a learned position "
+                f"table or a causal-mask buffer sets its longest) and pass --seq-len N; run the "
+                f"model once on such a batch yourself to see the traceback") from err
+
+
 def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
               precision: Precision | None = None, *, resample: bool = False) -> Run:
     """One process, whole model, the global batch in the ranks' micro-batches, in
@@ -128,7 +148,7 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
                      * (1.0 if scaler is None else float(scaler.get_scale())))
         set_aux_loss_grad_scale(runner, aux_scale)
         for rows in chunks:
-            loss = F.cross_entropy(logits_of(runner, tokens[rows]).float().flatten(0, 1),
+            loss = F.cross_entropy(_forward(runner, tokens[rows]).float().flatten(0, 1),
                                    targets[rows].flatten(0, 1))
             # the masters' gradient is the mean over all chunks; a low-precision copy
             # differentiates the loss as a rank does and scales it in fp32 after

@@ -92,3 +92,16 @@ def test_an_async_tp_plan_runs_eagerly_on_cpu_ranks_and_matches(capsys):
     assert main(["verify", "--model", "tiny-llama", "--tp", "2", "--sequence-parallel",
                  "--fusions", "async_tp", "--nproc", "2", "--steps", "2"]) == 0
     assert "PASSED" in capsys.readouterr().out
+
+
+def test_a_user_model_that_fails_on_the_sequence_length_is_told_not_traced(capsys):
+    """nanogpt.py holds 32 learned positions; verify's default 128 tokens make its own forward
+    fail (IndexError in its position table): exit 2 with what failed and --seq-len, not a bare
+    traceback."""
+    from pathlib import Path
+
+    model = str(Path(__file__).resolve().parents[1] / "data" / "nanogpt.py") + ":make"
+    assert main(["verify", "--model", model, "--nproc", "1", "--steps", "1"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the model's own forward failed" in err and "IndexError" in err
+    assert "--seq-len" in err
