@@ -26,10 +26,13 @@ from autopar.plan_check import PlanCheckError, check_plans
 
 SPEC = ModelSpec.zoo("tiny-gpt")
 TRAIN = TrainSpec(global_batch=8, seq_len=32)
-BIG = dict(dp=2, zero=1, micro_batch=4)     # the chosen plan: states sharded by dp only
-SMALL = dict(dp=2, zero=3, micro_batch=4)   # the runner-up: parameters sharded too
-UNRUNNABLE = dict(dp=2, zero=3, micro_batch=4,  # priced by the planner, refused by the passes
-                  fusions=("bias_dropout_add",))  # (a fusion with no kernel)
+# the chosen plan: states sharded by dp only, full checkpointing, which the memory model
+# under-predicts at this tiny size (1.408 MB predicted, 1.563 MB dry run, measured 2026-11-24;
+# the grid's full-size plans are within 3 %): room between prediction and dry run
+BIG = dict(dp=2, zero=1, micro_batch=4, checkpoint="full")
+SMALL = dict(dp=2, zero=3, micro_batch=1, checkpoint="full")   # the runner-up: fewer activations
+UNRUNNABLE = dict(dp=2, zero=3, micro_batch=4, checkpoint="full",  # priced by the planner,
+                  fusions=("bias_dropout_add",))  # refused by the passes (a fusion, no kernel)
 
 
 def _plan(cluster: ClusterSpec, **config) -> autopar.Plan:
