@@ -40,12 +40,14 @@ from plans import process_plan
 _SHAPE = {"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts_per_tok": 2,
           "max_position_embeddings": 64}
-# shared_expert_intermediate_size 128, not the hidden 64: the strategy solve keeps compute of
-# the residual stream's width whole without sequence parallelism (ops/elementwise.py), so a
-# shared expert as wide as the stream cannot take the split every tp case here forces
 QWEN2_MOE = ModelSpec.transformers_config("Qwen2MoeForCausalLM", {
     **_SHAPE, "num_experts": 4, "moe_intermediate_size": 32, "intermediate_size": 128,
     "shared_expert_intermediate_size": 128})
+# a shared expert as wide as the residual stream (hidden 64): the strategy solve tells its inner
+# product from the stream by the graph (ops/stream.py), not by the width, and splits it
+QWEN2_MOE_SHARED_AS_WIDE = ModelSpec.transformers_config("Qwen2MoeForCausalLM", {
+    **_SHAPE, "num_experts": 4, "moe_intermediate_size": 32, "intermediate_size": 128,
+    "shared_expert_intermediate_size": 64})
 MIXTRAL = ModelSpec.transformers_config("MixtralForCausalLM", {
     **_SHAPE, "num_local_experts": 4, "intermediate_size": 32})
 QWEN3_MOE = ModelSpec.transformers_config("Qwen3MoeForCausalLM", {
@@ -56,6 +58,8 @@ CASES = {
     # ep carved from dp: dp 4 x ep 2 is two groups of 2 ep ranks
     "qwen2-moe-ep2xdp4": (QWEN2_MOE, dict(dp=4, ep=2, zero=1, micro_batch=1), 8),
     "qwen2-moe-ep2xtp2": (QWEN2_MOE, dict(dp=2, ep=2, tp=2, micro_batch=1), 4),
+    "qwen2-moe-shared-as-wide-ep2xtp2": (QWEN2_MOE_SHARED_AS_WIDE,
+                                         dict(dp=2, ep=2, tp=2, micro_batch=1), 4),
     "qwen2-moe-ep2xpp2": (QWEN2_MOE, dict(dp=2, ep=2, pp=2, zero=1, micro_batch=1), 8),
     "mixtral-ep2-zero3": (MIXTRAL, dict(dp=2, ep=2, zero=3, micro_batch=1), 4),
     "qwen3-moe-ep2": (QWEN3_MOE, dict(dp=2, ep=2, micro_batch=1), 4),
