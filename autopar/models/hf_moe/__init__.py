@@ -11,12 +11,16 @@ the dense and shared-expert MLPs as there, and keeps the router and the experts 
 tp rank; expert parallelism shards the stacked weights over the ep ranks and routes through
 the one all-to-all dispatch (``experts.py``, ``passes/expert_parallel.py``).
 
+``output_router_logits`` set: the CausalLM adds ``router_aux_loss_coef *
+load_balancing_loss_func`` over all sparse layers' router logits of a forward, which
+``load_balancing.py`` gives each router as a gradient (``Family.prepare``, on the ranks and in
+``verify``'s reference); the loss reported stays the cross-entropy. It needs every layer's
+counts of a forward before its backward, so such a model plans with pp = 1 only
+(``admissibility``). Unset -- transformers' default -- the model trains on the cross-entropy
+alone.
+
 Refused, with the reason in ``family_of``'s error:
 
-* ``output_router_logits`` set: the CausalLM then adds ``load_balancing_loss_func`` over all
-  layers' router logits at once (a product of sums over layers and tokens), which no pipeline
-  stage or data-parallel rank holds alone. With it unset -- transformers' default -- the model
-  trains on the cross-entropy alone, and so do autopar's stages and ``verify``'s reference.
 * a router with jitter noise (Mixtral's ``router_jitter_noise`` > 0): random per rank.
 * experts in another layout (a list of expert MLPs as in DeepSeek-V2/Qwen2-MoE of older
   transformers, transposed or biased stacked weights, GPT-OSS), soft-capped logits, blocks with
@@ -30,10 +34,11 @@ from autopar.models.hf_llama.modules import is_silu, rms_norm
 from autopar.models.hf_llama.parts import HF_LLAMA_PARTS
 from autopar.models.hf_moe.experts import expert_layers
 from autopar.models.hf_moe.init import moe_scheme
+from autopar.models.hf_moe.load_balancing import install_load_balancing
 from autopar.models.hf_moe.parts import mismatch
 
 FAMILY = register(Family(name="hf-moe", parts=HF_LLAMA_PARTS, mismatch=mismatch,
                          rms_norm=rms_norm, is_silu=is_silu, init=moe_scheme,
-                         expert_layers=expert_layers))
+                         expert_layers=expert_layers, prepare=install_load_balancing))
 
 __all__ = ["FAMILY"]
