@@ -26,6 +26,17 @@ CONFIG = {"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 3, "num_att
           "shared_expert_intermediate_size": 64, "max_position_embeddings": 64,
           "mlp_only_layers": [1], "output_router_logits": True, "router_aux_loss_coef": 0.5}
 SPEC = ModelSpec.transformers_config("Qwen2MoeForCausalLM", CONFIG)
+_SHAPE = {k: v for k, v in CONFIG.items() if k not in ("num_experts", "moe_intermediate_size",
+                                                        "shared_expert_intermediate_size",
+                                                        "mlp_only_layers", "intermediate_size")}
+SPECS = {
+    "qwen2-moe": SPEC,
+    "qwen3-moe": ModelSpec.transformers_config("Qwen3MoeForCausalLM", {
+        **_SHAPE, "num_experts": 4, "moe_intermediate_size": 32, "intermediate_size": 128,
+        "head_dim": 16}),
+    "mixtral": ModelSpec.transformers_config("MixtralForCausalLM", {
+        **_SHAPE, "num_local_experts": 4, "intermediate_size": 32}),
+}
 GRAD_REL = 1e-5
 """fp32, one process: the hook's gradient and autograd's through transformers' loss sum the
 same terms in another order. Measured: 0 (bit for bit)."""
@@ -55,16 +66,18 @@ def _worst(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float
                for g, w in ((got[k], want[k]) for k in want))
 
 
-def test_the_router_hook_trains_transformers_load_balancing_loss():
+@pytest.mark.parametrize("name", list(SPECS))
+def test_the_router_hook_trains_transformers_load_balancing_loss(name):
     torch.set_flush_denormal(True)
-    plain = SPEC.build("cpu", seed=3)
+    spec = SPECS[name]
+    plain = spec.build("cpu", seed=3)
     hooked = copy.deepcopy(plain)
     prepare_training(hooked)
     want = _grads(plain, _transformers_loss)
     got = _grads(hooked, _cross_entropy)  # the aux loss's gradient comes from the hooks
     assert _worst(got, want) <= GRAD_REL
     # and it matters: the cross-entropy alone moves the routers otherwise
-    alone = _grads(SPEC.build("cpu", seed=3), _cross_entropy)
+    alone = _grads(spec.build("cpu", seed=3), _cross_entropy)
     router = "model.layers.0.mlp.gate.weight"
     assert ((alone[router] - want[router]).abs().max() / want[router].abs().max()) > 100 * GRAD_REL
 
