@@ -96,6 +96,10 @@ class ModelFacts:
     """Why the passes cannot split this model by tensor parallelism (its family's
     ``Family.tensor_parallel``, or no family describing it); ``None`` where they can, or where
     only a traced graph is known."""
+    cross_stage_loss: str | None = None
+    """Why the model's loss needs every block of a forward before its backward, so that it
+    runs in one pipeline stage: transformers' load-balancing loss over all routers
+    (``output_router_logits``, ``models/hf_moe/load_balancing.py``); ``None``: it does not."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,7 @@ def facts_of(model: object) -> ModelFacts:
     (found["context_attention"], found["context_refused"], found["token_routing"],
      found["unsplittable"], found["unsplittable_tp"]) = _family_facts(model)
     found["attention_core_hook"] = any(hasattr(m, ATTENTION_CORE_HOOK) for m in model.modules())
+    found["cross_stage_loss"] = _cross_stage_loss(config)
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), **found)
 
@@ -174,6 +179,14 @@ def _family_facts(model: object) -> tuple[bool, str | None, bool, str | None, st
                     for m in model.modules())  # type: ignore[attr-defined]
     refused = family.context_problem(model) if attention else None  # type: ignore[arg-type]
     return attention, refused, family.token_routing, None, family.tensor_parallel
+
+
+def _cross_stage_loss(config: object) -> str | None:
+    coef = getattr(config, "router_aux_loss_coef", 0.0)
+    if getattr(config, "output_router_logits", False) is True and coef:
+        return (f"output_router_logits: the load-balancing loss (coefficient {coef:g}) counts "
+                "every layer's routing of a forward before any layer's backward")
+    return None
 
 
 def vocab_of(model: object) -> int | None:
@@ -233,6 +246,12 @@ def stages_problem(facts: ModelFacts, pp: int, chunks: int) -> Problem | None:
                        f"({facts.unsplittable})", "pp",
                        "use pp=1 for this model, or register a Family describing its layout "
                        "(a folder under autopar/models/)")
+    if pp > 1 and facts.cross_stage_loss is not None:
+        return Problem(f"pp={pp}: the model's loss spans every pipeline stage "
+                       f"({facts.cross_stage_loss})", "pp",
+                       "use pp=1 for this model (dp, ZeRO, tp, ep and checkpointing run), or "
+                       "set output_router_logits to false (--model-arg "
+                       "output_router_logits=false) to train on the cross-entropy alone")
     if pp > 1 and facts.num_blocks < 2:
         return Problem(f"pp={pp}: the model has {facts.num_blocks} repeated block(s) to cut "
                        "into pipeline stages", "pp", "use pp=1 for this model")
@@ -280,11 +299,12 @@ def context_parallel_problem(facts: ModelFacts, seq_len: int, cp: int) -> Proble
                        "Family.context_attention)", "cp",
                        "use cp=1, or SDPA attention of a family with the hook")
     if facts.context_refused is not None:
-        return Problem(f"cp={cp}: the passes cannot run this model's attention "
-                       f"context-parallel ({facts.context_refused})", "cp",
-                       "use cp=1 for this model, or write its attention as causal "
-                       "F.scaled_dot_product_attention(q, k, v, is_causal=True) with no mask "
-                       "and its positions as torch.arange(sequence length)")
+        return Problem(f"cp={cp}: the passes cannot run this model context-parallel "
+                       f"({facts.context_refused})", "cp",
+                       "use cp=1 for this model, or change what the reason names (a FILE.py "
+                       "model: its attention as causal F.scaled_dot_product_attention(q, k, v, "
+                       "is_causal=True) with no mask, its positions as torch.arange(sequence "
+                       "length))")
     if facts.num_experts and not facts.token_routing:
         return Problem(f"cp={cp} with a mixture of experts: its routing capacity and its "
                        "load-balancing loss are computed over the tokens of a call, which "

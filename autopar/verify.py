@@ -29,6 +29,7 @@ from autopar.core.model_spec import ModelSpec
 from autopar.passes.mesh import executable_spec
 from autopar.core.plan import Plan
 from autopar.training import OPTIMIZER
+from autopar.verify_dropout import without_dropout
 from autopar.verify_measures import (
     TOLERANCES,
     Diff,
@@ -130,10 +131,11 @@ def verify(spec: ModelSpec | None, plan: Plan, *, steps: int = 3, seed: int = 0,
     compare (see the module docstring). ``spec`` defaults to the model the plan records
     (``Plan.spec_for``). Everything that can be checked is checked before a process starts:
     the model builds and the plan is admissible for it and executable
-    (``passes.mesh.check_executable``)."""
+    (``passes.mesh.check_executable``). Both sides run with the model's dropout switched off
+    (``autopar.verify_dropout``; the result lists what was)."""
     if steps < 1:
         raise AutoparError(f"steps={steps}", where="--steps", fix="run at least one step")
-    spec = executable_spec(plan, spec)
+    spec, dropout_off = without_dropout(executable_spec(plan, spec))
     nproc = plan.config.world_size
     start = time.monotonic()
     keep = folder is not None
@@ -172,4 +174,5 @@ def verify(spec: ModelSpec | None, plan: Plan, *, steps: int = 3, seed: int = 0,
         losses=losses, loss=loss, grads=grad, params=param, tolerance=TOLERANCES[precision],
         wall_s=time.monotonic() - start, missing=sorted(set(refs[0].params) - set(params)),
         ep_busiest_share=max((r["ep_busiest_share"] for r in ranks
-                              if r.get("ep_busiest_share") is not None), default=None))
+                              if r.get("ep_busiest_share") is not None), default=None),
+        dropout_off=dropout_off)

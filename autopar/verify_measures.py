@@ -197,6 +197,8 @@ class VerifyResult:
     """Expert parallelism: the busiest ep rank's share of its group's routed assignments over
     the run (``passes.expert_parallel.ep_load``; 1/ep is a perfect balance). Times ep it is the
     measured load imbalance, ``costmodel/efficiency.py``'s ``moe_load_imbalance``."""
+    dropout_off: dict[str, float] = field(default_factory=dict)
+    """The model's dropout probabilities both sides ran at 0 instead (``verify_dropout``)."""
 
     @property
     def passed(self) -> bool:
@@ -221,6 +223,11 @@ class VerifyResult:
             t.add_row(label, f"{d.max_abs:.3e}", tol.measure(quantity).value, f"{d.measure:.3e}",
                       f"{bound:.0e}", d.where, "yes" if d.measure <= bound else "NO")
         console.print(t)
+        if self.dropout_off:
+            fields = ", ".join(f"{k}={v:g}" for k, v in self.dropout_off.items())
+            console.print(f"dropout off on both sides ({fields} set to 0): a sharded run and "
+                          "one process draw different random masks, so the program is compared "
+                          "without them; the plan trains with the model's dropout")
         steps = "  ".join(f"{r:.6f}/{s:.6f}" for r, s in zip(self.reference_losses, self.losses))
         console.print(f"losses (reference/sharded): {steps}")
         if self.ep_busiest_share is not None:

@@ -21,7 +21,7 @@ from torch import nn
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Precision
 from autopar.core.model_spec import ModelSpec
-from autopar.models import set_aux_loss_grad_scale
+from autopar.models import prepare_training, set_aux_loss_grad_scale
 from autopar.passes.data_parallel import COMPUTE_DTYPE
 from autopar.core.plan import Plan
 from autopar.training import (
@@ -118,6 +118,7 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
     torch.set_flush_denormal(True)
     precision = plan.train.precision if precision is None else precision
     model = spec.build("cpu", seed)
+    prepare_training(model)  # as ``autopar.parallelize`` does on the ranks
     train = plan.train
     if precision is Precision.BF16_PURE:
         model = model.to(torch.bfloat16)

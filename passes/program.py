@@ -46,7 +46,7 @@ from autopar.core.errors import AutoparError
 from autopar.core.specs import Precision
 from autopar.core.plan import Plan
 from autopar.passes.context_parallel import apply_context_parallel, chunk_positions, sequence_shard
-from autopar.models import set_aux_loss_grad_scale
+from autopar.models import prepare_training, set_aux_loss_grad_scale
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
 from autopar.passes.expert_parallel import apply_expert_parallel, expert_dp_mesh, expert_mesh
 from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions, keep_fused_head_gathered
@@ -249,6 +249,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     _move(model, device, dtype)
     if parts is None:  # no family describes it: the admissibility check has kept pp = tp = 1
         return _whole_model_program(model, plan, mesh, device)
+    prepare_training(model)  # the family's training-only hooks (hf-moe's load-balancing loss)
     cp, cp_rank = plan.config.cp, mesh.get_local_rank(MeshAxis.CP.value)
     if cp > 1:  # before the fusions, whose graphs then keep the attention's call to it
         apply_context_parallel(model, model_family(model), plan,

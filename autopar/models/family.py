@@ -117,6 +117,12 @@ class Family:
     the one-process build; ``None``: the model initialises itself (``init_weights()``), and a
     sharded build builds it whole once."""
 
+    prepare: Callable[[nn.Module], None] | None = None
+    """model -> None: what the family installs on a built model before it trains, on the ranks
+    (``autopar.parallelize``) and in ``verify``'s one-process reference alike
+    (``prepare_training``): ``hf-moe``'s load-balancing loss under ``output_router_logits``.
+    ``None``: nothing."""
+
     describe: Callable[[nn.Module], ModelParts] | None = None
     """model -> its parts, for a family whose layout differs from model to model (the generic
     decoder family reads it off the module tree and the traced forward); called once its
@@ -253,6 +259,16 @@ def family_of(model: nn.Module) -> Family:
             "...) -> final norm and head (the generic decoder family), use a built-in model or "
             "a transformers causal LM of a registered family, or register a Family for it (a "
             "folder under autopar/models/); pp = 1 plans run without it")
+
+
+def prepare_training(model: nn.Module) -> None:
+    """Its family's ``Family.prepare`` on ``model``; nothing for a model of no family."""
+    try:
+        family = family_of(model)
+    except AutoparError:
+        return
+    if family.prepare is not None:
+        family.prepare(model)
 
 
 def config_family(config: object) -> Family | None:

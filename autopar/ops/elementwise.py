@@ -21,13 +21,13 @@ from autopar.ops.rules import RuleContext, follow, seq
 def elementwise_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     """Elementwise ops and views keep any split (a view keeps the heads/width split because the
     space only lets tp divide the heads). Without sequence parallelism, compute on the residual
-    stream (its width, not a view) stays whole: splitting it by width would be sequence
-    parallelism under another name (a reduce-scatter and an all-gather around the norms) and
-    would cut fused bias-dropout-add kernels across a layout change."""
+    stream (``ops.stream.residual_stream``: the graph's path from the layer's input to its
+    output around the weight GEMMs, not a view) stays whole: splitting it by width would be
+    sequence parallelism under another name (a reduce-scatter and an all-gather around the
+    norms) and would cut fused bias-dropout-add kernels across a layout change. An MLP's inner
+    tensors are not the stream even when as wide as it."""
     view = node.op == VIEW
-    stream = (not ctx.sequence_parallel and not view and node.out is not None
-              and len(node.out.shape) <= 3 and ctx.stream_width is not None
-              and node.out.shape[-1] == ctx.stream_width)
+    stream = not ctx.sequence_parallel and not view and node.name in ctx.stream
     # a view (expand included) has one activation input and keeps its split dim: it has no
     # small operand to broadcast, though expand's output has more elements than its input
     return follow(node, ctx, [Layout.R, *([] if stream else [Layout.S]), *seq(ctx)],

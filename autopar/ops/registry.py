@@ -271,11 +271,11 @@ def rule_of(node: NodeInfo) -> Rule | None:
 
 
 def strategies_for(node: NodeInfo, graph: GraphIR, sequence_parallel: bool,
-                   stream_width: int | None = None, tp: int = 1,
+                   stream: frozenset[str] = frozenset(), tp: int = 1,
                    forced: frozenset[str] = frozenset()) -> list[Strategy]:
     """The candidate strategies of ``node``; an op without a rule (``has_rule``) gets the one
     replicated strategy."""
     ctx = RuleContext(graph, tuple(i for i in node.inputs if graph.has_node(i)),
-                      sequence_parallel, stream_width, tp, forced)
+                      sequence_parallel, stream, tp, forced)
     fn = rule_of(node)
     return [replicated(node, ctx)] if fn is None else fn(node, ctx)

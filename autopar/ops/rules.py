@@ -27,8 +27,8 @@ class RuleContext:
     activation_inputs: tuple[str, ...]
     """The node's inputs that are activations produced by graph nodes."""
     sequence_parallel: bool
-    stream_width: int | None = None
-    """Last dim of the residual stream (the layer's input), if known."""
+    stream: frozenset[str] = frozenset()
+    """The layer's nodes on the residual stream (``ops.stream.residual_stream``)."""
     tp: int = 1
     """The tensor-parallel degree: a split is offered only where it divides the weight
     (``autopar.core.layout.splittable``)."""

@@ -28,6 +28,7 @@ from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, TP
 from autopar.graph import GraphIR, NodeInfo
 from autopar.ops import kept_by_matmuls, strategies_for
 from autopar.ops.loss import LOSS_PARALLEL_TRANSIENT_BYTES
+from autopar.ops.stream import residual_stream
 from autopar.search.backward_walk import backward_moments, saved_as_held
 from autopar.search.ilp_types import BlockProblem, Edge, StrategyTable
 from autopar.search.reshard import conversion
@@ -116,7 +117,8 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
                      if i not in names and graph.has_node(i) and graph.node(i).out is not None
                      and graph.node(i).out.dtype.is_floating_point), None)
     stream_in = None
-    width = graph.node(external).out.shape[-1] if external is not None else None  # type: ignore[union-attr]
+    leaving = output_tensor if output_tensor in names | {external} else real[-1].name
+    stream = residual_stream(graph, real, external, leaving)
     if external is not None:
         if input_layout is not None:
             ops.append(_pinned("source", input_layout))
@@ -131,7 +133,7 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
             if i in index:
                 producers.append(index[i])
                 tensors.append(i)
-        strategies = strategies_for(n, graph, sp, width, tp, forced)
+        strategies = strategies_for(n, graph, sp, stream, tp, forced)
         if fixed and n.name in fixed:
             strategies = [st for st in strategies if st.name == fixed[n.name]] or strategies
         # rules see every graph-node input; keep the layouts of the ones inside this layer
@@ -142,7 +144,6 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
         if readers.get(n.name, 0) > 1:
             ops.append(_fork(f"fork:{n.name}", index[n.name], n.name, sp))
             index[n.name] = len(ops) - 1
-    leaving = output_tensor if output_tensor in index else real[-1].name
     output = index[leaving]
     if output_layout is not None:
         ops.append(_pinned("sink", output_layout, output, leaving))

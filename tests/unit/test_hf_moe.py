@@ -52,8 +52,6 @@ def test_a_dense_llama_stays_hf_llama():
 
 
 @pytest.mark.parametrize("arch,config,reason", [
-    ("Qwen2MoeForCausalLM", {**QWEN2_MOE, "output_router_logits": True},
-     "output_router_logits"),
     ("MixtralForCausalLM", {**MIXTRAL, "router_jitter_noise": 0.1}, "jitter"),
 ])
 def test_configs_the_stages_cannot_train_as_one_process_are_refused(arch, config, reason):

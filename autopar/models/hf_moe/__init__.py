@@ -14,12 +14,16 @@ parallelism runs the attention as ``hf_llama``'s (``hf_llama/context.py``); the 
 each token on its own (dropless, no load-balancing loss in the loss: ``Family.token_routing``),
 so splitting the sequence over the cp ranks leaves the routing as one process's.
 
+``output_router_logits`` set: the CausalLM adds ``router_aux_loss_coef *
+load_balancing_loss_func`` over all sparse layers' router logits of a forward, which
+``load_balancing.py`` gives each router as a gradient (``Family.prepare``, on the ranks and in
+``verify``'s reference); the loss reported stays the cross-entropy. It needs every layer's
+counts of a forward before its backward, so such a model plans with pp = 1 only
+(``admissibility``). Unset -- transformers' default -- the model trains on the cross-entropy
+alone.
+
 Refused, with the reason in ``family_of``'s error:
 
-* ``output_router_logits`` set: the CausalLM then adds ``load_balancing_loss_func`` over all
-  layers' router logits at once (a product of sums over layers and tokens), which no pipeline
-  stage or data-parallel rank holds alone. With it unset -- transformers' default -- the model
-  trains on the cross-entropy alone, and so do autopar's stages and ``verify``'s reference.
 * a router with jitter noise (Mixtral's ``router_jitter_noise`` > 0): random per rank.
 * experts in another layout (a list of expert MLPs as in DeepSeek-V2/Qwen2-MoE of older
   transformers, transposed or biased stacked weights, GPT-OSS), soft-capped logits, blocks with
@@ -34,11 +38,14 @@ from autopar.models.hf_llama.modules import is_silu, rms_norm
 from autopar.models.hf_llama.parts import HF_LLAMA_PARTS
 from autopar.models.hf_moe.experts import expert_layers
 from autopar.models.hf_moe.init import moe_scheme
+from autopar.models.hf_moe.load_balancing import install_load_balancing, router_loss_problem
 from autopar.models.hf_moe.parts import mismatch
 
 FAMILY = register(Family(name="hf-moe", parts=HF_LLAMA_PARTS, mismatch=mismatch,
                          rms_norm=rms_norm, is_silu=is_silu, init=moe_scheme,
                          expert_layers=expert_layers, context_attention=is_context_attention,
-                         use_context_attention=use_context_attention, token_routing=True))
+                         use_context_attention=use_context_attention,
+                         context_problem=router_loss_problem, token_routing=True,
+                         prepare=install_load_balancing))
 
 __all__ = ["FAMILY"]

@@ -48,10 +48,6 @@ def mismatch(model: nn.Module) -> str | None:
     if why is not None:
         return why
     config = getattr(model, "config", None)
-    if getattr(config, "output_router_logits", False):
-        return ("its config sets output_router_logits, so its loss adds the load-balancing "
-                "loss over every layer's router logits together, which pipeline stages and "
-                "data-parallel ranks do not see together")
     if getattr(config, "router_jitter_noise", 0):
         return "its router multiplies its input by random jitter noise while training"
     sparse = 0
