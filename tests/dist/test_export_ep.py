@@ -8,6 +8,10 @@ each rank, FSDP2 only). Both run the global batch of 8 as 8 calls of one sequenc
 call routes and drops the same tokens under both plans (the capacity depends on the tokens of
 the call): B's losses after resuming A's step-2 checkpoint must be A's. Success is judged by
 the files the ranks write, as in ``test_export.py``.
+
+The same for a transformers MoE (Qwen2-MoE, the ``hf-moe`` family: stacked experts sharded the
+same way, the all-to-all dispatch of ``models/expert_layers.py``): its layers are dropless, so
+every plan computes the same tokens per expert.
 """
 
 from __future__ import annotations
@@ -30,10 +34,21 @@ LOSS_REL = 1e-5
 """fp32: the plans reduce in different orders; ``test_export.py`` explains the bound."""
 
 
-def test_ep_plan_trains_and_resumes_under_dp_pp_with_the_same_losses(tmp_path):
-    spec = ModelSpec("tiny-moe")
+def _qwen2_moe() -> ModelSpec:
+    pytest.importorskip("transformers")
+    return ModelSpec.transformers_config("Qwen2MoeForCausalLM", {
+        "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "intermediate_size": 128,
+        "shared_expert_intermediate_size": 64, "max_position_embeddings": 64})
+
+
+@pytest.mark.parametrize("make_spec", [lambda: ModelSpec("tiny-moe"), _qwen2_moe],
+                         ids=["tiny-moe", "qwen2-moe"])
+def test_ep_plan_trains_and_resumes_under_dp_pp_with_the_same_losses(tmp_path, make_spec):
+    spec = make_spec()
     model = spec.build("meta")
-    plans = {k: autopar.plan_for(model, process_cluster(4), TRAIN, c, name="tiny-moe")
+    plans = {k: autopar.plan_for(model, process_cluster(4), TRAIN, c, name=spec.label)
              for k, c in (("a", PLAN_A), ("b", PLAN_B))}
     folders = {k: p.export(tmp_path / k, spec) for k, p in plans.items()}
     log_a, log_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
