@@ -107,8 +107,7 @@ def test_a_pipelined_last_stage_holds_the_logits_not_what_the_loss_kept_in_its_b
     # schedule's stage_backward still holds the stage's output, the logits
     acts = StageActivations(in_flight=1, kept=1.5e9, working=0.1e9, block_working=0.2e9,
                             loss_kept=1e9, loss_in_flight=1, stage_output=0.25e9)
-    name, b = stage_peak(SMALL_ROOT, acts, Precision.BF16, Optimizer.ADAMW, zero=3,
-                         pipelined=True, microbatches=8, holds_embedding=False, holds_loss=True)
+    name, b = _peak(SMALL_ROOT, acts, zero=3, pipelined=True, m=8, embedding=False)
     assert name == "blocks' backward"
     assert b["activations"] == pytest.approx(0.5e9 + 0.25e9 + 0.2e9)
 
@@ -117,8 +116,7 @@ def test_gpipe_keeps_what_the_loss_kept_for_the_microbatches_whose_backward_is_s
 ) -> None:
     acts = StageActivations(in_flight=4, kept=1.5e9, working=0.1e9, block_working=0.2e9,
                             loss_kept=1e9, loss_in_flight=4, stage_output=0.25e9)
-    name, b = stage_peak(SMALL_ROOT, acts, Precision.BF16, Optimizer.ADAMW, zero=1,
-                         pipelined=True, microbatches=4, holds_embedding=False, holds_loss=True)
+    name, b = _peak(SMALL_ROOT, acts, zero=1, pipelined=True, m=4, embedding=False)
     # the second micro-batch's blocks' backward (beside the first's gradients): the two still
     # to come hold all they kept, the running one its blocks' activations and the logits
     assert name == "blocks' backward"
@@ -128,7 +126,6 @@ def test_gpipe_keeps_what_the_loss_kept_for_the_microbatches_whose_backward_is_s
 def test_without_pipelining_nothing_of_the_loss_is_held_in_the_blocks_backward() -> None:
     acts = StageActivations(in_flight=1, kept=1.5e9, working=0.1e9, block_working=0.2e9,
                             loss_kept=1e9, loss_in_flight=1)
-    name, b = stage_peak(SMALL_ROOT, acts, Precision.BF16, Optimizer.ADAMW, zero=2,
-                         pipelined=False, microbatches=1, holds_embedding=False, holds_loss=True)
+    name, b = _peak(SMALL_ROOT, acts, zero=2, m=1, embedding=False)
     assert name == "blocks' backward"
     assert b["activations"] == pytest.approx(0.5e9 + 0.2e9)
