@@ -143,6 +143,7 @@ def facts_of(model: object) -> ModelFacts:
 
     from autopar.models.family import ATTENTION_CORE_HOOK
     from autopar.models.blocks import find_block_group
+    from autopar.models.hf_moe.load_balancing import router_loss_reason
 
     config = getattr(model, "config", None)
     found = {key: config_value(config, key) for key in _CONFIG_FIELDS}
@@ -155,7 +156,7 @@ def facts_of(model: object) -> ModelFacts:
     (found["context_attention"], found["context_refused"], found["token_routing"],
      found["unsplittable"], found["unsplittable_tp"]) = _family_facts(model)
     found["attention_core_hook"] = any(hasattr(m, ATTENTION_CORE_HOOK) for m in model.modules())
-    found["cross_stage_loss"] = _cross_stage_loss(config)
+    found["cross_stage_loss"] = router_loss_reason(config)
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), **found)
 
@@ -180,13 +181,6 @@ def _family_facts(model: object) -> tuple[bool, str | None, bool, str | None, st
     refused = family.context_problem(model) if attention else None  # type: ignore[arg-type]
     return attention, refused, family.token_routing, None, family.tensor_parallel
 
-
-def _cross_stage_loss(config: object) -> str | None:
-    coef = getattr(config, "router_aux_loss_coef", 0.0)
-    if getattr(config, "output_router_logits", False) is True and coef:
-        return (f"output_router_logits: the load-balancing loss (coefficient {coef:g}) counts "
-                "every layer's routing of a forward before any layer's backward")
-    return None
 
 
 def vocab_of(model: object) -> int | None:

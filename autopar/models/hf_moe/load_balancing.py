@@ -81,17 +81,24 @@ class _RouterHook:
         return logits, weights, indices
 
 
-def router_loss_problem(model: nn.Module) -> str | None:
-    """Why context parallelism cannot run ``model`` (``Family.context_problem``): with
-    ``output_router_logits`` set, the counts ``A`` and rows ``N`` are a whole micro-batch's,
-    which no cp rank holds (each routes its chunks of the sequence); ``None`` when unset."""
-    config = getattr(model, "config", None)
-    if getattr(config, "output_router_logits", False) is True and \
-            getattr(config, "router_aux_loss_coef", 0.0):
-        return ("output_router_logits: the load-balancing loss counts the routing of a whole "
-                "micro-batch's tokens, and each context-parallel rank routes only its chunks "
-                "of the sequence")
+def router_loss_reason(config: object) -> str | None:
+    """Why a model of ``config`` trains on a loss no pipeline stage and no context-parallel
+    rank holds alone: with ``output_router_logits`` set (and a coefficient), the counts ``A``
+    and rows ``N`` are every layer's over every token of a micro-batch's forward, needed
+    before any layer's backward; ``None`` when unset. The one test of that setting, for the
+    pp rule (``admissibility``'s ``cross_stage_loss``) and for cp (``router_loss_problem``)."""
+    coef = getattr(config, "router_aux_loss_coef", 0.0)
+    if getattr(config, "output_router_logits", False) is True and coef:
+        return (f"output_router_logits: the load-balancing loss (coefficient {coef:g}) counts "
+                "the routing of every layer and every token of a micro-batch's forward before "
+                "any layer's backward")
     return None
+
+
+def router_loss_problem(model: nn.Module) -> str | None:
+    """Why context parallelism cannot run ``model`` (``Family.context_problem``): each cp rank
+    routes only its chunks of the sequence (``router_loss_reason``)."""
+    return router_loss_reason(getattr(model, "config", None))
 
 
 def install_load_balancing(model: nn.Module) -> None:
