@@ -36,6 +36,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autopar.core.errors import AutoparError, read_json
 from autopar.core.estimate import Estimate
@@ -45,6 +46,9 @@ from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import (DEFAULT_EFFICIENCY, FITTABLE, Efficiency,
                                           calibration_dict)
 from autopar.costmodel.profile import Profile
+
+if TYPE_CHECKING:
+    from autopar.validation import RecomputeCheck
 
 BOUNDS = (0.05, 1.0)
 """Every fitted constant is a fraction of a peak: searched in [0.05, 1]."""
@@ -245,15 +249,18 @@ def _published_run(row: dict) -> MeasuredRun:
 def recompute_runs(row: dict) -> list[MeasuredRun]:
     """A row of Korthikanti et al.'s Table 5 as its two measured runs: full recomputation, and
     sequence parallelism with selective recomputation (one pricing of both per ``Efficiency``)."""
-    from autopar.validation import check_recompute_row
+    from autopar.tracing import trace
+    from autopar.validation import check_recompute_row, megatron_inputs
 
+    model, _, train = megatron_inputs(row)
+    graph = trace(model, train)  # once: the fit prices the row under many Efficiency values
     name = (f"Korthikanti {row['params_billion']}B, {row['num_gpus']} GPUs, "
             f"tp{row['tensor_parallel_size']} pp{row['pipeline_parallel_size']}")
-    checks: dict[Efficiency, object] = {}
+    checks: dict[Efficiency, RecomputeCheck] = {}
 
-    def check(eff: Efficiency):
+    def check(eff: Efficiency) -> RecomputeCheck:
         if eff not in checks:
-            checks[eff] = check_recompute_row(row, efficiency=eff)
+            checks[eff] = check_recompute_row(row, efficiency=eff, graph=graph)
         return checks[eff]
 
     return [MeasuredRun(f"{name}, full recompute", row["iteration_s_full_recompute"], None,

@@ -144,11 +144,13 @@ class RecomputeCheck:
 
 
 def check_recompute_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
-                        efficiency: Efficiency = DEFAULT_EFFICIENCY) -> RecomputeCheck:
+                        efficiency: Efficiency = DEFAULT_EFFICIENCY,
+                        graph: GraphIR | None = None) -> RecomputeCheck:
     """A row of ``tests/data/korthikanti_table5.json`` (the model, tp, pp and micro-batch of
     its Table 3; Megatron's fused kernels; the interleaved schedule with the row's
     ``virtual_stages`` model chunks where its section 6 names one, else 1F1B) priced under full
-    recomputation and under selective recomputation with sequence parallelism."""
+    recomputation and under selective recomputation with sequence parallelism; ``graph`` as
+    for ``check_megatron_row``."""
     from autopar.costmodel.compute import Split
     from autopar.costmodel.memory import activation_bytes_per_element, saved_bytes
     from autopar.core.specs import Checkpoint, Schedule
@@ -157,7 +159,7 @@ def check_recompute_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
     chunks = row.get("virtual_stages", 1)
     schedule = Schedule.INTERLEAVED if chunks > 1 else Schedule.ONE_F_ONE_B
     model, cluster, train = megatron_inputs(row, cluster_preset)
-    graph = trace(model, train)
+    graph = graph if graph is not None else trace(model, train)
     strategies = strategies_of(graph, facts_of(model), graph.model_name, cluster, train,
                                efficiency=efficiency, fusions=MEGATRON_FUSIONS)
     priced = {}
