@@ -56,6 +56,7 @@ from autopar.core.plan import Plan
 from autopar.core.specs import Precision
 from autopar.gpu_kernels import gpu_saved_tensors
 from autopar.memory_account import KINDS, MemoryAccount
+from autopar.models.init import tied_groups
 
 ProgressFn = Callable[[int, int, str], None]
 """(roles done, roles in all, what runs now)."""
@@ -421,16 +422,12 @@ def _to_empty(model: torch.nn.Module, device: str) -> None:
     # weight two modules share (GPT's tied head) and make the dry run hold it twice; the real
     # run keeps it one (``passes/materialize.py``), so the sharers get the first's again
     # (swapping in place, ``keeping_parameters``, is refused for fake tensors)
-    shared: dict[int, list[tuple[torch.nn.Module, str]]] = {}
-    for module in model.modules():
-        for name, p in module._parameters.items():
-            if p is not None:
-                shared.setdefault(id(p), []).append((module, name))
+    tied = tied_groups(model)
     model._apply(empty)
-    for holders in shared.values():
-        first, name = holders[0]
-        for module, other in holders[1:]:
-            module._parameters[other] = first._parameters[name]
+    for first, *others in tied:
+        for name in others:
+            owner, _, leaf = name.rpartition(".")
+            model.get_submodule(owner)._parameters[leaf] = model.get_parameter(first)
 
 
 def _shape_finder(micro: torch.Tensor, shapes: dict[str, torch.Tensor]):

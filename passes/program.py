@@ -47,6 +47,7 @@ from autopar.core.specs import Precision
 from autopar.core.plan import Plan
 from autopar.passes.context_parallel import apply_context_parallel, chunk_positions, sequence_shard
 from autopar.models import prepare_training, set_aux_loss_grad_scale
+from autopar.models.init import tied_groups
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
 from autopar.passes.expert_parallel import apply_expert_parallel, expert_dp_mesh, expert_mesh
 from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions, keep_fused_head_gathered
@@ -330,10 +331,7 @@ def _tied_across_stages(model: nn.Module, plan: Plan) -> list[str]:
     head), when pipelining may put them on different stages."""
     if plan.config.pp == 1:
         return []
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-    return [n for group in names.values() if len(group) > 1 for n in group]
+    return [n for group in tied_groups(model) for n in group]
 
 
 def _tied_weights(mesh: DeviceMesh, plan: Plan, names: list[str],
