@@ -42,7 +42,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autopar.core.errors import AutoparError
 from autopar.core.layout import ENGINE_STYLES, SPLITS, Style, splittable
@@ -96,6 +96,11 @@ class ModelFacts:
     """Why the passes cannot split this model by tensor parallelism (its family's
     ``Family.tensor_parallel``, or no family describing it); ``None`` where they can, or where
     only a traced graph is known."""
+    tensor_layout: Any = None
+    """How the model's blocks split under tensor parallelism where its family reads that off
+    its code (``Family.tensor_layout``: a generic decoder's ``ModelLayout``), whose
+    ``problem(styles, tp)`` ``layer_problems`` asks; ``None``: the plan's styles apply as
+    they are."""
     cross_stage_loss: str | None = None
     """Why the model's loss needs every block of a forward before its backward, so that it
     runs in one pipeline stage: transformers' load-balancing loss over all routers
@@ -154,32 +159,41 @@ def facts_of(model: object) -> ModelFacts:
     group = find_block_group(model)
     found["vocab_size"] = vocab_of(model)
     (found["context_attention"], found["context_refused"], found["token_routing"],
-     found["unsplittable"], found["unsplittable_tp"]) = _family_facts(model)
+     found["unsplittable"], found["unsplittable_tp"], layout) = _family_facts(model)
+    if layout is not None and layout.heads is not None and found["num_heads"] is None:
+        found["num_heads"], found["num_kv_heads"] = layout.heads
     found["attention_core_hook"] = any(hasattr(m, ATTENTION_CORE_HOOK) for m in model.modules())
     found["cross_stage_loss"] = router_loss_reason(config)
     return ModelFacts(num_blocks=group.count if group is not None else 0,
-                      layers=layers_of(model), **found)
+                      layers=layers_of(model), tensor_layout=layout, **found)
 
 
-def _family_facts(model: object) -> tuple[bool, str | None, bool, str | None, str | None]:
+def _family_facts(model: object
+                  ) -> tuple[bool, str | None, bool, str | None, str | None, Any]:
     """(whether the passes can run ``model`` context-parallel: its family names attention
     modules of it that take the hook; why they cannot although it does: the family's
     ``context_problem``; whether its routers route each token on its own: the family's
     ``token_routing``; why the passes cannot cut it into pipeline stages: ``None`` for a model
     of a registered family, else each family's reason; why they cannot split it by tensor
-    parallelism: its family's ``tensor_parallel``, or the first reason for a model of no
-    family)."""
+    parallelism: its family's ``tensor_parallel`` or the reason its ``tensor_layout`` gives, or
+    the first reason for a model of no family; the layout its ``tensor_layout`` reads, or
+    ``None``)."""
     from autopar.models.family import family_of
 
     try:
         family = family_of(model)  # type: ignore[arg-type]
     except AutoparError as err:
         return False, None, False, err.what, ("no model family describes where its attention "
-                                              f"and MLP are ({err.what})")
+                                              f"and MLP are ({err.what})"), None
     attention = any(family.context_attention(m)
                     for m in model.modules())  # type: ignore[attr-defined]
     refused = family.context_problem(model) if attention else None  # type: ignore[arg-type]
-    return attention, refused, family.token_routing, None, family.tensor_parallel
+    tp_refused, layout = family.tensor_parallel, None
+    if family.tensor_layout is not None:
+        layout = family.tensor_layout(model)  # type: ignore[arg-type]
+        if isinstance(layout, str):
+            tp_refused, layout = layout, None
+    return attention, refused, family.token_routing, None, tp_refused, layout
 
 
 
@@ -455,7 +469,24 @@ def plan_problems(facts: ModelFacts, plan: Plan) -> list[Problem]:
             f"the plan places {sum(plan.stage_blocks)} blocks in its pipeline stages, the model "
             f"has {facts.num_blocks}", "plan.stage_blocks",
             "verify or export with the model the plan was made for, or re-plan this model"))
-    return found + layer_problems(facts, plan.module_strategies, plan.config.tp)
+    found += layer_problems(facts, plan.module_strategies, plan.config.tp)
+    if facts.tensor_layout is not None and plan.config.tp > 1 and not found:
+        why = facts.tensor_layout.problem(block_styles(plan.module_strategies,
+                                                       facts.tensor_layout.blocks),
+                                          plan.config.tp)
+        if why is not None:
+            found.append(Problem(f"the plan's tensor-parallel splits cannot run in this "
+                                 f"model's blocks ({why})", "plan.module_strategies",
+                                 "re-plan this model (autopar plan / plan_for), or use tp=1"))
+    return found
+
+
+def block_styles(module_strategies: tuple[tuple[str, str], ...], blocks: str
+                 ) -> dict[str, str]:
+    """The plan's style of each module of a block, by its path in the block (the plan names
+    them ``<blocks>.*.<path>``)."""
+    prefix = f"{blocks}.*."
+    return {p[len(prefix):]: s for p, s in module_strategies if p.startswith(prefix)}
 
 
 def check_plan(facts: ModelFacts, plan: Plan) -> None:

@@ -39,6 +39,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -78,6 +80,18 @@ def wants_fsdp(plan: Plan) -> bool:
             or plan.train.precision in COMPUTE_DTYPE)
 
 
+def dp_placement(param: nn.Parameter) -> Shard | None:
+    """FSDP2's shard of ``param`` along dp: dim 1 for a fused projection's weight whose sections
+    are each split over the tp ranks along dim 0 (``passes/tensor_parallel.
+    SectionedColwiseParallel``), so that the two placements are on different dims and DTensor
+    reads the pair back right (its ``full_tensor``, a checkpoint); FSDP2's default (dim 0)
+    for every other parameter."""
+    placements = getattr(param, "placements", ())
+    if param.ndim == 2 and placements and isinstance(placements[-1], _StridedShard):
+        return Shard(1)
+    return None
+
+
 def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Plan,
                         mesh: DeviceMesh, experts: Iterable[nn.Module] = (),
                         expert_dp_mesh: DeviceMesh | None = None) -> None:
@@ -92,7 +106,7 @@ def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Pla
         return
     kwargs = dict(mesh=data_parallel_mesh(mesh, c.zero), reshard_after_forward=c.zero == 3,
                   mp_policy=mixed_precision(plan.train.precision) or MixedPrecisionPolicy(),
-                  offload_policy=offload_policy(c.offload))
+                  offload_policy=offload_policy(c.offload), shard_placement_fn=dp_placement)
     for module in experts:
         fully_shard(module, **{**kwargs, "mesh": expert_dp_mesh})
     for block in blocks:

@@ -51,7 +51,8 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from autopar.core.errors import AutoparError
@@ -84,11 +85,32 @@ def local_slice(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     (its layout's local shape and global offset), ``full`` itself for a plain tensor."""
     if not isinstance(param, DTensor):
         return full
+    if isinstance(param.placements[-1], _StridedShard):
+        return _sectioned_slice(full, param)
     shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh,
                                                           param.placements)
     out = full
     for dim, (start, length) in enumerate(zip(offset, shape)):
         out = out.narrow(dim, start, length)
+    return out
+
+
+def _sectioned_slice(full: torch.Tensor, param: DTensor) -> torch.Tensor:
+    """The rank's part of a fused projection's weight or bias whose sections are each split
+    over the tp ranks (the last mesh dimension: ``passes/tensor_parallel.
+    SectionedColwiseParallel``), no single slice of ``full``: the tp placement's own split,
+    then FSDP2's even chunks of that along each dp dimension that shards it (how FSDP2 stores
+    a tp shard, whatever placement it records for the pair)."""
+    mesh, placements = param.device_mesh, param.placements
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None  # a rank holding a shard is in the mesh
+    shards, _ = placements[-1]._split_tensor(full, mesh.size(mesh.ndim - 1),
+                                             with_padding=False)
+    out = shards[coordinate[-1]]
+    for i, placement in enumerate(placements[:-1]):
+        if isinstance(placement, (Shard, _StridedShard)):
+            chunks = torch.chunk(out, mesh.size(i), dim=placement.dim)
+            out = chunks[coordinate[i]] if coordinate[i] < len(chunks) else out[:0]
     return out
 
 

@@ -50,21 +50,26 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from autopar.admissibility import block_styles
 from autopar.core.layout import Style
 from autopar.core.plan import Plan
 from autopar.module_strategies import LOSS
 from autopar.passes.model_parts import ModelParts
 
+
 class PrepareBlockInput(PrepareModuleInput):
     """The activation input of an attention or MLP module -- its first positional argument, or
-    ``hidden_states`` by keyword (transformers) -- as a replicated DTensor; other arguments
-    (rotary tables, masks) pass through."""
+    ``hidden_states`` by keyword (transformers) -- as a replicated DTensor (or as ``desired``:
+    the first block's whole input sliced to the rank's sequence shard, for a family whose
+    embedding step runs whole, ``ModelParts.embedding_in_shards``); other arguments (rotary
+    tables, masks) pass through."""
 
-    def __init__(self, layout: Shard | Replicate) -> None:
-        super().__init__(input_layouts=(layout,), desired_input_layouts=(Replicate(),),
+    def __init__(self, layout: Shard | Replicate, desired: Shard | Replicate = Replicate(),
+                 use_local_output: bool = False) -> None:
+        super().__init__(input_layouts=(layout,), desired_input_layouts=(desired,),
                          input_kwarg_layouts={"hidden_states": layout},
-                         desired_input_kwarg_layouts={"hidden_states": Replicate()},
-                         use_local_output=False)
+                         desired_input_kwarg_layouts={"hidden_states": desired},
+                         use_local_output=use_local_output)
 
     def _prepare_input_fn(self, inputs, device_mesh):  # type: ignore[override]
         if not isinstance(inputs, tuple) or not inputs:
@@ -72,6 +77,40 @@ class PrepareBlockInput(PrepareModuleInput):
         first = self._prepare_input_arg(inputs[0], device_mesh, self.input_layouts[0],
                                         self.desired_input_layouts[0])
         return (first, *inputs[1:])
+
+
+class SectionedColwiseParallel(ColwiseParallel):
+    """``ColwiseParallel`` for a linear whose output the model cuts into ``sections`` equal
+    parts (q, k and v of one fused projection): each rank holds its share of every section
+    (``_StridedShard``: the weight's rows cut into the sections first, each section then split
+    over the ranks), so its local output is its q, k and v side by side, and the global
+    weight stays the model's (checkpoints are the same under every plan)."""
+
+    def __init__(self, sections: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.sections = sections
+
+    def _partition_linear_fn(self, name, module, device_mesh):  # type: ignore[override]
+        from torch.distributed.tensor import distribute_tensor
+        from torch.distributed.tensor.placement_types import _StridedShard
+
+        for pname, param in module.named_parameters():
+            # the bias stays whole on every tp rank: DTensor slices it to the output's
+            # sections locally, and FSDP2 then shards it along dp with a layout DTensor reads
+            # back right (a strided tp shard of a 1-D bias under FSDP2's strided dp shard is
+            # not: its full_tensor, and so a checkpoint, would be permuted)
+            placement = (_StridedShard(0, split_factor=self.sections) if param.ndim == 2
+                         else Replicate())
+            placed = distribute_tensor(param, device_mesh, [placement],
+                                       src_data_rank=self.src_data_rank)
+            module.register_parameter(pname, nn.Parameter(placed,
+                                                          requires_grad=param.requires_grad))
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        # the output is strided as the weight is: each rank's q, k and v side by side, as the
+        # rewritten code reads it (``ColwiseParallel`` would redistribute it to Shard(-1))
+        return outputs.to_local() if use_local_output else outputs
 
 
 def sequence_parallel(plan: Plan) -> bool:
@@ -89,7 +128,8 @@ def _pattern(name: str, parts: ModelParts) -> str:
     return re.sub(rf"^{re.escape(parts.blocks)}\.\d+(?=\.|$)", f"{parts.blocks}.*", name)
 
 
-def _style(name: str, style: Style, plan: Plan, parts: ModelParts) -> ParallelStyle | None:
+def _style(name: str, style: Style, plan: Plan, parts: ModelParts, sections: int = 1
+           ) -> ParallelStyle | None:
     """The engine's style for one module: the one translation of the plan's ``Style`` to
     DTensor. ``parallelize`` has checked the plan's styles against the model first
     (``autopar.admissibility.layer_problems``: module kinds, divisible dimensions, column
@@ -100,7 +140,9 @@ def _style(name: str, style: Style, plan: Plan, parts: ModelParts) -> ParallelSt
         return SequenceParallel()
     seq = Shard(1) if sequence_parallel(plan) else Replicate()
     if style == Style.VOCAB:
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+        whole = name == parts.embedding and not parts.embedding_in_shards
+        return RowwiseParallel(input_layouts=Replicate(),
+                               output_layouts=Replicate() if whole else seq)
     if style == Style.ROW:
         return RowwiseParallel(output_layouts=seq)
     if name == parts.head:
@@ -108,6 +150,8 @@ def _style(name: str, style: Style, plan: Plan, parts: ModelParts) -> ParallelSt
         out = Shard(-1) if loss_is_vocab_parallel(plan) else Replicate()
         return ColwiseParallel(input_layouts=seq, output_layouts=out)
     # inside a block the parent's PrepareBlockInput has made the input a replicated DTensor
+    if sections > 1:
+        return SectionedColwiseParallel(sections, input_layouts=Replicate())
     return ColwiseParallel(input_layouts=Replicate())
 
 
@@ -118,11 +162,16 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         return
     styles = {k: v for k, v in plan.module_strategies if k != LOSS}
     tied = _tied_pairs(stage)
+    in_block = block_styles(plan.module_strategies, parts.blocks)
+    sections: dict[str, int] = {}
+    for key, block in stage.get_submodule(parts.blocks).named_children():
+        found = parts.shard_block(block, in_block, tp_mesh.size())
+        sections.update({f"{parts.blocks}.{key}.{path}": n for path, n in found.items()})
     layout: dict[str, ParallelStyle] = {}
     for name, _ in stage.named_modules():
         style = styles.get(_pattern(name, parts))
         if style is not None:
-            chosen = _style(name, style, plan, parts)
+            chosen = _style(name, style, plan, parts, sections.get(name, 1))
             if chosen is not None:
                 layout[name] = chosen
             if style == Style.COLUMN and name != parts.head:
@@ -130,7 +179,14 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
                 layout[name.rsplit(".", 1)[0]] = PrepareBlockInput(seq)
     if sequence_parallel(plan):
         extra = parts.sequence_parallel_styles()
-        if styles.get(parts.embedding, Style.REPLICATED) == Style.REPLICATED:
+        if not parts.embedding_in_shards:
+            # the embedding step runs whole; the first block's input is sliced to the shards
+            keys = [int(k) for k, _ in stage.get_submodule(parts.blocks).named_children()]
+            if getattr(stage, "first", False) and keys:
+                # whole on every tp rank -> the rank's sequence shard: a slice, no collective
+                extra[f"{parts.blocks}.{min(keys)}"] = PrepareBlockInput(
+                    Replicate(), desired=Shard(1), use_local_output=True)
+        elif styles.get(parts.embedding, Style.REPLICATED) == Style.REPLICATED:
             # a whole table's output is sliced to the blocks' sequence shards (no collective)
             extra[parts.embedding] = PrepareModuleOutput(output_layouts=Replicate(),
                                                          desired_output_layouts=Shard(1))

@@ -134,6 +134,12 @@ class Family:
     """Why the passes cannot split this family's models by tensor parallelism (a fused q/k/v
     projection, GPT-2's ``Conv1D``...), which ``admissibility`` reports as the reason tp > 1 is
     refused; ``None``: they can (the plan's ``nn.Linear``/``nn.Embedding`` splits)."""
+    tensor_layout: Callable[[nn.Module], Any] | None = None
+    """model -> how its blocks split under tensor parallelism, read off its code (the generic
+    family: ``models.generic.tensor_parallel.ModelLayout``, whose ``heads`` and
+    ``problem(styles, tp)`` the admissibility check asks), or why they cannot (a string,
+    reported as the reason tp > 1 is refused); ``None``: the family's modules split as the
+    plan's styles say."""
 
     def parts_of(self, model: nn.Module) -> ModelParts:
         """The parts of ``model``, one of this family's models."""

@@ -12,7 +12,7 @@ original names (``passes/stage.py``), so ``root.tok_emb`` is the model's ``tok_e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,6 +59,12 @@ def no_styles() -> dict[str, ParallelStyle]:
     return {}
 
 
+def no_block_shards(block: nn.Module, styles: Mapping[str, str], tp: int) -> dict[str, int]:
+    """A family whose modules run on a rank's shards as they are (their views read the heads
+    as ``-1``): nothing to rewrite, every column split one section."""
+    return {}
+
+
 @dataclass(frozen=True)
 class ModelParts:
     """One family's layout and calling convention (module paths are relative to the model)."""
@@ -86,3 +92,16 @@ class ModelParts:
     """Modules every stage keeps (rotary tables)."""
     sequence_parallel_styles: Callable[[], dict[str, ParallelStyle]] = no_styles
     """The family's own extra styles under sequence parallelism (module path -> style)."""
+    shard_block: Callable[[nn.Module, Mapping[str, str], int], dict[str, int]] = \
+        no_block_shards
+    """(block, the plan's style of each module by its path in the block, tp) -> the sections
+    of each column split (path in the block -> 1, or 3 for a fused q, k and v projection),
+    after making the block's modules compute on a rank's shards (a generic decoder's code,
+    which reads its heads with the model's sizes, rewritten: ``models/generic/
+    tensor_parallel.py``)."""
+    embedding_in_shards: bool = True
+    """Under sequence parallelism the token embedding hands the blocks sequence shards (its
+    output reduce-scattered or sliced; other modules the embedding step adds, as a position
+    table, split by the family's ``sequence_parallel_styles``); ``False``: the embedding step
+    runs whole and the first block's input is sliced to the shards (a generic decoder, whose
+    embedding step autopar reads off a graph)."""

@@ -1,6 +1,7 @@
 """The generic decoder family: a user's ``FILE.py`` decoder described from its module tree and
-traced forward; a forward that is not a chain plans with pp = 1 and says why; tp refused with
-the reason where the passes cannot split the model."""
+traced forward; a forward that is not a chain plans with pp = 1 and says why; tp divides the
+heads its code reads, and is refused with the reason where the passes cannot split the
+model."""
 
 from __future__ import annotations
 
@@ -65,11 +66,14 @@ def test_the_plan_of_a_skip_model_is_pp_1_and_its_report_says_why() -> None:
     assert "pp = 1 only" in notes and "does not read the output" in notes
 
 
-@pytest.mark.parametrize("factory", ["make", "make_skip"])
-def test_tp_is_refused_with_the_reason(factory: str) -> None:
-    facts = facts_of(_model(factory))
+def test_tp_of_a_chain_divides_the_heads_its_code_reads_and_a_skip_model_is_refused() -> None:
+    facts = facts_of(_model("make"))
+    assert (facts.num_heads, facts.num_kv_heads) == (4, 4)  # read off view(b, t, 4, c // 4)
+    check(facts, ParallelConfig(tp=2), TRAIN)
+    with pytest.raises(AutoparError, match="tp=8 does not divide the 4 attention heads"):
+        check(facts, ParallelConfig(tp=8), TRAIN)
     with pytest.raises(AutoparError, match="tp=2: the passes cannot split this model") as err:
-        check(facts, ParallelConfig(tp=2), TRAIN)
+        check(facts_of(_model("make_skip")), ParallelConfig(tp=2), TRAIN)
     assert "attention" in err.value.what
 
 

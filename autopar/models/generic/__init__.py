@@ -5,9 +5,11 @@ blocks -> final norm and head, described from its module tree and its traced for
 It is the fallback family (``Family.fallback``): tried only when no family of its own
 recognises a model -- a user's ``FILE.py:FACTORY`` model. Its models run every plan but:
 
-* tensor parallelism: the description does not know how the attention reads its heads (a
-  fused ``c_attn``, a ``view`` by a fixed head count), so splitting q/k/v by columns could hand
-  a rank parts of heads; tp > 1 is refused with that reason (``Family.tensor_parallel``).
+* tensor parallelism where its blocks' attention and MLP cannot run on a rank's shards: their
+  code is read from a trace (``tensor_parallel.py``: which linears split by columns and rows,
+  how the code cuts the features into heads, q, k and v sections) and rewritten to a rank's
+  sizes; what it cannot map (a norm over the split features, the features' size read back) is
+  refused with the reason (``Family.tensor_layout``).
 * context parallelism where its blocks' attention is anything but causal
   ``F.scaled_dot_product_attention`` with no mask, or its positions anything but
   ``torch.arange`` over the sequence length (a hand-written masked softmax attention, a
@@ -24,11 +26,15 @@ run without a description: ``passes/program.py``).
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from autopar.core.errors import AutoparError
 from autopar.models.family import Family, register
 from autopar.models.generic.describe import context_problem, describe, is_block
+from autopar.models.generic.tensor_parallel import ModelLayout, model_layout
 
 if TYPE_CHECKING:
     from torch import nn
@@ -42,21 +48,51 @@ def mismatch(model: nn.Module) -> str | None:
     return found if isinstance(found, str) else None
 
 
+_LAYOUTS: weakref.WeakKeyDictionary[nn.Module, ModelLayout | str] = \
+    weakref.WeakKeyDictionary()
+
+
+def tensor_layout(model: nn.Module) -> ModelLayout | str:
+    """How ``model``'s blocks split under tensor parallelism, or why they cannot (cached per
+    model: a fake run and a trace of its first block's modules)."""
+    found = describe(model)
+    if isinstance(found, str):
+        return f"the generic decoder description does not apply: {found}"
+    known = _LAYOUTS.get(model)
+    if known is None:
+        known = _LAYOUTS[model] = model_layout(model, found.blocks)
+    return known
+
+
+_PARTS: weakref.WeakKeyDictionary[nn.Module, ModelParts] = weakref.WeakKeyDictionary()
+
+
 def parts(model: nn.Module) -> ModelParts:
+    known = _PARTS.get(model)
+    if known is not None:
+        return known
     found = describe(model)
     if isinstance(found, str):
         raise AutoparError(f"the generic decoder description does not apply: {found}",
                            where="autopar.models.generic", fix="use pp=1 for this model")
-    return found
+    ref = weakref.ref(model)
 
+    def shard_block(block: nn.Module, styles: Mapping[str, str], tp: int) -> dict[str, int]:
+        owner = ref()
+        layout = tensor_layout(owner) if owner is not None else "the model is gone"
+        if isinstance(layout, str):
+            raise AutoparError(f"the plan splits this model by tensor parallelism, which its "
+                               f"blocks cannot run: {layout}", where="plan.module_strategies",
+                               fix="use tp=1 for this model")
+        return layout.apply(block, styles, tp)
 
-TENSOR_PARALLEL = ("the generic decoder description does not know how this model's attention "
-                   "reads its heads from q, k and v (a fused projection such as c_attn, or a "
-                   "view by a fixed head count), so a column split could hand a rank parts of "
-                   "heads")
+    known = _PARTS[model] = dataclasses.replace(found, shard_block=shard_block,
+                                                embedding_in_shards=False)
+    return known
+
 
 FAMILY = register(Family(name="generic", parts=None, describe=parts, mismatch=mismatch,
-                         fallback=True, tensor_parallel=TENSOR_PARALLEL,
+                         fallback=True, tensor_layout=tensor_layout,
                          context_attention=is_block, context_problem=context_problem))
 
-__all__ = ["FAMILY", "TENSOR_PARALLEL", "describe"]
+__all__ = ["FAMILY", "describe", "tensor_layout"]

@@ -33,7 +33,6 @@ the same mode.
 
 from __future__ import annotations
 
-import inspect
 import operator
 from contextlib import nullcontext
 
@@ -45,6 +44,7 @@ from torch.fx import GraphModule, Node
 from torch.overrides import TorchFunctionMode
 
 from autopar.core.errors import AutoparError
+from autopar.models.generic.module_graph import trace_module
 
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
                 "enable_gqa")
@@ -200,7 +200,7 @@ def block_problem(block: nn.Module, name: str, args: tuple, kwargs: dict) -> str
     graph passes them: nodes or constants) cannot run context-parallel; ``None`` where it can
     (see the module docstring)."""
     try:
-        graph = _trace_block(block, args, kwargs)
+        graph = trace_module(block, args, kwargs)
     except Exception as err:  # noqa: BLE001 - any fx failure is the reason given
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         return (f"torch.fx cannot trace its block {name} to find its attention "
@@ -237,25 +237,3 @@ def _mixing(block: nn.Module, node: Node) -> str | None:
         return (f"reads its buffer {node.target} (a causal mask or position table a cp rank "
                 "would index by its local positions)")
     return None
-
-
-def _trace_block(block: nn.Module, args: tuple, kwargs: dict) -> torch.fx.Graph:
-    params = [p for p in inspect.signature(block.forward).parameters.values()
-              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if len(args) + 1 > len(params):
-        raise TypeError("it takes its extra arguments as *args")
-    concrete = {}
-    for i, p in enumerate(params[1:]):
-        value = args[i] if i < len(args) else kwargs.get(p.name, p.default)
-        if value is p.empty:
-            raise TypeError(f"its argument {p.name!r} is not passed")
-        if not isinstance(value, Node):
-            concrete[p.name] = value
-    was_training = block.training
-    block.train()
-    try:
-        tracer = torch.fx.Tracer()
-        tracer.proxy_buffer_attributes = True  # a buffer read is a get_attr node, not a value
-        return tracer.trace(block, concrete_args=concrete or None)
-    finally:
-        block.train(was_training)
