@@ -14,9 +14,14 @@ def _tracked() -> list[Path]:
     try:
         out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.split()
-    except (OSError, subprocess.CalledProcessError):  # a copy without git: every text file
-        return [p for p in ROOT.rglob("*") if p.suffix in (".py", ".md", ".json", ".sh")]
-    return [ROOT / name for name in out]
+    except (OSError, subprocess.CalledProcessError):  # a copy without git (CI's)
+        out = []
+    if out:
+        return [ROOT / name for name in out]
+    return [p for p in ROOT.rglob("*")
+            if not any(part.startswith(".") or part.endswith(".egg-info") or
+                       part in ("build", "dist", "node_modules", "__pycache__")
+                       for part in p.relative_to(ROOT).parts)]
 
 
 def test_no_file_keeps_merge_conflict_markers() -> None:
