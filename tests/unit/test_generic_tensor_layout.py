@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from autopar.core.model_spec import ModelSpec
-from autopar.models.generic.tensor_parallel import install, model_layout, propagate, rewrite
+from autopar.models.generic.feature_split import propagate
+from autopar.models.generic.tensor_parallel import install, model_layout, rewrite
 
 NANOGPT = Path(__file__).resolve().parents[1] / "data" / "nanogpt.py"
 
