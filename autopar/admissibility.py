@@ -99,7 +99,7 @@ class ModelFacts:
     tensor_layout: Any = None
     """How the model's blocks split under tensor parallelism where its family reads that off
     its code (``Family.tensor_layout``: a generic decoder's ``ModelLayout``), whose
-    ``problem(styles, tp)`` ``layer_problems`` asks; ``None``: the plan's styles apply as
+    ``problem(styles, tp)`` ``plan_problems`` asks; ``None``: the plan's styles apply as
     they are."""
     cross_stage_loss: str | None = None
     """Why the model's loss needs every block of a forward before its backward, so that it
