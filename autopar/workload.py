@@ -181,8 +181,19 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
             bytes=n.fwd_bytes * per_seq * scale, shard=Shard.REPLICATED,
             kept_by_matmuls=kept_by_matmuls(n, graph), attention_core=n.name in core,
             expert=is_expert_gemm(n, graph), kv_elements=kv * per_seq,
+            weight_shape=linear_weight_shape(graph, n),
         ))
     return tuple(costs)
+
+
+def linear_weight_shape(graph: GraphIR, node: NodeInfo) -> tuple[int, int] | None:
+    """(output, input) features of a linear layer's weight: its one 2-d parameter. None for
+    another op, or a linear whose weight is not a traced parameter."""
+    if node.op != "linear":
+        return None
+    shapes = [graph.params[p].shape for p in node.params
+              if p in graph.params and len(graph.params[p].shape) == 2]
+    return (int(shapes[0][0]), int(shapes[0][1])) if len(shapes) == 1 else None
 
 
 def _fused_loss_costs(graph: GraphIR, chain: list[NodeInfo], act_bytes: float
@@ -202,7 +213,7 @@ def _fused_loss_costs(graph: GraphIR, chain: list[NodeInfo], act_bytes: float
     weight = sum(graph.params[p].numel for p in head.params if p in graph.params)
     gemm = OpCost(name=head.name, op=head.op, kind=OpKind.MATMUL, flop=head.fwd_flop * per_seq,
                   bytes=head.fwd_bytes * per_seq * scale, shard=Shard.REPLICATED,
-                  kept_by_matmuls=True)
+                  kept_by_matmuls=True, weight_shape=linear_weight_shape(graph, head))
     rows = OpCost(name=f"linear_cross_entropy:{loss.name}", op="linear_cross_entropy",
                   kind=OpKind.MEMORY, flop=loss.fwd_flop * per_seq,
                   bytes=3 * logits.nbytes * per_seq * scale, shard=Shard.REPLICATED,

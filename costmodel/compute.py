@@ -158,33 +158,30 @@ def gemm_efficiency(gemm: Gemm, cluster: ClusterSpec, eff: Efficiency, compute_d
 
 def linear_gemms(op: OpCost, split: Split) -> tuple[Gemm, Gemm, Gemm] | None:
     """The (forward-or-input-gradient, the other one, weight-gradient) GEMMs of a linear layer
-    for one micro-batch on one GPU, or ``None`` when the shape cannot be known.
+    for one micro-batch on one GPU, or ``None`` when the shape cannot be known (no sequence
+    length, or no recorded weight: ``OpCost.weight_shape``).
 
-    ``OpCost`` records FLOPs and bytes, not the weight's shape; at ``s`` tokens per sequence a
-    ``K x N`` weight gives ``flop = 2*s*K*N`` and ``bytes/act_bytes = s*K + K*N + s*N``
-    (input, weight, output; the bias's N elements are below 1/s of that), so ``K*N`` and
-    ``K+N`` follow and ``K``, ``N`` are the roots of ``x^2 - (K+N)x + K*N``. Which root is the
-    input width need not be known: with the wider width ``D`` split by tp (``D' = D/tp``, true of
-    Megatron's column and row splits of QKV, MLP and head) and ``d`` the other, a column split
-    runs ``M x D'`` reducing ``d`` forward and ``M x d`` reducing ``D'`` for the input gradient,
-    a row split the same two the other way round, and both the weight gradient ``D' x d``
-    reducing over the ``M`` tokens. The weight (``D'*d`` elements) is read once per GEMM, not
-    scaled by tokens, and the weight-gradient GEMM accumulates into the gradient buffer
-    (read and written, as a GEMM with beta = 1 does: Megatron's gradient-accumulation fusion,
-    PyTorch's ``.grad +=``).
+    With the weight's wider width ``D`` split by tp (``D' = D/tp``, true of Megatron's column
+    and row splits of QKV, MLP and head; a square weight's split is either) and ``d`` the
+    other, a column split runs ``M x D'`` reducing ``d`` forward and ``M x d`` reducing ``D'``
+    for the input gradient, a row split the same two the other way round, and both the weight
+    gradient ``D' x d`` reducing over the ``M`` tokens. The weight (``D'*d`` elements) is read
+    once per GEMM, not scaled by tokens, and the weight-gradient GEMM accumulates into the
+    gradient buffer (read and written, as a GEMM with beta = 1 does: Megatron's
+    gradient-accumulation fusion, PyTorch's ``.grad +=``).
+
+    The widths are the weight's own, not solved back from the op's FLOPs and bytes (as they
+    were until 2026-11-24): that solve read the bias as extra width, and it is ill-conditioned
+    for a square weight -- GPT-530B's attention projection (20480 x 20480, split 8 ways) came
+    out 2617 x 20032 instead of 2560 x 20480, its QKV 7686 wide instead of 7680, one more
+    column of 128-wide tiles (``gemm_efficiency`` 0.88 instead of 0.98).
     """
-    if split.seq_len is None or op.op != "linear" or op.expert or op.flop <= 0:
+    if (split.seq_len is None or op.op != "linear" or op.expert or op.flop <= 0
+            or op.weight_shape is None):
         return None
-    s = float(split.seq_len)
     a = split.act_bytes
-    kn = op.flop / (2.0 * s)
-    k_plus_n = (op.bytes / a - kn) / s
-    disc = max(0.0, k_plus_n * k_plus_n - 4.0 * kn)
-    wide = (k_plus_n + math.sqrt(disc)) / 2.0
-    if wide <= 0.0:
-        return None
-    narrow = kn / wide
-    m = split.micro_batch * s / split.cp
+    wide, narrow = (float(max(op.weight_shape)), float(min(op.weight_shape)))
+    m = split.micro_batch * float(split.seq_len) / split.cp
     if op.shard is Shard.TP:
         wide /= split.tp
     else:  # a replicated weight; under sequence parallelism its tokens are split instead

@@ -70,13 +70,20 @@ def rank_order(schedule: Schedule, stage: int, pp: int, m: int, v: int
     return order
 
 
+RankSeconds = float | Sequence[float | Sequence[float]]
+"""A micro-batch's seconds on every rank (one number), or one entry per rank: a number (the
+rank's chunks share it equally) or one number per model chunk."""
+
+
 def schedule_slots(schedule: Schedule, pp: int, m: int, v: int,
-                   forward_s: float | Sequence[float],
-                   backward_s: float | Sequence[float]) -> tuple[Slot, ...]:
+                   forward_s: RankSeconds, backward_s: RankSeconds) -> tuple[Slot, ...]:
     """Every slot of one step's pipeline, rank by rank in the order each runs them, when a
     micro-batch's forward through all of a rank's blocks takes ``forward_s`` and its backward
-    ``backward_s`` (a chunk's ``1 / v`` of them under the interleaved schedule): one number
-    for every rank, or one per rank (stages of different cost)."""
+    ``backward_s``: one number for every rank, or one entry per rank (stages of different
+    cost). A rank's entry is its whole time, a chunk's ``1 / v`` of it under the interleaved
+    schedule, or its chunks' own times, first chunk first (the head and loss run in the last
+    rank's last chunk only, the embedding in the first rank's first, as Megatron-LM's and
+    torch's interleaved schedules place them)."""
     if pp < 1 or m < 1 or v < 1:
         raise AutoparError(f"a schedule needs pp, micro-batches and virtual stages >= 1, got "
                            f"pp={pp} m={m} v={v}", where="schedule_slots",
@@ -87,8 +94,7 @@ def schedule_slots(schedule: Schedule, pp: int, m: int, v: int,
                            f"rounds of equal size for pp={pp}", where="num_microbatches",
                            fix="use a multiple of pp micro-batches")
     last = pp * chunks - 1
-    fwd = [t / chunks for t in _per_rank(forward_s, pp)]
-    bwd = [t / chunks for t in _per_rank(backward_s, pp)]
+    fwd, bwd = _per_chunk(forward_s, pp, chunks), _per_chunk(backward_s, pp, chunks)
     orders = [rank_order(schedule, s, pp, m, v) for s in range(pp)]
     done: dict[tuple[bool, int, int], float] = {}  # (backward, virtual stage, mb) -> end
     nxt, free = [0] * pp, [0.0] * pp
@@ -104,7 +110,7 @@ def schedule_slots(schedule: Schedule, pp: int, m: int, v: int,
                 if need is not None and need not in done:
                     break
                 start = max(free[s], done[need] if need is not None else 0.0)
-                end = start + (bwd[s] if backward else fwd[s])
+                end = start + (bwd if backward else fwd)[s][chunk]
                 done[(backward, vs, mb)] = free[s] = end
                 slots[s].append(Slot(s, chunk, mb, backward, start, end))
                 nxt[s] += 1
@@ -114,13 +120,24 @@ def schedule_slots(schedule: Schedule, pp: int, m: int, v: int,
     return tuple(slot for rank in slots for slot in rank)
 
 
-def _per_rank(seconds: float | Sequence[float], pp: int) -> list[float]:
+def _per_chunk(seconds: RankSeconds, pp: int, chunks: int) -> list[list[float]]:
+    """``seconds`` as one list of ``chunks`` chunk times per rank."""
     if isinstance(seconds, (int, float)):
-        return [float(seconds)] * pp
+        seconds = [float(seconds)] * pp
     if len(seconds) != pp:
         raise AutoparError(f"{len(seconds)} stage times for {pp} pipeline ranks",
                            where="schedule_slots", fix="give one time per rank, or one for all")
-    return [float(t) for t in seconds]
+    out = []
+    for t in seconds:
+        if isinstance(t, (int, float)):
+            out.append([float(t) / chunks] * chunks)
+        elif len(t) != chunks:
+            raise AutoparError(f"{len(t)} chunk times for a rank of {chunks} model chunks",
+                               where="schedule_slots",
+                               fix="give one time per chunk, or the rank's total")
+        else:
+            out.append([float(c) for c in t])
+    return out
 
 
 def makespan_s(slots: Sequence[Slot]) -> float:

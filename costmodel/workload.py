@@ -54,6 +54,9 @@ class OpCost:
     backward_bytes: float | None = None
     """Bytes the backward moves, for a memory-bound op whose backward is not the usual twice
     the forward's bytes (a fused loss that computes its gradients in the forward); None: 2x."""
+    weight_shape: tuple[int, int] | None = None
+    """A linear layer's weight as ``nn.Linear`` holds it: (output features, input features),
+    unsharded; None for other ops (``compute.linear_gemms`` prices the GEMMs at this shape)."""
 
 
 @dataclass(frozen=True)

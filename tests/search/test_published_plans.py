@@ -21,8 +21,9 @@ from autopar.core.specs import Checkpoint, Schedule
 from autopar.validation import check_megatron_row, megatron_inputs
 
 REL = 1e-9
-STRATEGY_REL = 5e-3
-"""Relative float tolerance on step-time comparisons (same cost model on both sides)."""
+CHUNK_CAP_REL = 1e-2
+"""How much faster validation's sweep may find a row than the search, which caps the chunks
+per rank at ``space.MAX_VIRTUAL_STAGES`` (measured: 0.74 %, the 145.6B row)."""
 
 
 bench = load("search_time", "search_time")
@@ -76,5 +77,6 @@ def test_inputs_and_search_agree_with_validation(index: int) -> None:
     plan = _comparison(index).constrained
     # Both price by one path (the per-op strategies solved for the configuration), but the
     # search tries at most ``space.MAX_VIRTUAL_STAGES`` chunks per rank where validation tries
-    # every count dividing a stage's layers (145.6B: 10), so allow 0.5 %.
-    assert plan.estimate.step_time_s <= check.estimate.step_time_s * (1 + STRATEGY_REL)
+    # every count dividing a stage's layers (145.6B: 10, measured 0.74 % faster than the
+    # search's 5 since the linear layers are priced at their weights' own shapes), so allow 1 %.
+    assert plan.estimate.step_time_s <= check.estimate.step_time_s * (1 + CHUNK_CAP_REL)

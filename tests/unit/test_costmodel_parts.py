@@ -172,12 +172,14 @@ def test_split_k_spreads_a_single_tile_over_every_sm(a100: ClusterSpec) -> None:
     assert _eff(a100, 128, 128, depth, ONE_TILE) == pytest.approx(1024 / (1024 + k_partial))
 
 
-def _linear(tokens: int, k: int, n: int, a: float = 2.0, shard: Shard = Shard.TP) -> OpCost:
+def _linear(tokens: int, k: int, n: int, a: float = 2.0, shard: Shard = Shard.TP,
+            bias: bool = False) -> OpCost:
     return OpCost("fc", "linear", OpKind.MATMUL, flop=2.0 * tokens * k * n,
-                  bytes=a * (tokens * k + k * n + tokens * n), shard=shard)
+                  bytes=a * (tokens * k + k * n + tokens * n + (n if bias else 0)),
+                  shard=shard, weight_shape=(n, k))
 
 
-def test_linear_gemms_recover_the_weight_and_split_its_wider_side_by_tp() -> None:
+def test_linear_gemms_take_the_weights_shape_and_split_its_wider_side_by_tp() -> None:
     s, k, n = 2048, 2304, 9216
     split = Split(micro_batch=2, tp=4, cp=2, sequence_parallel=True, act_bytes=2.0,
                   compute_dtype="bf16", seq_len=s)
@@ -193,10 +195,23 @@ def test_linear_gemms_recover_the_weight_and_split_its_wider_side_by_tp() -> Non
     assert weight.out_bytes == 4.0
 
 
+def test_a_square_weight_with_a_bias_keeps_its_own_shape() -> None:
+    """GPT-530B's attention projection (20480 x 20480 with a bias, split 8 ways): solved back
+    from its FLOPs and bytes, as the cost model did before it recorded the weight's shape, it
+    came out 2617 x 20032."""
+    h = 20480
+    split = Split(1, 8, 1, False, 2.0, "fp16", seq_len=2048)
+    first, second, weight = linear_gemms(_linear(2048, h, h, bias=True), split)
+    assert (first.rows, first.cols, first.depth) == (2048, h / 8, h)
+    assert (weight.rows, weight.cols, weight.depth) == (h / 8, h, 2048)
+
+
 def test_gemms_without_a_known_shape_keep_the_whole_run_rate(a100: ClusterSpec) -> None:
     op = _linear(2048, 2304, 9216)
     no_seq = Split(1, 1, 1, False, 2.0, "bf16")
     assert linear_gemms(op, no_seq) is None
+    no_weight = OpCost("fc", "linear", OpKind.MATMUL, op.flop, op.bytes, Shard.TP)
+    assert linear_gemms(no_weight, Split(1, 1, 1, False, 2.0, "bf16", 2048)) is None
     bmm = OpCost("scores", "bmm", OpKind.MATMUL, op.flop, op.bytes, Shard.TP)
     assert linear_gemms(bmm, Split(1, 1, 1, False, 2.0, "bf16", 2048)) is None
     t = estimate_op_s(op, no_seq, a100, EFF)

@@ -8,8 +8,8 @@ ZeRO (Rajbhandari et al., SC'20, Figure 1): model-state memory per GPU within 2 
 Selective recomputation (Korthikanti et al., MLSys'23, Tables 3 and 5): each model priced under
 full recomputation and under sequence parallelism with selective recomputation (the
 interleaved schedule with 3 chunks for 175B and 530B, as its section 6 says); full is the
-slower, by the published ratio of iteration times within 3 % (measured 2026-11-24: 22B +2.4 %,
-175B +1.1 %, 530B +1.1 %, 1T -0.8 %), and selective keeps 34/t / 2 = 2.125 times full's activations
+slower, by the published ratio of iteration times within 3 % (measured 2026-11-24: 22B +2.9 %,
+175B +1.3 %, 530B +1.0 %, 1T -0.7 %), and selective keeps 34/t / 2 = 2.125 times full's activations
 per layer (the paper's Table 2: 34*s*b*h/t against 2*s*b*h) within 1 %.
 """
 
@@ -33,7 +33,7 @@ SHARED_RUNS = REPO / "tests" / "data" / "published_runs.json"
 MORE_RUNS = REPO / "tests" / "data" / "megatron_table1_more.json"
 RECOMPUTE_RUNS = REPO / "tests" / "data" / "korthikanti_table5.json"
 RATIO_TOLERANCE = 0.03
-"""+-3 % on full / selective iteration time (the worst measured: +2.4 %, the 22B row)."""
+"""+-3 % on full / selective iteration time (the worst measured: +2.9 %, the 22B row)."""
 TOLERANCE = 0.10
 """+-10 % on achieved TFLOP/s per GPU (the issue's bar for every published row)."""
 ZERO_TOLERANCE = 0.02
@@ -43,13 +43,48 @@ def _rows(path) -> list[dict]:
     return json.loads(path.read_text())["rows"]
 
 
-@pytest.mark.parametrize("row", _rows(SHARED_RUNS) + _rows(MORE_RUNS),
-                         ids=lambda r: f"{r['params_billion']}B-tp{r['tensor_parallel_size']}"
-                                       f"-pp{r['pipeline_parallel_size']}")
+ISSUE_TOLERANCE = 0.03
+"""+-3 % on achieved TFLOP/s per GPU: issue 13's bar for every row, with the default
+constants and nothing fitted per row."""
+OUTSIDE_ISSUE_TOLERANCE = {
+    39.1: "+4.2 % measured 2026-11-24 (tp8 pp2, micro-batch 4, 6 chunks)",
+    76.1: "+4.5 % measured 2026-11-24 (tp8 pp4, micro-batch 2, 5 chunks)",
+}
+"""The rows predicted outside ``ISSUE_TOLERANCE``, fast, since the linear layers' GEMMs are
+priced at their weights' own shapes (they were priced at shapes solved back from FLOPs and
+bytes, wrong for weights with a bias). They are marked to fail, strictly: the day a change
+brings one within the bar, its test fails until the mark goes."""
+_CHECKS: dict[float, object] = {}
+
+
+def _megatron_check(row: dict):
+    """``check_megatron_row(row)``, once per row for this module's tests."""
+    if row["params_billion"] not in _CHECKS:
+        _CHECKS[row["params_billion"]] = check_megatron_row(row)
+    return _CHECKS[row["params_billion"]]
+
+
+def _row_id(r: dict) -> str:
+    return f"{r['params_billion']}B-tp{r['tensor_parallel_size']}-pp{r['pipeline_parallel_size']}"
+
+
+@pytest.mark.parametrize("row", _rows(SHARED_RUNS) + _rows(MORE_RUNS), ids=_row_id)
 def test_megatron_run_within_ten_percent(row: dict) -> None:
-    check = check_megatron_row(row)
+    check = _megatron_check(row)
     assert check.estimate.fits
     assert abs(check.error) <= TOLERANCE, (
+        f"{row['params_billion']}B: predicted {check.predicted_tflops:.1f} TFLOP/s per GPU, "
+        f"published {check.published_tflops:.0f} ({check.error:+.1%})")
+
+
+@pytest.mark.parametrize("row", [
+    pytest.param(r, marks=pytest.mark.xfail(
+        strict=True, reason=OUTSIDE_ISSUE_TOLERANCE[r["params_billion"]]))
+    if r["params_billion"] in OUTSIDE_ISSUE_TOLERANCE else r
+    for r in _rows(SHARED_RUNS) + _rows(MORE_RUNS)], ids=_row_id)
+def test_megatron_run_within_three_percent(row: dict) -> None:
+    check = _megatron_check(row)
+    assert abs(check.error) <= ISSUE_TOLERANCE, (
         f"{row['params_billion']}B: predicted {check.predicted_tflops:.1f} TFLOP/s per GPU, "
         f"published {check.published_tflops:.0f} ({check.error:+.1%})")
 
@@ -95,11 +130,11 @@ def test_calibrated_on_the_smallest_run_the_others_are_predicted() -> None:
 def test_calibrated_on_korthikantis_single_node_run_the_larger_runs_are_predicted() -> None:
     """Issue 13's protocol on another stack: Korthikanti et al.'s Megatron (2022) runs the same
     A100s as Table 1's (2021) ~10 % faster, and the defaults, fitted on Table 1, predict its
-    175B-1T iteration times 10-16 % slow (measured 2026-11-24: full recompute +11.2 / +13.2 /
-    +14.9 %, SP + selective +10.0 / +12.0 / +15.8 %). Calibrated on its one single-node run
-    (22B, tp 8 on 8 GPUs; ``matmul_mainloop`` 0.71 -> 0.82), the six runs on 64-512 GPUs,
-    pipelined and interleaved, are predicted within 5 % mean (measured: 1.3 % mean, worst
-    +3.0 %)."""
+    175B-1T iteration times 10-17 % slow (measured 2026-11-24: full recompute +11.8 / +12.4 /
+    +15.9 %, SP + selective +10.4 / +11.3 / +16.7 %). Calibrated on its one single-node run
+    (22B, tp 8 on 8 GPUs; ``matmul_mainloop`` 0.70 -> 0.78), the six runs on 64-512 GPUs,
+    pipelined and interleaved, are predicted within 5 % mean (measured: 4.2 % mean, worst
+    +7.0 %, the 1T row; 1.3 % mean before the GEMMs took their weights' own shapes)."""
     from autopar.calibration import calibrate, errors, recompute_runs
 
     rows = sorted(_rows(RECOMPUTE_RUNS), key=lambda r: r["num_gpus"])
@@ -149,3 +184,49 @@ def test_selective_recompute_speedup_and_memory_match_korthikanti(row: dict) -> 
         f"published {check.published_time_ratio:.3f}")
     t = row["tensor_parallel_size"]
     assert check.memory_ratio == pytest.approx(34 / t / 2, rel=0.01)
+
+
+GPT3_175B = dict(params_billion=175, attention_heads=96, hidden_size=12288, num_layers=96,
+                 tensor_parallel_size=8, pipeline_parallel_size=12, num_gpus=96,
+                 global_batch_size=12, seq_len=2048, vocab_size=51200)
+"""Narayanan et al.'s GPT-3 175B on 96 A100s, tp 8, pp 12 (their Figures 12 and 18)."""
+
+
+@pytest.mark.parametrize("chunks", [2, 4, 8])
+def test_interleaving_is_faster_than_1f1b_by_a_gap_that_closes_as_the_batch_grows(
+        chunks: int) -> None:
+    """Issue 13's protocol (c), the order of two published configurations of one model.
+    Narayanan et al. (SC'21), sec. 5.4, on their Figure 12 (GPT-3 175B, 96 GPUs, tp 8, pp 12,
+    batch sizes 12 to 60 at micro-batch 1: 12 to 60 micro-batches a pipeline): "the
+    interleaved schedule with the scatter/gather communication optimization has higher
+    computational performance than the non-interleaved (default) schedule. This gap closes
+    as the batch size increases". Their text gives no ratio (the figure's bars are not
+    transcribed here), so the order at every batch size and the closing gap are asserted,
+    for every chunk count the stage's 8 layers allow (the figure's is not stated in the
+    text). Measured 2026-11-24: interleaved over 1F1B 1.30 / 1.08 at 12 / 60 micro-batches
+    with 2 chunks, 1.64 / 1.11 with 8."""
+    from dataclasses import replace
+
+    from autopar.admissibility import facts_of
+    from autopar.core.specs import ParallelConfig
+    from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
+    from autopar.search.planner import config_estimate, strategies_of
+    from autopar.tracing import trace
+    from autopar.validation import MEGATRON_FUSIONS, megatron_inputs
+
+    model, cluster, train = megatron_inputs(GPT3_175B)
+    graph = trace(model, train)
+    strategies = strategies_of(graph, facts_of(model), graph.model_name, cluster, train,
+                               efficiency=DEFAULT_EFFICIENCY, fusions=MEGATRON_FUSIONS)
+    speedups = []
+    for batch in (12, 24, 36, 48, 60):
+        at = replace(strategies, train=replace(train, global_batch=batch))
+        steps = [config_estimate(at, ParallelConfig(
+            dp=1, tp=8, pp=12, micro_batch=1, schedule=schedule, virtual_stages=v,
+            checkpoint="full", fusions=MEGATRON_FUSIONS)) for schedule, v in
+            (("1f1b", 1), ("interleaved", chunks))]
+        assert all(e.fits for e in steps)
+        assert steps[0].num_microbatches == batch
+        speedups.append(steps[0].step_time_s / steps[1].step_time_s)
+    assert all(s > 1.0 for s in speedups), speedups
+    assert all(a > b for a, b in zip(speedups, speedups[1:])), speedups
