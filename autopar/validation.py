@@ -2,15 +2,18 @@
 
 Used by ``tests/unit/test_published_runs.py`` (which asserts) and
 ``bench/validate_costmodel.py`` (which prints the table). A published run is re-created with its
-published configuration: TP, PP, DP = GPUs / (TP * PP), the interleaved schedule and full
-recomputation, mixed precision with fp16 compute. The paper does not give the micro-batch size
-or the number of model chunks per rank; as its authors tuned them, we take the fastest that fits
-among micro-batches of 1, 2, 4 and 8 and every chunk count that divides the stage's layers,
-with more than one chunk only where the micro-batches come in whole rounds of the pipeline
-(``m % pp == 0``: Megatron-LM's interleaved schedule asserts it, so the 76B and 310B rows
-cannot have run their micro-batch of 4 and 2 interleaved, which the model priced 2-4 % fast). Each
-configuration is priced as ``autopar.estimate`` and the search price it: the per-op strategies
-solved for its tp (``search.planner.config_estimate``).
+published configuration: TP, PP, DP = GPUs / (TP * PP), full recomputation, mixed precision with
+fp16 compute, and the micro-batch and model chunks per rank it ran with. The paper does not give
+those two; its authors' scripts do (NVIDIA/Megatron-LM, ``examples/sc21/run_table_1.sh``:
+``MBS`` and ``--num-layers-per-virtual-pipeline-stage``), and ``tests/data`` records them per
+row as ``micro_batch_size`` and ``virtual_stages`` (1: the 1F1B schedule). A row without them is
+priced at the fastest configuration that fits among micro-batches of 1, 2, 4 and 8 and every
+chunk count that divides the stage's layers, under Megatron-LM's rules for the interleaved
+schedule: more than two stages, and micro-batches in whole rounds of the pipeline (``m % pp ==
+0``); ``megatron.core.parallel_state.initialize_model_parallel`` raises "pipeline-model-parallel
+size should be greater than 2 with interleaved schedule", and the schedule asserts the rounds).
+Each configuration is priced as ``autopar.estimate`` and the search price it: the per-op
+strategies solved for its tp (``search.planner.config_estimate``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,24 @@ def megatron_flops(row: dict) -> float:
     return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
 
 
+def megatron_configs(row: dict, dp: int) -> list[tuple[int, int]]:
+    """(micro-batch, model chunks per rank) to price a Table 1 row at: the one its authors ran
+    when the row records it, else every one Megatron-LM would run (module docstring)."""
+    if "micro_batch_size" in row:
+        return [(int(row["micro_batch_size"]), int(row.get("virtual_stages", 1)))]
+    pp = row["pipeline_parallel_size"]
+    per_stage = row["num_layers"] // pp
+    configs = []
+    for mb in MICRO_BATCHES:
+        if row["global_batch_size"] % (dp * mb):
+            continue
+        microbatches = row["global_batch_size"] // (dp * mb)
+        for v in [d for d in range(1, per_stage + 1) if per_stage % d == 0] if pp > 1 else [1]:
+            if v == 1 or (pp > 2 and microbatches % pp == 0):
+                configs.append((mb, v))
+    return configs
+
+
 @dataclass(frozen=True)
 class RunCheck:
     row: dict
@@ -91,26 +112,27 @@ def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
     graph = graph if graph is not None else trace(model, train)
     strategies = strategies_of(graph, facts_of(model), graph.model_name, cluster, train,
                                efficiency=efficiency, fusions=MEGATRON_FUSIONS)
-    per_stage = row["num_layers"] // pp
     best: Estimate | None = None
-    for mb in MICRO_BATCHES:
-        if train.global_batch % (dp * mb):
+    tried: list[str] = []
+    for mb, v in megatron_configs(row, dp):
+        try:
+            config = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb,
+                                    schedule="interleaved" if v > 1 else "1f1b",
+                                    virtual_stages=v, checkpoint="full",
+                                    fusions=MEGATRON_FUSIONS)
+            est = config_estimate(strategies, config)
+        except AutoparError as e:
+            tried.append(f"micro-batch {mb}, {v} chunks: {e}")
             continue
-        microbatches = train.global_batch // (dp * mb)
-        for v in [d for d in range(1, per_stage + 1) if per_stage % d == 0] if pp > 1 else [1]:
-            if v > 1 and microbatches % pp:
-                continue  # Megatron's interleaved schedule needs micro-batches in whole rounds
-            try:
-                config = ParallelConfig(dp=dp, tp=tp, pp=pp, micro_batch=mb,
-                                        schedule="interleaved", virtual_stages=v,
-                                        checkpoint="full", fusions=MEGATRON_FUSIONS)
-                est = config_estimate(strategies, config)
-            except AutoparError:
-                continue
-            if est.fits and (best is None or est.step_time_s < best.step_time_s):
-                best = est
+        tried.append(f"micro-batch {mb}, {v} chunks: peak {est.peak_memory_bytes / 2**30:.1f} "
+                     f"GiB of {est.usable_memory_bytes / 2**30:.1f}")
+        if est.fits and (best is None or est.step_time_s < best.step_time_s):
+            best = est
     if best is None:
-        raise AutoparError(f"no micro-batch fits for the published run {row}")
+        raise AutoparError(
+            f"no configuration of the published {row['params_billion']}B run fits: "
+            + "; ".join(tried), where="check_megatron_row",
+            fix="a published run that ran must fit: look for what the memory model adds")
     achieved = megatron_flops(row) / (best.step_time_s * gpus) / 1e12
     return RunCheck(row, best, achieved, float(row["achieved_teraflops_per_gpu"]))
 

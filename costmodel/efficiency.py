@@ -28,16 +28,17 @@ class Efficiency:
     Used for GEMMs whose shape the cost model does not know (batched attention GEMMs, expert
     GEMMs, any GEMM when ``Split.seq_len`` is not given); a linear layer of known shape is
     priced at ``matmul_mainloop`` times its shape's ``compute.gemm_efficiency`` instead."""
-    matmul_mainloop: float = 0.70
+    matmul_mainloop: float = 0.71
     """Achieved fraction of the tensor-core peak in the main loop of a GEMM whose shape is known
     (a linear layer priced with ``Split.seq_len``): the rate before tile and wave quantisation
     and the epilogue, which ``compute.gemm_efficiency`` takes off by shape. Fitted, like
     ``matmul``, as one value for all ten rows of Megatron-LM's Table 1 with the shape model on
-    (``autopar.calibration.calibrate`` on the ten rows, least squares of the log step time:
-    0.696, kept to two places; refitted 2026-11-24 when the GEMMs took their weights' own
-    shapes, 0.71 before; bench/results/costmodel.md: errors -2.4 % .. +4.5 %). 0.70 of 312
-    TFLOP/s is 218 TFLOP/s on A100, within the ~210-250 measured for large cuBLAS GEMMs; the
-    shape losses of Megatron's GEMMs (2-10 %) make up the difference to ``matmul``."""
+    (``autopar.calibration.calibrate`` on the ten rows, least squares of the log step time,
+    each row at the micro-batch and chunks its authors' script ran: 0.709, kept to two places;
+    refitted 2026-11-24 when the GEMMs took their weights' own shapes and the rows their
+    scripts' configurations; bench/results/costmodel.md: errors -5.4 % .. +4.7 %). 0.71 of
+    312 TFLOP/s is 222 TFLOP/s on A100, within the ~210-250 measured for large cuBLAS GEMMs;
+    the shape losses of Megatron's GEMMs (2-10 %) make up the difference to ``matmul``."""
     gemm_tiles: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
     """Output tiles (rows x cols) one thread block computes; the GEMM takes whichever tile wastes
     the least. These are the large tiles of cuBLAS's menu (NVIDIA, "Matrix Multiplication
