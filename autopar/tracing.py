@@ -37,10 +37,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.fx.node import _get_qualified_name
 from torch.utils import _pytree as pytree
 
 from autopar.admissibility import layers_of
+from autopar.core.errors import AutoparError
 from autopar.core.specs import TrainSpec
 from autopar.graph import GraphIR, NodeInfo, TensorMeta
 from autopar.models.blocks import find_block_group
@@ -49,6 +51,7 @@ from autopar.tracing_errors import (
     ModuleStack,
     no_token_input_error,
     not_a_module_error,
+    data_dependent_shape_error,
     quiet_torch_logs,
     untraceable_error,
 )
@@ -406,10 +409,21 @@ def _build_nodes(model: nn.Module, traced: _Traced) -> list[NodeInfo]:
             continue
         if node.op == "output":
             continue
-        info = _node_info(node, gm, canon, param_nbytes, const, inputs_ph)
+        try:
+            info = _node_info(node, gm, canon, param_nbytes, const, inputs_ph)
+        except GuardOnDataDependentSymNode:
+            raise _data_dependent(node) from None
         if info is not None:
             nodes.append(info)
     return nodes
+
+
+def _data_dependent(node: torch.fx.Node) -> AutoparError:
+    """``data_dependent_shape_error`` for the first op whose output size needs the data."""
+    _, target = _raw_name(node, node.graph.owning_module)
+    stack = str(node.meta.get("stack_trace") or "").strip().splitlines()
+    return data_dependent_shape_error(_module_path(node), target,
+                                      stack[-1].strip() if stack else "")
 
 
 def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> object:

@@ -193,6 +193,22 @@ def untraceable_error(
     )
 
 
+def data_dependent_shape_error(module: str, op: str, line: str) -> AutoparError:
+    """The error for a model that traces but whose shapes depend on its data: ``op`` (in
+    ``module``, at the user's source ``line`` when known) returns a size known only with the
+    data -- ``torch.where(mask)``, ``nonzero``, boolean indexing, the row counts of a
+    hand-written mixture-of-experts loop -- and autopar sizes every op on the meta device."""
+    where = module or "the model's forward"
+    return AutoparError(
+        f"the model's shapes depend on its data: {op} in {where} returns a size known only "
+        "with the data, and autopar sizes every op on the meta device, without it",
+        where=f"{where}{f' ({line})' if line else ''}",
+        fix="keep the shapes static: route tokens to experts with dense masks or a fixed "
+            "capacity (scatter them into (experts, capacity, hidden) slots), or use a model "
+            "family autopar knows: a zoo MoE (`autopar models`) or a transformers MoE "
+            "(Mixtral, Qwen2-MoE, Qwen3-MoE) given by its config.json")
+
+
 def not_a_module_error(obj: object) -> AutoparError:
     """The error for tracing something that is not an ``nn.Module``."""
     return AutoparError(

@@ -89,6 +89,24 @@ class _ItemLoop(nn.Module):
         return x
 
 
+class _WhereMoE(nn.Module):
+    """A hand-written mixture of experts: each expert's rows found with ``torch.where``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(8, 4, bias=False)
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.flatten(0, 1)
+        weights, chosen = torch.topk(self.router(flat).softmax(-1), 2, dim=-1)
+        out = torch.zeros_like(flat)
+        for i, expert in enumerate(self.experts):
+            rows, slot = torch.where(chosen == i)  # the line the error must name
+            out = out.index_add(0, rows, weights[rows, slot, None] * expert(flat[rows]))
+        return out.view_as(x)
+
+
 class _Wrapper(nn.Module):
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
@@ -332,6 +350,17 @@ def test_untraceable_model_names_module_and_line(inner: type, marker: str) -> No
     assert "layers.1" in err.where and inner.__name__ in err.where
     assert f"{__file__}:{_line_of(inner, marker)}" in err.where
     assert "control flow" in err.what and "torch.cond" in err.fix and "leaf" in err.fix
+
+
+def test_data_dependent_shapes_name_the_module_and_line() -> None:
+    """torch.export traces a ``torch.where`` expert loop (its row counts unbacked sizes), but
+    nothing can size it without data: one clear error, not torch's guard traceback."""
+    with pytest.raises(AutoparError) as info:
+        trace(_Wrapper(_WhereMoE()).to("meta"), seq_len=4)
+    err = info.value
+    assert "depend on its data" in err.what and "where" in err.what
+    assert "layers.1" in err.where and "torch.where(chosen == i)" in err.where
+    assert "capacity" in err.fix
 
 
 def test_not_a_module_is_a_clear_error() -> None:
