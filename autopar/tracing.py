@@ -145,7 +145,9 @@ def trace(
 
 def resolve_seq_len(model: nn.Module, train: TrainSpec | None = None, seq_len: int | None = None
                     ) -> int:
-    """The sequence length to trace at: the argument, the train spec's, the model config's."""
+    """The sequence length to trace at: the argument, the train spec's, the model config's;
+    for a model without a config, ``DEFAULT_SEQ_LEN`` or its learned position table's rows
+    when fewer (``position_table``: a ``FILE.py`` nanoGPT's ``wpe`` of 32 positions)."""
     if seq_len is not None:
         return int(seq_len)
     if train is not None:
@@ -155,7 +157,20 @@ def resolve_seq_len(model: nn.Module, train: TrainSpec | None = None, seq_len: i
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
-    return DEFAULT_SEQ_LEN
+    table = position_table(model)
+    return min(DEFAULT_SEQ_LEN, table[1]) if table else DEFAULT_SEQ_LEN
+
+
+_POSITION_NAME = re.compile(r"wpe|pos", re.IGNORECASE)
+
+
+def position_table(model: nn.Module) -> tuple[str, int] | None:
+    """(name, rows) of the model's learned position table: its one ``nn.Embedding`` named for
+    positions (``wpe``, ``pos_emb``, ``position_embeddings``, ``embed_positions``); None when
+    there is none, or more than one."""
+    tables = [(name, m.num_embeddings) for name, m in model.named_modules()
+              if isinstance(m, nn.Embedding) and _POSITION_NAME.search(name.rsplit(".", 1)[-1])]
+    return tables[0] if len(tables) == 1 else None
 
 
 def _model_device(model: nn.Module) -> torch.device:

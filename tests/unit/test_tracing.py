@@ -12,7 +12,7 @@ from torch import nn
 import autopar.models as zoo
 from autopar import AutoparError, TrainSpec
 from autopar.graph import GraphIR, TensorMeta
-from autopar.tracing import normalise_module_path, trace
+from autopar.tracing import DEFAULT_SEQ_LEN, normalise_module_path, resolve_seq_len, trace
 from autopar.ops import CANONICAL_OPS, OP_NAMES, forward_flop
 from autopar.ops.naming import unmapped_ops
 
@@ -441,3 +441,17 @@ def test_other_defaulted_arguments_are_fixed_and_mode_is_restored() -> None:
         "embedding", "dropout", "mul", "linear", "cross_entropy"]
     assert g.node("drop").scalar_args == (("p", 0.1),)
     assert not model.training
+
+
+def test_default_sequence_length_stays_within_a_learned_position_table() -> None:
+    """A model without a config is traced at ``DEFAULT_SEQ_LEN`` tokens, or at its position
+    table's rows when it has fewer (a nanoGPT's ``wpe``); a given length is kept."""
+    class Positions(nn.Module):
+        def __init__(self, rows: int) -> None:
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(16, 8), nn.Embedding(rows, 8)
+
+    assert resolve_seq_len(Positions(32)) == 32
+    assert resolve_seq_len(Positions(4 * DEFAULT_SEQ_LEN)) == DEFAULT_SEQ_LEN
+    assert resolve_seq_len(Positions(32), seq_len=64) == 64
+    assert resolve_seq_len(nn.Embedding(16, 8)) == DEFAULT_SEQ_LEN
