@@ -97,13 +97,14 @@ def test_an_async_tp_plan_runs_eagerly_on_cpu_ranks_and_matches(capsys):
 
 
 def test_a_user_model_that_fails_on_the_sequence_length_is_told_not_traced(capsys):
-    """nanogpt.py holds 32 learned positions; verify's default 128 tokens make its own forward
-    fail (IndexError in its position table): exit 2 with what failed and --seq-len, not a bare
-    traceback."""
+    """nanogpt.py holds 32 learned positions (verify's default length is those 32: the
+    ``resolve_seq_len`` test); 64 tokens make its own forward fail (IndexError in its position
+    table): exit 2 with what failed and --seq-len, not a bare traceback."""
     from pathlib import Path
 
     model = str(Path(__file__).resolve().parents[1] / "data" / "nanogpt.py") + ":make"
-    assert main(["verify", "--model", model, "--nproc", "1", "--steps", "1"]) == 2
+    assert main(["verify", "--model", model, "--nproc", "1", "--steps", "1",
+                 "--seq-len", "64"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "the model's own forward failed" in err and "IndexError" in err
     assert "--seq-len" in err
