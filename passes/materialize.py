@@ -230,5 +230,8 @@ def load_weights(program: ParallelProgram, model: nn.Module, folder: str | Path)
                                fix="load the checkpoint under a plan that keeps the tied "
                                    "weights on different pipeline ranks")
         targets[key] = param.detach()
-    state = {"model": targets} if prefix == DCP_PREFIX else targets
+    from autopar.passes.dcp_layout import for_load  # it reads this module's local_slice
+
+    state, fill = for_load({"model": targets} if prefix == DCP_PREFIX else targets)
     dcp.load(state, storage_reader=reader)
+    fill()

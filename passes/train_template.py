@@ -76,6 +76,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from autopar.core.plan import Plan
 from autopar.passes import ParallelProgram, device_mesh, parallelize
+from autopar.passes.dcp_layout import for_load, for_save
 from autopar.passes.materialize import materialize
 from autopar.core.errors import AutoparError
 from autopar.core.mesh import DATA_PARALLEL, MeshAxis
@@ -206,7 +207,8 @@ class Checkpointer:
         return {"model": model, "optim": optim, "step": step, "loss_scaling": scaling}
 
     def save(self, folder: Path, step: int) -> None:
-        dcp.save(self._merge(self._parts(), step), checkpoint_id=str(folder))
+        # a fused projection's sectioned shards cross DCP whole (passes/dcp_layout.py)
+        dcp.save(for_save(self._merge(self._parts(), step)), checkpoint_id=str(folder))
 
     def load(self, folder: Path) -> int:
         """Load ``folder`` into this plan's sharding (DCP reshards); returns its step."""
@@ -215,7 +217,11 @@ class Checkpointer:
         saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
         if not any(key.startswith("loss_scaling.") for key in saved):
             state.pop("loss_scaling")  # saved under a bf16 or fp32 plan: no scaler state
+        state, fill = for_load(state)
         dcp.load(state, checkpoint_id=str(folder))
+        fill()
+        state = self._merge(parts, int(state["step"])) | {"loss_scaling": state.get(
+            "loss_scaling")}  # the sectioned entries back as the (now filled) DTensors
         if self.scaler is not None and state.get("loss_scaling"):
             self.scaler.load_state_dict(state["loss_scaling"])
         for (m_sd, o_sd), module, opt in zip(parts, self.modules, self.optimizers):
