@@ -39,3 +39,45 @@ def losses_of(log: Path) -> dict[int, float]:
 
 def events(log: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, log.read_text().splitlines()) if r.get("event") == kind]
+
+
+def train_then_resume(tmp_path: Path, spec, train, plan_a, plan_b, *, rel: float,
+                      save_b: bool = False) -> dict:
+    """Plan ``spec`` under ``plan_a`` and ``plan_b`` (``ParallelConfig``) for 4 processes and
+    export both; A trains 4 steps on the one-process reference's losses (within ``rel``),
+    saving at step 2; B resumes A's step-2 checkpoint and its steps 3 and 4 are A's (B saves
+    its step 4 when ``save_b``). Returns the plans, folders and each run's losses."""
+    import math
+
+    import pytest
+
+    import autopar
+    from autopar.costmodel.cluster import process_cluster
+    from autopar.verify import reference
+
+    model = spec.build("meta")
+    plans = {k: autopar.plan_for(model, process_cluster(4), train, c, name=spec.label)
+             for k, c in (("a", plan_a), ("b", plan_b))}
+    folders = {k: p.export(tmp_path / k, spec) for k, p in plans.items()}
+    log_a, log_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    wall_a, out_a = launch(folders["a"], "--steps", "4", "--save-every", "2",
+                           "--checkpoint-dir", str(tmp_path / "ckpt-a"), "--log-file", str(log_a))
+    print(f"plan A ({plans['a'].estimate.summary()}) run: {wall_a:.1f} s")
+    losses_a = losses_of(log_a)
+    assert sorted(losses_a) == [1, 2, 3, 4], out_a
+    assert (tmp_path / "ckpt-a" / "step-2" / ".metadata").exists(), out_a
+    expected = reference(spec, plans["a"], steps=4, seed=0).losses
+    for step, ref in enumerate(expected, 1):
+        assert losses_a[step] == pytest.approx(ref, rel=rel), (step, losses_a, expected)
+    saving = ["--save-every", "2"] if save_b else []
+    wall_b, out_b = launch(folders["b"], "--steps", "4", "--resume",
+                           str(tmp_path / "ckpt-a" / "step-2"), *saving, "--checkpoint-dir",
+                           str(tmp_path / "ckpt-b"), "--log-file", str(log_b))
+    print(f"plan B ({plans['b'].estimate.summary()}) resumed run: {wall_b:.1f} s")
+    assert [r["step"] for r in events(log_b, "resume")] == [2], out_b
+    losses_b = losses_of(log_b)
+    assert sorted(losses_b) == [3, 4], out_b
+    for step in (3, 4):
+        assert math.isfinite(losses_b[step])
+        assert losses_b[step] == pytest.approx(losses_a[step], rel=rel), (losses_a, losses_b)
+    return {"plans": plans, "folders": folders, "a": losses_a, "b": losses_b}

@@ -16,16 +16,11 @@ every plan computes the same tokens per expert.
 
 from __future__ import annotations
 
-import math
-
 import pytest
-from launching import events, launch, losses_of
+from launching import train_then_resume
 
-import autopar
 from autopar import ParallelConfig, TrainSpec
 from autopar.training import ModelSpec
-from autopar.costmodel.cluster import process_cluster
-from autopar.verify import reference
 
 TRAIN = TrainSpec(global_batch=8, seq_len=32, precision="fp32")
 PLAN_A = ParallelConfig(dp=4, ep=2, zero=1, micro_batch=1)
@@ -46,28 +41,4 @@ def _qwen2_moe() -> ModelSpec:
 @pytest.mark.parametrize("make_spec", [lambda: ModelSpec("tiny-moe"), _qwen2_moe],
                          ids=["tiny-moe", "qwen2-moe"])
 def test_ep_plan_trains_and_resumes_under_dp_pp_with_the_same_losses(tmp_path, make_spec):
-    spec = make_spec()
-    model = spec.build("meta")
-    plans = {k: autopar.plan_for(model, process_cluster(4), TRAIN, c, name=spec.label)
-             for k, c in (("a", PLAN_A), ("b", PLAN_B))}
-    folders = {k: p.export(tmp_path / k, spec) for k, p in plans.items()}
-    log_a, log_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    wall_a, out_a = launch(folders["a"], "--steps", "4", "--save-every", "2",
-                           "--checkpoint-dir", str(tmp_path / "ckpt-a"), "--log-file", str(log_a))
-    print(f"plan A (dp4 x ep2) run: {wall_a:.1f} s")
-    losses_a = losses_of(log_a)
-    assert sorted(losses_a) == [1, 2, 3, 4], out_a
-    assert (tmp_path / "ckpt-a" / "step-2" / ".metadata").exists(), out_a
-    expected = reference(spec, plans["a"], steps=4, seed=0).losses
-    for step, ref in enumerate(expected, 1):
-        assert losses_a[step] == pytest.approx(ref, rel=LOSS_REL), (step, losses_a, expected)
-    wall_b, out_b = launch(folders["b"], "--steps", "4", "--resume",
-                           str(tmp_path / "ckpt-a" / "step-2"), "--checkpoint-dir",
-                           str(tmp_path / "ckpt-b"), "--log-file", str(log_b))
-    print(f"plan B (dp2 x pp2) resumed run: {wall_b:.1f} s")
-    assert [r["step"] for r in events(log_b, "resume")] == [2], out_b
-    losses_b = losses_of(log_b)
-    assert sorted(losses_b) == [3, 4], out_b
-    for step in (3, 4):
-        assert math.isfinite(losses_b[step])
-        assert losses_b[step] == pytest.approx(losses_a[step], rel=LOSS_REL), (losses_a, losses_b)
+    train_then_resume(tmp_path, make_spec(), TRAIN, PLAN_A, PLAN_B, rel=LOSS_REL)
