@@ -43,8 +43,8 @@ def for_save(state: dict) -> dict:
 def for_load(state: dict) -> tuple[dict, Callable[[], None]]:
     """(``state`` with each sectioned DTensor replaced by an empty whole tensor for
     ``dcp.load`` to fill, the function that then copies this rank's slice of each into the
-    DTensor's local shard)."""
-    fills: list[tuple[torch.Tensor, DTensor]] = []
+    DTensor's local shard and puts the DTensor back in its place in the returned dict)."""
+    fills: list[tuple[dict, str, DTensor]] = []
 
     def walk(d: dict) -> dict:
         out = {}
@@ -53,14 +53,15 @@ def for_load(state: dict) -> tuple[dict, Callable[[], None]]:
                 out[k] = walk(v)
             elif is_sectioned(v):
                 out[k] = torch.empty(v.shape, dtype=v.dtype, device=v.to_local().device)
-                fills.append((out[k], v))
+                fills.append((out, k, v))
             else:
                 out[k] = v
         return out
 
     @torch.no_grad()
     def fill() -> None:
-        for whole, shard in fills:
-            shard.to_local().copy_(local_slice(whole, shard))
+        for where, key, shard in fills:
+            shard.to_local().copy_(local_slice(where[key], shard))
+            where[key] = shard
 
     return walk(state), fill

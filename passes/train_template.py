@@ -80,6 +80,7 @@ from autopar.passes.dcp_layout import for_load, for_save
 from autopar.passes.materialize import materialize
 from autopar.core.errors import AutoparError
 from autopar.core.mesh import DATA_PARALLEL, MeshAxis
+from autopar.models.init import tied_groups
 from autopar.training import ModelSpec, end_rank, optimizer, synthetic_batch, vocab_size
 
 HERE = Path(__file__).resolve().parent
@@ -188,8 +189,58 @@ class Checkpointer:
     the loss scaler's state of an fp16 plan (its scale and growth tracker)."""
 
     def __init__(self, modules: list[nn.Module], optimizers: list[torch.optim.Optimizer],
-                 scaler: object | None = None) -> None:
+                 scaler: object | None = None, tied: list[list[str]] = ()) -> None:
         self.modules, self.optimizers, self.scaler = modules, optimizers, scaler
+        self.tied = [list(group) for group in tied]
+        """The model's tied parameters' names, a list per parameter (``tied_groups``)."""
+
+    def _alias(self, key: str, saved: set[str], section: str) -> str | None:
+        """``key`` of ``section`` with the tied parameter it names renamed to a name of the
+        same parameter the checkpoint holds; None when there is none."""
+        dotted = f".{key}."
+        for group in self.tied:
+            for name in group:
+                if f".{name}." not in dotted:
+                    continue
+                for other in group:
+                    alias = dotted.replace(f".{name}.", f".{other}.", 1)[1:-1]
+                    if other != name and f"{section}.{alias}" in saved:
+                        return alias
+        return None
+
+    def _read_tied_from_aliases(self, state: dict, saved: set[str]):
+        """Point every entry of a tied parameter the checkpoint lacks at the name it holds it
+        by. A plan without pipelining keeps one tied weight, one optimizer state, under its
+        first name (GPT's embedding); a pipelined plan holds the head's copy on the last stage
+        under the head's name. Returns the function that, after ``dcp.load``, puts the entries
+        back under their own names (copying where this rank holds both names apart)."""
+        moved: list[tuple[str, str, str, object]] = []
+        for section in ("model", "optim"):
+            entries = state.get(section, {})
+            for key in list(entries):
+                alias = None if f"{section}.{key}" in saved else self._alias(key, saved, section)
+                if alias is None:
+                    continue
+                value = entries.pop(key)
+                if alias in entries:  # both names on this rank, apart: copy after the load
+                    moved.append((section, key, alias, value))
+                else:
+                    entries[alias] = value
+                    moved.append((section, key, alias, None))
+
+        @torch.no_grad()
+        def restore(loaded: dict) -> None:
+            for section, key, alias, own in moved:
+                entries = loaded[section]
+                if own is None:
+                    entries[key] = entries.pop(alias)
+                elif isinstance(own, torch.Tensor):
+                    own.copy_(entries[alias])
+                    entries[key] = own
+                else:
+                    entries[key] = entries[alias]
+
+        return restore
 
     def _parts(self) -> list[tuple[dict, dict]]:
         return [get_state_dict(m, o, options=STATE_OPTIONS)
@@ -217,11 +268,11 @@ class Checkpointer:
         saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
         if not any(key.startswith("loss_scaling.") for key in saved):
             state.pop("loss_scaling")  # saved under a bf16 or fp32 plan: no scaler state
+        restore = self._read_tied_from_aliases(state, set(saved))
         state, fill = for_load(state)
         dcp.load(state, checkpoint_id=str(folder))
         fill()
-        state = self._merge(parts, int(state["step"])) | {"loss_scaling": state.get(
-            "loss_scaling")}  # the sectioned entries back as the (now filled) DTensors
+        restore(state)
         if self.scaler is not None and state.get("loss_scaling"):
             self.scaler.load_state_dict(state["loss_scaling"])
         for (m_sd, o_sd), module, opt in zip(parts, self.modules, self.optimizers):
@@ -266,6 +317,7 @@ def train(args: argparse.Namespace) -> None:
                                "--init-from starts one from given weights: pass one of them")
     before_build = rss_bytes()
     model = spec.build("meta")  # shapes only; materialize gives each rank its shards
+    tied = tied_groups(model)
     vocab = vocab_size(model)
     mesh = device_mesh(plan, device.type)
     program = materialize(parallelize(model, plan, mesh, device), spec, args.seed,
@@ -275,7 +327,7 @@ def train(args: argparse.Namespace) -> None:
                                     "rss_before_build_bytes": before_build,
                                     "peak_rss_after_init_bytes": peak_rss_bytes()})
     optimizers = [optimizer(list(m.parameters())) for m in program.modules]
-    ckpt = Checkpointer(program.modules, optimizers, program.scaler)
+    ckpt = Checkpointer(program.modules, optimizers, program.scaler, tied)
 
     train_spec, c = plan.train, plan.config
     rows = train_spec.global_batch // c.dp

@@ -42,3 +42,14 @@ def test_generic_tp_plan_trains_and_resumes_under_zero3_with_the_same_losses(tmp
     longer = reference(NANOGPT, run["plans"]["a"], steps=6, seed=0).losses
     for step in (5, 6):
         assert losses_c[step] == pytest.approx(longer[step - 1], rel=LOSS_REL), (losses_c, longer)
+
+
+def test_a_tied_head_resumes_under_pipelining_from_a_plan_without(tmp_path):
+    """nanogpt.py ties ``lm_head.weight`` to ``transformer.wte.weight``. Without pipelining the
+    checkpoint holds the one weight and its optimizer state under the embedding's name; under
+    pp 2 the last stage holds the head's copy under its own name, which the checkpoint lacks
+    (before: "Missing key in checkpoint state_dict: optim.state.lm_head.weight.step"). train.py
+    reads it by the name the checkpoint holds (``Checkpointer._read_tied_from_aliases``)."""
+    train_then_resume(tmp_path, NANOGPT, TRAIN, ParallelConfig(dp=4, zero=1, micro_batch=1),
+                      ParallelConfig(dp=2, pp=2, zero=1, micro_batch=1, schedule="1f1b"),
+                      rel=LOSS_REL)
