@@ -18,20 +18,30 @@ from torch import nn
 from torch.fx import Node
 
 
-def trace_module(module: nn.Module, args: tuple, kwargs: dict) -> torch.fx.Graph:
-    """``module``'s forward traced for the call ``module(x, *args, **kwargs)``; ``TypeError``
-    where its signature cannot take that call (extra arguments as ``*args``, one not passed)."""
+def call_values(module: nn.Module, args: tuple, kwargs: dict) -> list[object]:
+    """The value of each of ``module.forward``'s parameters in the call ``module(*args,
+    **kwargs)``, in order (a traced graph's placeholders); ``TypeError`` where its signature
+    cannot take that call (extra arguments as ``*args``, one not passed)."""
     params = [p for p in inspect.signature(module.forward).parameters.values()
               if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if len(args) + 1 > len(params):
+    if len(args) > len(params):
         raise TypeError("it takes its extra arguments as *args")
-    concrete = {}
-    for i, p in enumerate(params[1:]):
-        value = args[i] if i < len(args) else kwargs.get(p.name, p.default)
-        if value is p.empty:
-            raise TypeError(f"its argument {p.name!r} is not passed")
-        if not isinstance(value, (Node, torch.Tensor)):
-            concrete[p.name] = value
+    values = [args[i] if i < len(args) else kwargs.get(p.name, p.default)
+              for i, p in enumerate(params)]
+    missing = next((p.name for p, v in zip(params, values) if v is p.empty), None)
+    if missing is not None:
+        raise TypeError(f"its argument {missing!r} is not passed")
+    return values
+
+
+def trace_module(module: nn.Module, args: tuple, kwargs: dict) -> torch.fx.Graph:
+    """``module``'s forward traced for the call ``module(x, *args, **kwargs)``; ``TypeError``
+    where its signature cannot take that call (``call_values``)."""
+    params = [p.name for p in inspect.signature(module.forward).parameters.values()
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    values = call_values(module, (None, *args), kwargs)
+    concrete = {name: value for name, value in zip(params[1:], values[1:])
+                if not isinstance(value, (Node, torch.Tensor))}
     was_training = module.training
     module.train()
     try:

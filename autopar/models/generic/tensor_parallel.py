@@ -57,7 +57,7 @@ from autopar.models.generic.feature_split import (
     Unmappable,
     propagate,
 )
-from autopar.models.generic.module_graph import trace_module
+from autopar.models.generic.module_graph import call_values, trace_module
 
 
 # ---- 1. the regions of block 0, traced with their values --------------------------------------
@@ -110,7 +110,7 @@ def regions(model: nn.Module, blocks: str, seq_len: int) -> dict[str, Region] | 
                     return f"its block calls {name} with its input by keyword"
                 graph = trace_module(module, args[1:], kwargs)
                 gm = GraphModule(module, graph)
-                _Record(gm).run(*_call_values(module, args, kwargs))
+                _Record(gm).run(*call_values(module, args, kwargs))
                 linears = tuple(str(n.target) for n in graph.nodes if n.op == "call_module"
                                 and isinstance(module.get_submodule(str(n.target)), nn.Linear))
                 found[name] = Region(name, gm, linears)
@@ -142,17 +142,6 @@ def _to_meta(gm: GraphModule) -> None:
     for node in gm.graph.nodes:
         if VALUE in node.meta:
             node.meta[VALUE] = torch.fx.node.map_aggregate(node.meta[VALUE], meta)
-
-
-def _call_values(module: nn.Module, args: tuple, kwargs: dict) -> list[object]:
-    """The value of each of ``module.forward``'s parameters in the call (the traced graph's
-    placeholders, in order)."""
-    import inspect
-
-    params = [p for p in inspect.signature(module.forward).parameters.values()
-              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    return [args[i] if i < len(args) else kwargs.get(p.name, p.default)
-            for i, p in enumerate(params)]
 
 
 def discover(region: Region) -> RegionLayout | str:
