@@ -40,7 +40,6 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
-from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -52,6 +51,7 @@ from torch.distributed.fsdp import (
 from autopar.core.specs import Precision
 from autopar.core.plan import Plan
 from autopar.passes.mesh import data_parallel_mesh
+from autopar.passes.tensor_parallel import is_sectioned
 
 COMPUTE_DTYPE = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 """The compute dtype of the mixed-precision policies (fp32 master weights); the one-process
@@ -86,10 +86,7 @@ def dp_placement(param: nn.Parameter) -> Shard | None:
     SectionedColwiseParallel``), so that the two placements are on different dims and DTensor
     reads the pair back right (its ``full_tensor``, a checkpoint); FSDP2's default (dim 0)
     for every other parameter."""
-    placements = getattr(param, "placements", ())
-    if param.ndim == 2 and placements and isinstance(placements[-1], _StridedShard):
-        return Shard(1)
-    return None
+    return Shard(1) if param.ndim == 2 and is_sectioned(param) else None
 
 
 def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Plan,

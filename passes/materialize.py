@@ -1,5 +1,6 @@
 """``materialize(program, spec, seed)``: a program built on the meta device gets its weights,
-each rank only its own shards.
+each rank only its own shards; and ``for_save``/``for_load``, the state a checkpoint of such a
+program hands DCP (the end of the module says why).
 
 The flow of a sharded start (``train.py``, the ranks of ``autopar verify``)::
 
@@ -46,6 +47,7 @@ its slices copied, and then freed -- the memory of the whole model, for the time
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -59,6 +61,7 @@ from autopar.core.errors import AutoparError
 from autopar.core.model_spec import ModelSpec
 from autopar.models.init import InitScheme, keeping_parameters, scheme_of
 from autopar.passes.program import ParallelProgram
+from autopar.passes.tensor_parallel import is_sectioned
 
 DCP_PREFIX = "model."
 """Prefix of the model's keys in a DCP checkpoint ``train.py`` saves (its ``model`` entry)."""
@@ -85,7 +88,7 @@ def local_slice(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     (its layout's local shape and global offset), ``full`` itself for a plain tensor."""
     if not isinstance(param, DTensor):
         return full
-    if isinstance(param.placements[-1], _StridedShard):
+    if is_sectioned(param):
         return _sectioned_slice(full, param)
     shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh,
                                                           param.placements)
@@ -230,8 +233,53 @@ def load_weights(program: ParallelProgram, model: nn.Module, folder: str | Path)
                                fix="load the checkpoint under a plan that keeps the tied "
                                    "weights on different pipeline ranks")
         targets[key] = param.detach()
-    from autopar.passes.dcp_layout import for_load  # it reads this module's local_slice
-
     state, fill = for_load({"model": targets} if prefix == DCP_PREFIX else targets)
     dcp.load(state, storage_reader=reader)
     fill()
+
+
+# ---- checkpoints: a fused projection's sectioned shards cross DCP whole ----------------------
+# ``torch.distributed.checkpoint`` describes every rank's piece of a tensor as one block (an
+# offset and a size). A sectioned DTensor (``passes/tensor_parallel.is_sectioned``: q, k and v
+# each split over tp) is ``s`` blocks on a rank, so DCP refused to save it ("has overlapping
+# chunks", nanoGPT under tp 2 x dp 2 ZeRO-3: ``tests/dist/test_export_generic.py``) and would
+# read one into the wrong rows. ``for_save`` gathers each (``full_tensor``, a collective of its
+# mesh; DCP writes one copy of the replicated value); ``for_load`` hands DCP an empty whole
+# tensor, then copies this rank's ``local_slice`` of it into the shard. A checkpoint so holds
+# the model's global tensor under any plan. The cost: one whole fused weight (or moment) at a
+# time on each rank of its mesh, while saving or loading.
+
+
+def for_save(state: dict) -> dict:
+    """``state`` (nested dicts of tensors and values) with each sectioned DTensor replaced by
+    its whole tensor. Every rank of a tensor's mesh must call it, in the same key order (a
+    state dict's own)."""
+    return {k: for_save(v) if isinstance(v, dict)
+            else v.full_tensor() if is_sectioned(v) else v for k, v in state.items()}
+
+
+def for_load(state: dict) -> tuple[dict, Callable[[], None]]:
+    """(``state`` with each sectioned DTensor replaced by an empty whole tensor for
+    ``dcp.load`` to fill, the function that then copies this rank's slice of each into the
+    DTensor's local shard and puts the DTensor back in its place in the returned dict)."""
+    fills: list[tuple[dict, str, DTensor]] = []
+
+    def walk(d: dict) -> dict:
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out[k] = walk(v)
+            elif is_sectioned(v):
+                out[k] = torch.empty(v.shape, dtype=v.dtype, device=v.to_local().device)
+                fills.append((out, k, v))
+            else:
+                out[k] = v
+        return out
+
+    @torch.no_grad()
+    def fill() -> None:
+        for where, key, shard in fills:
+            shard.to_local().copy_(local_slice(where[key], shard))
+            where[key] = shard
+
+    return walk(state), fill

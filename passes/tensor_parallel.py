@@ -113,6 +113,16 @@ class SectionedColwiseParallel(ColwiseParallel):
         return outputs.to_local() if use_local_output else outputs
 
 
+def is_sectioned(tensor: object) -> bool:
+    """A DTensor laid out by ``SectionedColwiseParallel``: its tp placement (the last mesh
+    dimension) a ``_StridedShard``, so a rank's rows are one block of each section, not one
+    block of the tensor."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return isinstance(tensor, DTensor) and isinstance(tensor.placements[-1], _StridedShard)
+
+
 def sequence_parallel(plan: Plan) -> bool:
     """Whether the residual stream runs in sequence shards: the plan enables it and some module
     runs over the sequence (a solve may enable it and still keep every op whole)."""

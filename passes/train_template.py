@@ -76,8 +76,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from autopar.core.plan import Plan
 from autopar.passes import ParallelProgram, device_mesh, parallelize
-from autopar.passes.dcp_layout import for_load, for_save
-from autopar.passes.materialize import materialize
+from autopar.passes.materialize import for_load, for_save, materialize
 from autopar.core.errors import AutoparError
 from autopar.core.mesh import DATA_PARALLEL, MeshAxis
 from autopar.models.init import tied_groups
@@ -258,7 +257,7 @@ class Checkpointer:
         return {"model": model, "optim": optim, "step": step, "loss_scaling": scaling}
 
     def save(self, folder: Path, step: int) -> None:
-        # a fused projection's sectioned shards cross DCP whole (passes/dcp_layout.py)
+        # a fused projection's sectioned shards cross DCP whole (materialize.for_save)
         dcp.save(for_save(self._merge(self._parts(), step)), checkpoint_id=str(folder))
 
     def load(self, folder: Path) -> int:
