@@ -161,7 +161,7 @@ def resolve_seq_len(model: nn.Module, train: TrainSpec | None = None, seq_len: i
     return min(DEFAULT_SEQ_LEN, table[1]) if table else DEFAULT_SEQ_LEN
 
 
-_POSITION_NAME = re.compile(r"wpe|pos", re.IGNORECASE)
+_POSITION_NAME = re.compile(r"wpe|(^|_)pos", re.IGNORECASE)
 
 
 def position_table(model: nn.Module) -> tuple[str, int] | None:

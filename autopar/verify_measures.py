@@ -137,13 +137,14 @@ def compare(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
     given (``Measure.MOVES``), else over each reference tensor's largest entry, at least
     ``GRADIENT_FLOOR`` of the largest of all (``Measure.TENSOR_MAX``)."""
     worst, where, max_abs = 0.0, "-", 0.0
-    largest = max((r.abs().max().item() for r in ref.values() if r.numel()), default=0.0)
+    floor = 1e-30 if unit is not None else max(
+        (GRADIENT_FLOOR * r.abs().max().item() for r in ref.values() if r.numel()),
+        default=0.0)
     for name, r in ref.items():
         if name not in got:
             continue
         d = (got[name] - r).abs().max().item()
-        scale = unit if unit is not None else max(r.abs().max().item(),
-                                                  GRADIENT_FLOOR * largest, 1e-30)
+        scale = unit if unit is not None else max(r.abs().max().item(), floor, 1e-30)
         max_abs = max(max_abs, d)
         if d / scale > worst or where == "-":
             worst, where = d / scale, name

@@ -152,7 +152,6 @@ def keeping_parameters() -> Iterator[None]:
         torch.__future__.set_swap_module_params_on_conversion(before)
 
 
-
 def tied_groups(model: nn.Module) -> list[list[str]]:
     """Every name of each parameter ``model`` holds under several names (a tied embedding and
     head), one list per parameter, in ``named_parameters`` order."""
@@ -160,6 +159,7 @@ def tied_groups(model: nn.Module) -> list[list[str]]:
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
     return [group for group in names.values() if len(group) > 1]
+
 
 def scheme_of(model: nn.Module, family: Family | None = None) -> InitScheme | None:
     """The init scheme of ``model`` (its family's, or ``family``'s); ``None`` where the family
