@@ -59,7 +59,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from autopar.core.errors import AutoparError
 from autopar.core.model_spec import ModelSpec
-from autopar.models.init import InitScheme, keeping_parameters, scheme_of
+from autopar.models.init import InitScheme, keeping_parameters, scheme_of, tied_groups
 from autopar.passes.program import ParallelProgram
 from autopar.passes.tensor_parallel import is_sectioned
 
@@ -189,14 +189,13 @@ def check_checkpoint(model: nn.Module, folder: str | Path
         raise AutoparError(f"cannot read the checkpoint {folder}: {type(err).__name__}: "
                            f"{err}", where="--init-from",
                            fix="pass a complete checkpoint folder") from None
-    groups: dict[int, list[str]] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(p), []).append(name)
-        shapes[name] = tuple(p.shape)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters(
+        remove_duplicate=False)}
+    tied = tied_groups(model)
+    in_tied = {name for group in tied for name in group}
     key_of: dict[str, str] = {}
     missing = []
-    for group in groups.values():
+    for group in [*tied, *([name] for name in shapes if name not in in_tied)]:
         present = [n for n in group if n in saved]
         if not present:
             missing.append(group[0])
