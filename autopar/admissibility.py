@@ -162,10 +162,24 @@ def facts_of(model: object) -> ModelFacts:
      found["unsplittable"], found["unsplittable_tp"], layout) = _family_facts(model)
     if layout is not None and layout.heads is not None and found["num_heads"] is None:
         found["num_heads"], found["num_kv_heads"] = layout.heads
+    if found["num_experts"] is None:
+        found["num_experts"] = _experts_of_layers(model)
     found["attention_core_hook"] = any(hasattr(m, ATTENTION_CORE_HOOK) for m in model.modules())
     found["cross_stage_loss"] = router_loss_reason(config)
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), tensor_layout=layout, **found)
+
+
+def _experts_of_layers(model: object) -> int | None:
+    """Experts per MoE layer of a model whose config names none: its family's
+    ``expert_layers`` (a generic decoder's hand-written layers); ``None`` for a dense one."""
+    from autopar.models.family import family_of
+
+    try:
+        layers = family_of(model).expert_layers(model)  # type: ignore[arg-type]
+    except AutoparError:
+        return None
+    return layers[0].num_experts if layers else None
 
 
 def _family_facts(model: object

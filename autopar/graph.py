@@ -112,6 +112,10 @@ class GraphIR:
     """Module path -> (``linear`` | ``embedding``, weight shape) of the model's ``nn.Linear``
     and ``nn.Embedding`` layers: what a tensor-parallel style can split
     (``autopar.admissibility.layers_of``)."""
+    expert_params: frozenset[str] = frozenset()
+    """Parameters of experts held as a list of modules (a generic decoder's hand-written
+    mixture of experts, ``models/generic/experts.py``), which ep divides as it does stacked
+    (3-d) expert weights; each expert reads its rows as a slice of one dispatch buffer."""
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}

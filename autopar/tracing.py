@@ -13,7 +13,9 @@ Steps, each a function below:
    whose nodes carry ``meta["val"]``; higher-order ops (``wrap_with_set_grad_enabled`` around
    transformers' rotary embedding) are inlined with ``run_decompositions({})``. transformers MoE
    models set to the data-dependent "eager" experts path are switched to "grouped_mm" (static
-   shapes, exports) for the trace. If both fail, ``AutoparError`` names the module and line.
+   shapes, exports) for the trace, and a hand-written mixture of experts (a router beside a list
+   of expert modules, ``models/generic/experts.py``) runs on the mean rows of a dropless layer
+   in place of its own data-dependent loop. If both fail, ``AutoparError`` names the module and line.
 3. ``_build_nodes``: one ``NodeInfo`` per computing node, with the canonical op
    (``autopar.ops.naming``), shapes, FLOPs and bytes (the op registry, ``autopar.ops``),
    parameters and module path. Parameters and buffers are not nodes: a parameter read through
@@ -46,6 +48,7 @@ from autopar.core.errors import AutoparError
 from autopar.core.specs import TrainSpec
 from autopar.graph import GraphIR, NodeInfo, TensorMeta
 from autopar.models.blocks import find_block_group
+from autopar.models.generic.experts import expert_params, static_experts
 from autopar.tracing_blocks import assign_blocks
 from autopar.tracing_errors import (
     ModuleStack,
@@ -120,10 +123,11 @@ def trace(
     was_training = model.training
     model.train()  # the training forward: dropout active
     try:
-        try:
-            traced = _trace_fx(model, feed, tokens, targets)
-        except Exception as fx_error:  # noqa: BLE001 - any fx failure falls back to export
-            traced = _trace_export(model, feed, tokens, targets, fx_error)
+        with static_experts(model):
+            try:
+                traced = _trace_fx(model, feed, tokens, targets)
+            except Exception as fx_error:  # noqa: BLE001 - any fx failure falls back to export
+                traced = _trace_export(model, feed, tokens, targets, fx_error)
     finally:
         model.train(was_training)
     nodes = _build_nodes(model, traced)
@@ -136,7 +140,7 @@ def trace(
     return GraphIR(
         nodes=nodes, params=params, blocks=group, batch=batch, seq_len=seq,
         method=traced.method, gm=traced.gm, model_name=type(model).__name__,
-        layers=layers_of(model),
+        layers=layers_of(model), expert_params=expert_params(model),
     )
 
 

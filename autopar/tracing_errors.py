@@ -203,8 +203,11 @@ def data_dependent_shape_error(module: str, op: str, line: str) -> AutoparError:
         f"the model's shapes depend on its data: {op} in {where} returns a size known only "
         "with the data, and autopar sizes every op on the meta device, without it",
         where=f"{where}{f' ({line})' if line else ''}",
-        fix="keep the shapes static: route tokens to experts with dense masks or a fixed "
-            "capacity (scatter them into (experts, capacity, hidden) slots), or use a model "
+        fix="a mixture of experts autopar recognises holds exactly a router nn.Linear(h, E) "
+            "and an nn.ModuleList of E experts of one class, mapping h to h, and routes with "
+            "torch.topk (models/generic/experts.py; a shared expert or other parameters beside "
+            "them make it unrecognised); else keep the shapes static -- dense masks or a fixed "
+            "capacity (scatter tokens into (experts, capacity, hidden) slots) -- or use a model "
             "family autopar knows: a zoo MoE (`autopar models`) or a transformers MoE "
             "(Mixtral, Qwen2-MoE, Qwen3-MoE) given by its config.json")
 

@@ -6,7 +6,9 @@ draws only this rank's shards (``passes/materialize.py``, as an exported ``train
 comparison with the one-process reference so also checks that sharded initialisation), trains
 ``steps`` steps on its slice of the synthetic batches and writes ``rank<R>.pt`` into the job's
 folder: its losses (ranks holding the last stage), and on the first tp and dp rank of each
-pipeline rank the full gradients of the last step and the full parameters after it. Gloo
+pipeline rank the full gradients of the last step and the full parameters after it (and of
+the experts it holds, on a rank of another ep coordinate, where expert parallelism keeps a
+list of expert modules split: ``models/generic/experts.py``). Gloo
 ranks can abort while the interpreter shuts down (../shared/design/FINDINGS.md), so each rank
 ends with a barrier and ``os._exit``, and the launcher reads these files rather than trusting
 exit codes. ``main`` is the rank side of ``autopar.verify.start_ranks``/``wait_ranks`` for any
@@ -27,6 +29,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from autopar.core.errors import AutoparError
+from autopar.models.generic.experts import OtherRankExpert
 from autopar.passes import device_mesh, parallelize
 from autopar.passes.expert_parallel import ep_load
 from autopar.passes.materialize import materialize
@@ -75,6 +78,11 @@ def run(job: dict) -> dict:
                      if p.grad is not None}
         program.optimizer_step([opt])
     params = {n: full(p).float() for n, p in program.named_parameters(False)}
+    if not first_of_stage and mesh.get_local_rank(MeshAxis.TP.value) == 0:
+        own = _own_experts(program)  # experts no first dp rank holds
+        grads = {n: g for n, g in grads.items() if own(n)}
+        params = {n: p for n, p in params.items() if own(n)}
+        first_of_stage = bool(params)
     result = {"rank": dist.get_rank(), "dp_rank": program.dp_rank,
               "ep_busiest_share": ep_load(program.modules),
               "tp_rank": mesh.get_local_rank(MeshAxis.TP.value),
@@ -83,6 +91,16 @@ def run(job: dict) -> dict:
     if first_of_stage:
         result.update(grads=grads, params=params)
     return result
+
+
+def _own_experts(program: ParallelProgram) -> Callable[[str], bool]:
+    """Whether a parameter name is of an expert list that expert parallelism split over the
+    ranks (``models/generic/experts.py``: each keeps its own experts under their names, so
+    the first dp rank holds only its own)."""
+    lists = tuple(f"{name.rpartition('.')[0]}." for stage in program.modules
+                  for name, m in stage.named_modules()
+                  if isinstance(m, OtherRankExpert))
+    return lambda name: name.startswith(lists) if lists else False
 
 
 def main(argv: list[str], work: Callable[[dict], object] = run) -> None:

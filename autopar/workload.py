@@ -254,9 +254,10 @@ def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: flo
     every -= exclude_params
     a2a = 0.0
     first = next((n for n in nodes if is_expert_gemm(n, graph)), None)
-    if first is not None:
+    if first is not None:  # listed experts each read a slice of the one dispatch buffer
         for i in first.inputs:
-            a2a = max(a2a, _elements(graph, i))
+            a2a = max(a2a, _elements(graph, storage_of(graph, i) if graph.expert_params
+                                     else i))
     return LayerCost(
         name=name,
         ops=op_costs(graph, nodes, act_bytes, fusions),

@@ -15,7 +15,9 @@ data-parallel ranks (its FSDP + EP layout).
 * hold ``E / ep`` experts: the stacked weights (``ExpertLayer.weights``) become DTensors
   ``Shard(0)`` on the ep mesh (rank ``r`` holds experts ``r * E/ep ..``), so ``materialize``
   draws, and ``torch.distributed.checkpoint`` saves and reloads under another plan, each
-  rank's slice of the one-process weights;
+  rank's slice of the one-process weights; a list of expert modules (a generic decoder's,
+  ``ExpertLayer.shard``) keeps rank ``r``'s experts under their own names and none of the
+  others, whose checkpoint keys their owners save, as pipeline stages do theirs;
 * dispatch with the autograd all-to-all (``_functional_collectives.all_to_all_single_autograd``;
   its backward is the reverse all-to-all). The routing, the drops and the load-balancing loss
   stay the layer's, on the rank's own tokens (``models/moe/model.py``; transformers' router,
@@ -29,7 +31,8 @@ data-parallel ranks (its FSDP + EP layout).
   - **dropless** (``capacity_factor=None``): the rank's assignments sorted by expert; one
     all-to-all of the per-expert counts (``ep * E/ep`` integers), then the rows with uneven
     splits, ``top_k * T`` rows sent in all; the owner regroups them by expert, runs each on its
-    rows, and the reverse all-to-all brings them home.
+    rows, and the reverse all-to-all brings them home (``exchange``, which a layer routing
+    by its own code calls with its rows grouped by expert: ``models/generic/experts.py``).
 
 Per layer and micro-batch that is 2 all-to-alls forward (dispatch, combine) and 2 backward in
 capacity mode; dropless adds the count exchange (forward only: counts have no gradient).
@@ -112,14 +115,17 @@ def apply_expert_parallel(stage: nn.Module, plan: Plan, ep_mesh: DeviceMesh,
                                where="plan.config.ep",
                                fix=f"choose ep among the divisors of {layer.num_experts}")
         experts = layer.experts
-        for name in layer.weights:
-            param = getattr(experts, name)
-            sharded = distribute_tensor(param.data, ep, [Shard(0)], src_data_rank=None)
-            setattr(experts, name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        if layer.shard is not None:
+            out.extend(layer.shard(ep))
+        else:
+            for name in layer.weights:
+                param = getattr(experts, name)
+                sharded = distribute_tensor(param.data, ep, [Shard(0)], src_data_rank=None)
+                setattr(experts, name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+            out.append(experts)
         dispatch = ExpertDispatch(ep, layer)
         layer.install(dispatch)
         experts.ep_dispatch = dispatch  # found again by ep_load
-        out.append(experts)
     return out
 
 
@@ -147,30 +153,44 @@ class ExpertDispatch:
 
     def _capacity(self, tokens, top_experts, weights) -> torch.Tensor:
         layer = self.layer
-        e, k, ep, h = layer.num_experts, layer.top_k, self.ep, tokens.size(-1)
+        e, ep = layer.num_experts, self.ep
         if layer.capacity_factor is None:  # a dropless layer on fake tensors: the mean load
-            capacity = dropless_rows(tokens.size(0), e, k)
+            capacity = dropless_rows(tokens.size(0), e, layer.top_k)
         else:
-            capacity = expert_capacity(tokens.size(0), e, k, layer.capacity_factor)
+            capacity = expert_capacity(tokens.size(0), e, layer.top_k, layer.capacity_factor)
         slot = capacity_slots(top_experts, e, capacity)
         if not is_symbolic(tokens):  # the kept assignments per owner (data-dependent)
             kept_expert = torch.div(slot[slot < e * capacity], capacity, rounding_mode="floor")
             self._count(torch.bincount(kept_expert, minlength=e).view(ep, -1).sum(dim=1))
         buf = dispatch_capacity(tokens, slot, e, capacity)  # (E, C, h), experts by owner
+        return combine_capacity(self.exchange_slots(buf), slot, weights)
+
+    def exchange_slots(self, buf: torch.Tensor) -> torch.Tensor:
+        """(E, C, h) rows in each expert's C slots -> the experts' outputs in the same slots:
+        one all-to-all of equal parts to the owners, which run their ``E / ep`` experts on the
+        ``ep * C`` rows each received, and one back."""
+        layer, ep = self.layer, self.ep
+        e, capacity, h = buf.shape
         recv = all_to_all_single_autograd(buf.reshape(-1, h), None, None, self.mesh)
         local = e // ep  # recv: (source rank, local expert, slot, h)
         x = recv.view(ep, local, capacity, h).transpose(0, 1).reshape(local, ep * capacity, h)
         y = layer.run(x, None, 1.0 / ep)
         y = y.view(local, ep, capacity, h).transpose(0, 1).reshape(-1, h)
-        back = all_to_all_single_autograd(y, None, None, self.mesh)
-        return combine_capacity(back.view(e, capacity, h), slot, weights)
+        return all_to_all_single_autograd(y, None, None, self.mesh).view(e, capacity, h)
 
     def _dropless(self, tokens, top_experts, weights) -> torch.Tensor:
-        layer = self.layer
-        e, k, ep = layer.num_experts, layer.top_k, self.ep
+        order, counts = dropless_order(top_experts, self.layer.num_experts)
+        rows = tokens.repeat(self.layer.top_k, 1)[order]
+        return combine_dropless(self.exchange(rows, counts), order, weights)
+
+    def exchange(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Rows grouped by expert (``counts``: (E,) int64 on the CPU or the rows' device,
+        experts by owner) -> the experts' outputs in the same order: one all-to-all of the
+        per-expert counts, then the rows with uneven splits to their owners, which regroup them
+        by expert and run each on its rows; the reverse all-to-all brings them home."""
+        e, ep = self.layer.num_experts, self.ep
         local = e // ep
-        order, counts = dropless_order(top_experts, e)  # counts: (E,), experts by owner
-        rows = tokens.repeat(k, 1)[order]
+        counts = counts.to(rows.device)
         # counts[j] of every source for this rank's experts: (ep sources x local experts)
         got = all_to_all_single(counts, None, None, self.mesh).view(ep, local)
         self._count(counts.view(ep, local).sum(dim=1))
@@ -180,13 +200,12 @@ class ExpertDispatch:
         # regroup (source, expert) blocks as (expert, source): each expert's rows together
         blocks = list(torch.split(recv, got.reshape(-1).tolist()))
         by_expert = [blocks[s * local + j] for j in range(local) for s in range(ep)]
-        y = layer.run(torch.cat(by_expert), got.sum(dim=0).tolist(), 1.0 / ep)
+        y = self.layer.run(torch.cat(by_expert), got.sum(dim=0).tolist(), 1.0 / ep)
         out_blocks = list(torch.split(y, [int(got[s, j]) for j in range(local)
                                           for s in range(ep)]))
         by_source = [out_blocks[j * ep + s] for s in range(ep) for j in range(local)]
-        back = all_to_all_single_autograd(torch.cat(by_source), send_splits, recv_splits,
+        return all_to_all_single_autograd(torch.cat(by_source), send_splits, recv_splits,
                                           self.mesh)
-        return combine_dropless(back, order, weights)
 
 
 def ep_load(modules: list[nn.Module]) -> float | None:

@@ -7,8 +7,9 @@ unit over the expert data-parallel ranks), their names, the number of experts, t
 capacity (``None``: dropless), how to run the local experts on rows grouped by expert, and how
 to make the layer route through the all-to-all dispatch. A family says where its MoE layers are
 with ``Family.expert_layers`` (module -> ``ExpertLayer`` list): the zoo's ``MoELayer``
-(``models/moe``, ``models/deepseek``) and transformers' stacked-weights experts (``models/hf_moe``)
-go through the one dispatch.
+(``models/moe``, ``models/deepseek``), transformers' stacked-weights experts (``models/hf_moe``)
+and a generic decoder's list of expert modules (``models/generic/experts.py``) go through the
+one dispatch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
     from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
 
 Dispatch = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 """(tokens (T, h), top-k expert indices (T, k), top-k weights (T, k)) -> the layer's combined
@@ -43,7 +45,13 @@ class ExpertLayer:
     ``counts`` ``None``, else rows grouped by expert, ``counts[i]`` rows for local expert i;
     the weights' local shards are used and their gradients scaled by ``grad_scale``."""
     install: Callable[[Dispatch | None], None]
-    """Make the layer call the dispatch in place of its local experts (``None``: local again)."""
+    """Make the layer call the dispatch in place of its local experts (``None``: local again);
+    the dispatch is ``passes/expert_parallel.ExpertDispatch``, whose ``exchange`` a layer that
+    routes by its own code calls with its rows grouped by expert."""
+    shard: Callable[[DeviceMesh], list[nn.Module]] | None = None
+    """(the ep mesh) -> split the experts over it, returning the modules FSDP2 wraps over the
+    expert data-parallel ranks (a list of expert modules: each rank keeps its own);
+    ``None``: the stacked ``weights`` become DTensors ``Shard(0)`` and ``experts`` is the unit."""
 
 
 def no_expert_layers(module: nn.Module) -> list[ExpertLayer]:

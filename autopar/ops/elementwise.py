@@ -56,8 +56,9 @@ PRODUCT = register(OpFamily(
 
 SELECT = register(OpFamily(
     "select", ops=("masked_fill", "where", "clamp", "floor", "ceil", "eq", "ne", "lt", "gt",
-                   "le", "ge"),
-    aliases={"masked_fill_": "masked_fill"},
+                   "le", "ge", "remainder", "floor_divide"),
+    aliases={"masked_fill_": "masked_fill", "mod": "remainder", "fmod": "remainder",
+             "floordiv": "floor_divide"},
     flop_per_element={"masked_fill": 1, "where": 1}, saves=saves_nothing, rule=elementwise_rule))
 
 CAST = register(OpFamily(

@@ -65,9 +65,11 @@ def is_weight_gemm(node: NodeInfo, graph: GraphIR) -> bool:
 
 
 def is_expert_gemm(node: NodeInfo, graph: GraphIR) -> bool:
-    """A GEMM by stacked expert weights (3-d parameters), which ep divides."""
-    return node.op in GEMM.ops and any(len(graph.params[p].shape) == 3 for p in node.params
-                                       if p in graph.params)
+    """A GEMM by expert weights, which ep divides: stacked (3-d parameters), or an expert
+    module's of a list of them (``GraphIR.expert_params``)."""
+    return node.op in GEMM.ops and any(
+        len(graph.params[p].shape) == 3 or p in graph.expert_params
+        for p in node.params if p in graph.params)
 
 
 def is_linear(node: NodeInfo, graph: GraphIR) -> bool:

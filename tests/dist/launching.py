@@ -81,3 +81,21 @@ def train_then_resume(tmp_path: Path, spec, train, plan_a, plan_b, *, rel: float
         assert math.isfinite(losses_b[step])
         assert losses_b[step] == pytest.approx(losses_a[step], rel=rel), (losses_a, losses_b)
     return {"plans": plans, "folders": folders, "a": losses_a, "b": losses_b}
+
+
+def resume_a_from_b(tmp_path: Path, spec, run: dict, *, rel: float) -> None:
+    """...and back: plan A (of ``train_then_resume(..., save_b=True)``'s ``run``) reads B's
+    step-4 checkpoint and trains steps 5 and 6 on the one-process reference's losses."""
+    import pytest
+
+    from autopar.verify import reference
+
+    log_c = tmp_path / "c.jsonl"
+    _, out_c = launch(run["folders"]["a"], "--steps", "6", "--resume",
+                      str(tmp_path / "ckpt-b" / "step-4"), "--checkpoint-dir",
+                      str(tmp_path / "ckpt-c"), "--log-file", str(log_c))
+    losses_c = losses_of(log_c)
+    assert sorted(losses_c) == [5, 6], out_c
+    longer = reference(spec, run["plans"]["a"], steps=6, seed=0).losses
+    for step in (5, 6):
+        assert losses_c[step] == pytest.approx(longer[step - 1], rel=rel), (losses_c, longer)

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from launching import launch, losses_of, train_then_resume
+from launching import resume_a_from_b, train_then_resume
 
 from autopar import ParallelConfig, TrainSpec
 from autopar.core.model_spec import ModelSpec
-from autopar.verify import reference
 
 NANOGPT = ModelSpec.parse(f"{Path(__file__).resolve().parents[1] / 'data' / 'nanogpt.py'}:make")
 TRAIN = TrainSpec(global_batch=4, seq_len=32, precision="fp32")
@@ -33,15 +31,7 @@ def test_generic_tp_plan_trains_and_resumes_under_zero3_with_the_same_losses(tmp
     run = train_then_resume(tmp_path, NANOGPT, TRAIN, PLAN_A, PLAN_B, rel=LOSS_REL, save_b=True)
     # ...and back: B's step-4 checkpoint read into A's sectioned shards, on the reference's
     # losses for steps 5 and 6
-    log_c = tmp_path / "c.jsonl"
-    _, out_c = launch(run["folders"]["a"], "--steps", "6", "--resume",
-                      str(tmp_path / "ckpt-b" / "step-4"), "--checkpoint-dir",
-                      str(tmp_path / "ckpt-c"), "--log-file", str(log_c))
-    losses_c = losses_of(log_c)
-    assert sorted(losses_c) == [5, 6], out_c
-    longer = reference(NANOGPT, run["plans"]["a"], steps=6, seed=0).losses
-    for step in (5, 6):
-        assert losses_c[step] == pytest.approx(longer[step - 1], rel=LOSS_REL), (losses_c, longer)
+    resume_a_from_b(tmp_path, NANOGPT, run, rel=LOSS_REL)
 
 
 def test_a_tied_head_resumes_under_pipelining_from_a_plan_without(tmp_path):

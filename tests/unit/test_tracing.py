@@ -107,6 +107,17 @@ class _WhereMoE(nn.Module):
         return out.view_as(x)
 
 
+class _SharedWhereMoE(_WhereMoE):
+    """The same with a shared expert beside the routed ones: not a recognised layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + self.shared(x)
+
+
 class _Wrapper(nn.Module):
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
@@ -356,11 +367,24 @@ def test_data_dependent_shapes_name_the_module_and_line() -> None:
     """torch.export traces a ``torch.where`` expert loop (its row counts unbacked sizes), but
     nothing can size it without data: one clear error, not torch's guard traceback."""
     with pytest.raises(AutoparError) as info:
-        trace(_Wrapper(_WhereMoE()).to("meta"), seq_len=4)
+        trace(_Wrapper(_SharedWhereMoE()).to("meta"), seq_len=4)
     err = info.value
     assert "depend on its data" in err.what and "where" in err.what
     assert "layers.1" in err.where and "torch.where(chosen == i)" in err.where
-    assert "capacity" in err.fix
+    assert "capacity" in err.fix and "shared expert" in err.fix
+
+
+def test_recognised_where_loop_traces_on_its_mean_rows() -> None:
+    """The same loop with nothing beside its router and experts is a recognised mixture of
+    experts (``models/generic/experts.py``): traced on a dropless layer's mean rows, its
+    experts' weights named as expert parameters, and the model left as it was."""
+    model = _Wrapper(_WhereMoE()).to("meta")
+    g = trace(model, seq_len=4)
+    _check_graph(g, model)
+    assert g.expert_params == {f"layers.1.experts.{i}.{p}" for i in range(4)
+                               for p in ("weight", "bias")}
+    assert any(n.target.endswith("dropless_rows") for n in g.nodes)
+    assert "forward" not in model.layers[1].__dict__
 
 
 def test_not_a_module_is_a_clear_error() -> None:

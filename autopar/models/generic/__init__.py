@@ -16,6 +16,12 @@ recognises a model -- a user's ``FILE.py:FACTORY`` model. Its models run every p
   registered mask or position buffer): refused with the reason (``Family.context_problem``,
   ``context.py``). Otherwise each block takes the context-parallel hook and runs its SDPA
   calls by it, and the positions are the rank's global ones.
+* mixture of experts: a hand-written layer -- a router ``nn.Linear(h, E)`` beside an
+  ``nn.ModuleList`` of E experts, run on the rows its own code routes to each
+  (``experts.py``) -- is priced on static shapes, and split over the ep ranks with the user's
+  routing code run twice (rows recorded, sent to the experts' owners, answered); its routing
+  is taken to be per token (``Family.token_routing``; ``verify`` holds a capacity-dropping
+  layer to it). Tensor parallelism of its experts is refused (whole experts, ep splits them).
 * initialisation: no per-parameter scheme (``Family.init`` is ``None``): the model's own code
   initialises it, so a sharded build builds it whole once on the CPU (``passes/materialize.py``).
 
@@ -33,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from autopar.core.errors import AutoparError
 from autopar.models.family import Family, register
+from autopar.models.generic import experts
 from autopar.models.generic.describe import context_problem, describe, is_block
 from autopar.models.generic.tensor_parallel import ModelLayout, model_layout
 
@@ -58,6 +65,9 @@ def tensor_layout(model: nn.Module) -> ModelLayout | str:
     found = describe(model)
     if isinstance(found, str):
         return f"the generic decoder description does not apply: {found}"
+    moe = experts.tensor_parallel_problem(model)
+    if moe is not None:
+        return moe
     known = _LAYOUTS.get(model)
     if known is None:
         known = _LAYOUTS[model] = model_layout(model, found.blocks)
@@ -91,8 +101,14 @@ def parts(model: nn.Module) -> ModelParts:
     return known
 
 
+def _install_experts(model: nn.Module) -> None:
+    experts.install(model)
+
+
 FAMILY = register(Family(name="generic", parts=None, describe=parts, mismatch=mismatch,
                          fallback=True, tensor_layout=tensor_layout,
-                         context_attention=is_block, context_problem=context_problem))
+                         context_attention=is_block, context_problem=context_problem,
+                         expert_layers=experts.expert_layers, token_routing=True,
+                         prepare=_install_experts))
 
 __all__ = ["FAMILY", "describe", "tensor_layout"]

@@ -14,7 +14,8 @@ positions of its chunks. ``context_problem`` checks both on the traced graphs, c
   causal with no mask, and contain nothing else that could mix or index tokens: no softmax
   (a hand-written attention; a router's softmax is refused too), ``tril``/``triu``/``cumsum``/
   ``masked_fill``/``arange``, no ``nn.MultiheadAttention``/``nn.Softmax``/convolution/RNN, and
-  no buffer (a registered causal mask, a cached position table);
+  no buffer (a registered causal mask, a cached position table); a hand-written mixture of
+  experts (``experts.py``) is not entered: its routing is per token;
 * the embedding's and the extra arguments' graphs may build positions only as
   ``torch.arange(n)`` / ``torch.arange(0, n)`` with ``n`` the tokens' sequence length
   (``tokens.size(1)``, ``tokens.shape[1]``), and read no buffer. ``with_positions`` rewrites
@@ -45,6 +46,7 @@ from torch.overrides import TorchFunctionMode
 
 from autopar.core.errors import AutoparError
 from autopar.models.generic.module_graph import trace_module
+from autopar.models.generic.experts import listed_moe
 
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
                 "enable_gqa")
@@ -199,8 +201,9 @@ def block_problem(block: nn.Module, name: str, args: tuple, kwargs: dict) -> str
     """Why ``block`` (called ``block(x, *args, **kwargs)``, the extra arguments as the forward's
     graph passes them: nodes or constants) cannot run context-parallel; ``None`` where it can
     (see the module docstring)."""
+    routed = frozenset(id(layer.module) for layer in listed_moe(block))  # per-token routing
     try:
-        graph = trace_module(block, args, kwargs)
+        graph = trace_module(block, args, kwargs, leaves=routed)
     except Exception as err:  # noqa: BLE001 - any fx failure is the reason given
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         return (f"torch.fx cannot trace its block {name} to find its attention "

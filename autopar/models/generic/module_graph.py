@@ -34,9 +34,21 @@ def call_values(module: nn.Module, args: tuple, kwargs: dict) -> list[object]:
     return values
 
 
-def trace_module(module: nn.Module, args: tuple, kwargs: dict) -> torch.fx.Graph:
-    """``module``'s forward traced for the call ``module(x, *args, **kwargs)``; ``TypeError``
-    where its signature cannot take that call (``call_values``)."""
+class _Tracer(torch.fx.Tracer):
+    def __init__(self, leaves: frozenset[int]) -> None:
+        super().__init__()
+        self.leaves = leaves
+        self.proxy_buffer_attributes = True  # a buffer read is a get_attr node, not a value
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return id(m) in self.leaves or super().is_leaf_module(m, qualname)
+
+
+def trace_module(module: nn.Module, args: tuple, kwargs: dict,
+                 leaves: frozenset[int] = frozenset()) -> torch.fx.Graph:
+    """``module``'s forward traced for the call ``module(x, *args, **kwargs)``, the modules
+    whose ids are in ``leaves`` not entered; ``TypeError`` where its signature cannot take that
+    call (``call_values``)."""
     params = [p.name for p in inspect.signature(module.forward).parameters.values()
               if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     values = call_values(module, (None, *args), kwargs)
@@ -45,8 +57,6 @@ def trace_module(module: nn.Module, args: tuple, kwargs: dict) -> torch.fx.Graph
     was_training = module.training
     module.train()
     try:
-        tracer = torch.fx.Tracer()
-        tracer.proxy_buffer_attributes = True  # a buffer read is a get_attr node, not a value
-        return tracer.trace(module, concrete_args=concrete or None)
+        return _Tracer(leaves).trace(module, concrete_args=concrete or None)
     finally:
         module.train(was_training)
