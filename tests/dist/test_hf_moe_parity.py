@@ -20,14 +20,17 @@ routers' gradients are 0.99 of their max off and the case fails.
 
 The all-to-all count test runs two real gloo ranks (a dropless layer's count exchange needs
 data, which the fake backend does not move) and counts the forward and backward all-to-alls of
-one step (a dispatch mode over the functional ops) against ``costmodel.step.ep_alltoalls`` per MoE layer, as ``test_comm_counts.py`` does
-for the zoo.
+one step (a dispatch mode over the functional ops) against ``costmodel.step.ep_alltoalls`` per
+MoE layer, as ``test_comm_counts.py`` does for the zoo -- for transformers' Qwen2-MoE and for a
+``FILE.py`` decoder's hand-written MoE (tests/data/nanomoe.py), whose first pass records the rows
+the same dropless dispatch sends (``models/generic/experts.py``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,15 +99,16 @@ def test_transformers_moe_checkpointed_in_bf16_matches_one_process():
     assert result.passed, result.table()
 
 
-def _count_rank(rank: int, world: int, port: int, checkpoint: str, out: str) -> None:
+def _count_rank(rank: int, world: int, port: int, checkpoint: str, out: str,
+                spec: ModelSpec) -> None:
     import torch.distributed as dist
 
     torch.set_flush_denormal(True)
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    plan = process_plan(QWEN2_MOE, dict(dp=2, ep=2, zero=1, micro_batch=1, checkpoint=checkpoint), 2)
-    program = autopar.parallelize(QWEN2_MOE.build("cpu"), plan, autopar.device_mesh(plan))
+    plan = process_plan(spec, dict(dp=2, ep=2, zero=1, micro_batch=1, checkpoint=checkpoint), 2)
+    program = autopar.parallelize(spec.build("cpu"), plan, autopar.device_mesh(plan))
     tokens = torch.randint(256, (1, 32), generator=torch.Generator().manual_seed(rank))
     with _AllToAlls() as forward:
         loss = program.loss(program.modules[0](tokens), tokens)
@@ -133,22 +137,29 @@ class _AllToAlls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+NANOMOE = ModelSpec.parse(f"{Path(__file__).resolve().parents[1] / 'data' / 'nanomoe.py'}:make")
+"""A ``FILE.py`` decoder's hand-written MoE (``models/generic/experts.py``): the same dropless
+dispatch, its rows recorded by a first pass of the user's forward."""
+
+
+@pytest.mark.parametrize("model", ["qwen2-moe", "nanomoe"])
 @pytest.mark.parametrize("checkpoint", ["none", "full"])
-def test_transformers_moe_all_to_alls_match_the_plan(tmp_path, checkpoint):
+def test_moe_all_to_alls_match_the_plan(tmp_path, checkpoint, model):
     from autopar.admissibility import facts_of
     from autopar.core.specs import Checkpoint
     from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
     from autopar.costmodel.step import ep_alltoalls
     from autopar.search.planner import strategies_of
 
+    spec = {"qwen2-moe": QWEN2_MOE, "nanomoe": NANOMOE}[model]
     out = str(tmp_path / "counts.json")
-    mp.start_processes(_count_rank, args=(2, free_port(), checkpoint, out), nprocs=2,
+    mp.start_processes(_count_rank, args=(2, free_port(), checkpoint, out, spec), nprocs=2,
                        start_method="spawn")
     forward_a2a, backward_a2a = json.load(open(out))
     train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")
     config = ParallelConfig(dp=2, ep=2, zero=1, micro_batch=1, checkpoint=checkpoint)
-    model = QWEN2_MOE.build("meta")
-    work = strategies_of(autopar.trace(model, train), facts_of(model), QWEN2_MOE.label,
+    built = spec.build("meta")
+    work = strategies_of(autopar.trace(built, train), facts_of(built), spec.label,
                          process_cluster(2), train, efficiency=DEFAULT_EFFICIENCY)(config)
     assert work.block.ep_dropless
     fwd, bwd = ep_alltoalls(work.block, Checkpoint(checkpoint))
