@@ -1,21 +1,27 @@
-"""Time ``autopar verify`` end to end on the done-when plans of the execution issue.
+"""Time ``autopar verify`` end to end on the done-when plans of the execution issues.
 
     python bench/verify_time.py                                   # rich table
     python bench/verify_time.py --markdown > bench/results/verify.md
 
-Each case runs the command line ``autopar verify --model tiny-llama ...`` in a fresh
-interpreter, as a user would, and reports its wall time (interpreter start, tracing and
-planning, the ranks' start-up, three training steps on both sides, comparison), its exit status
-and the largest differences it printed. Target: each under 90 s on a 2-core CPU machine.
+Each case runs the command line ``autopar verify --model MODEL ...`` in a fresh interpreter, as
+a user would, and reports its wall time (interpreter start, tracing and planning, the ranks'
+start-up, the training steps on both sides, comparison), its exit status and the largest
+differences it printed. The models: the zoo's tiny presets, a transformers Qwen2-MoE-style
+``config.json`` (written to a temporary folder), and ``FILE.py`` decoders of tests/data
+(nanoGPT, and nanoMoE's hand-written ``torch.where`` experts). Target: each under 90 s on a
+2-core CPU machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -23,17 +29,42 @@ from rich.table import Table
 
 from machine import machine_lines
 
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
+QWEN2_MOE = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+             "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts_per_tok": 2,
+             "max_position_embeddings": 64, "num_experts": 4, "moe_intermediate_size": 32,
+             "intermediate_size": 128, "shared_expert_intermediate_size": 128}
+"""The Qwen2-MoE shape of ``tests/dist/test_hf_moe_parity.py``."""
 CASES = (
-    "--dp 2 --tp 2 --nproc 4 --steps 3",
-    "--tp 2 --pp 2 --schedule 1f1b",
-    "--dp 2 --pp 2 --schedule interleaved",
-    "--dp 2 --tp 2 --pp 2 --sequence-parallel --zero 2 --steps 3",
+    ("tiny-llama", "--dp 2 --tp 2 --nproc 4 --steps 3"),
+    ("tiny-llama", "--tp 2 --pp 2 --schedule 1f1b"),
+    ("tiny-llama", "--dp 2 --pp 2 --schedule interleaved"),
+    ("tiny-llama", "--dp 2 --tp 2 --pp 2 --sequence-parallel --zero 2 --steps 3"),
+    ("tiny-moe", "--ep 2 --dp 2 --nproc 4"),
+    ("tiny-llama", "--cp 2 --tp 2 --sequence-parallel --nproc 4"),
+    ("tiny-llama", "--cp 2 --pp 2"),
+    ("qwen2-moe", "--ep 2 --dp 2 --nproc 4 --seq-len 32"),
+    ("qwen2-moe", "--cp 2 --tp 2 --sequence-parallel --nproc 4 --seq-len 32"),
+    ("qwen2-moe", "--cp 2 --pp 2 --seq-len 32"),
+    ("nanomoe.py:make", "--ep 2 --dp 2 --nproc 4"),
+    ("nanogpt.py:make", "--cp 2 --tp 2 --sequence-parallel --nproc 4"),
+    ("nanogpt.py:make", "--cp 2 --pp 2"),
 )
 TARGET_S = 90.0
 
 
-def run(args: str) -> tuple[float, int, list[str]]:
-    cmd = [sys.executable, "-m", "autopar", "verify", "--model", "tiny-llama", *args.split()]
+def model_argument(name: str, folder: Path) -> str:
+    """What ``--model`` is given for the case's model name."""
+    if name == "qwen2-moe":
+        (folder / "qwen2-moe").mkdir(exist_ok=True)
+        (folder / "qwen2-moe" / "config.json").write_text(json.dumps(QWEN2_MOE))
+        return str(folder / "qwen2-moe")
+    return str(DATA / name) if ".py:" in name else name
+
+
+def run(model: str, args: str) -> tuple[float, int, list[str]]:
+    cmd = [sys.executable, "-m", "autopar", "verify", "--model", model, *args.split()]
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -47,28 +78,31 @@ def main() -> None:
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args()
     rows = []
-    for case in CASES:
-        wall, code, values = run(case)
-        rows.append((case, wall, code, values))
+    with tempfile.TemporaryDirectory() as folder:
+        for name, case in CASES:
+            wall, code, values = run(model_argument(name, Path(folder)), case)
+            rows.append((name, case, wall, code, values))
     if args.markdown:
         print("# `autopar verify` wall time\n")
         print("\n".join(machine_lines("python bench/verify_time.py --markdown",
                                       f"torch {torch.__version__}")))
         print(f"\nTarget: under {TARGET_S:.0f} s each. Differences: the loss (relative), the "
               "gradients (over each tensor's largest entry), the parameters (in optimizer "
-              "moves), as `autopar verify` prints them.\n")
-        print("| autopar verify --model tiny-llama ... | wall s | exit | loss | grads | params |")
-        print("|---|---|---|---|---|---|")
-        for case, wall, code, values in rows:
+              "moves), as `autopar verify` prints them. `qwen2-moe`: a transformers "
+              "Qwen2-MoE-style config.json (bench/verify_time.py's `QWEN2_MOE`); `*.py:make`: "
+              "tests/data.\n")
+        print("| model | autopar verify --model MODEL ... | wall s | exit | loss | grads | params |")
+        print("|---|---|---|---|---|---|---|")
+        for name, case, wall, code, values in rows:
             v = values + ["-"] * (3 - len(values))
-            print(f"| `{case}` | {wall:.1f} | {code} | {v[0]} | {v[1]} | {v[2]} |")
+            print(f"| {name} | `{case}` | {wall:.1f} | {code} | {v[0]} | {v[1]} | {v[2]} |")
         return
-    table = Table(title="autopar verify --model tiny-llama ...")
-    for col in ("flags", "wall s", "exit", "loss", "grads", "params"):
+    table = Table(title="autopar verify --model MODEL ...")
+    for col in ("model", "flags", "wall s", "exit", "loss", "grads", "params"):
         table.add_column(col)
-    for case, wall, code, values in rows:
+    for name, case, wall, code, values in rows:
         v = values + ["-"] * (3 - len(values))
-        table.add_row(case, f"{wall:.1f}", str(code), *v)
+        table.add_row(name, case, f"{wall:.1f}", str(code), *v)
     Console().print(table)
 
 
