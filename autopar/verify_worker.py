@@ -5,10 +5,10 @@ Reads the rendezvous from the environment as ``torchrun`` sets it (``RANK``, ``W
 draws only this rank's shards (``passes/materialize.py``, as an exported ``train.py`` does: the
 comparison with the one-process reference so also checks that sharded initialisation), trains
 ``steps`` steps on its slice of the synthetic batches and writes ``rank<R>.pt`` into the job's
-folder: its losses (ranks holding the last stage), and on the first tp and dp rank of each
-pipeline rank the full gradients of the last step and the full parameters after it (and of
-the experts it holds, on a rank of another ep coordinate, where expert parallelism keeps a
-list of expert modules split: ``models/generic/experts.py``). Gloo
+folder: its losses (ranks holding the last stage), and the full gradients of the last step and
+the full parameters after it of the parameters no lower rank holds (``_first_held``: a
+stage's on its first tp and dp rank; a list of experts that expert parallelism split, each
+expert's on the first rank holding it). Gloo
 ranks can abort while the interpreter shuts down (../shared/design/FINDINGS.md), so each rank
 ends with a barrier and ``os._exit``, and the launcher reads these files rather than trusting
 exit codes. ``main`` is the rank side of ``autopar.verify.start_ranks``/``wait_ranks`` for any
@@ -29,7 +29,6 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from autopar.core.errors import AutoparError
-from autopar.models.generic.experts import OtherRankExpert
 from autopar.passes import device_mesh, parallelize
 from autopar.passes.expert_parallel import ep_load
 from autopar.passes.materialize import materialize
@@ -65,7 +64,6 @@ def run(job: dict) -> dict:
     opt = optimizer(program.parameters())
     train, c = plan.train, plan.config
     rows = train.global_batch // c.dp
-    first_of_stage = (mesh.get_local_rank(MeshAxis.TP.value) == 0 and program.dp_rank == 0)
     losses, grads = [], {}
     for step in range(steps):
         tokens, targets = synthetic_batch(step, train.global_batch, train.seq_len, vocab, seed)
@@ -78,29 +76,30 @@ def run(job: dict) -> dict:
                      if p.grad is not None}
         program.optimizer_step([opt])
     params = {n: full(p).float() for n, p in program.named_parameters(False)}
-    if not first_of_stage and mesh.get_local_rank(MeshAxis.TP.value) == 0:
-        own = _own_experts(program)  # experts no first dp rank holds
-        grads = {n: g for n, g in grads.items() if own(n)}
-        params = {n: p for n, p in params.items() if own(n)}
-        first_of_stage = bool(params)
+    mine = _first_held(params)
     result = {"rank": dist.get_rank(), "dp_rank": program.dp_rank,
               "ep_busiest_share": ep_load(program.modules),
               "tp_rank": mesh.get_local_rank(MeshAxis.TP.value),
               "pp_rank": mesh.get_local_rank(MeshAxis.PP.value),
               "losses": losses if program.holds_last else None}
-    if first_of_stage:
-        result.update(grads=grads, params=params)
+    if mine:
+        result.update(grads={n: g for n, g in grads.items() if n in mine},
+                      params={n: p for n, p in params.items() if n in mine})
     return result
 
 
-def _own_experts(program: ParallelProgram) -> Callable[[str], bool]:
-    """Whether a parameter name is of an expert list that expert parallelism split over the
-    ranks (``models/generic/experts.py``: each keeps its own experts under their names, so
-    the first dp rank holds only its own)."""
-    lists = tuple(f"{name.rpartition('.')[0]}." for stage in program.modules
-                  for name, m in stage.named_modules()
-                  if isinstance(m, OtherRankExpert))
-    return lambda name: name.startswith(lists) if lists else False
+def _first_held(params: dict[str, torch.Tensor]) -> set[str]:
+    """The names of ``params`` (this rank's, whole) that no lower rank holds: each tensor is
+    reported once, by the first rank holding it -- a stage's first tp and dp rank, and for a
+    list of experts expert parallelism split (``models/generic/experts.py``), the first rank
+    of each ep coordinate. One ``all_gather_object`` of the names."""
+    everyone: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, sorted(params))
+    first: dict[str, int] = {}
+    for rank, names in enumerate(everyone):
+        for name in names or ():
+            first.setdefault(name, rank)
+    return {name for name in params if first[name] == dist.get_rank()}
 
 
 def main(argv: list[str], work: Callable[[dict], object] = run) -> None:
