@@ -48,7 +48,7 @@ from autopar.core.errors import AutoparError
 from autopar.core.specs import TrainSpec
 from autopar.graph import GraphIR, NodeInfo, TensorMeta
 from autopar.models.blocks import find_block_group
-from autopar.models.generic.experts import expert_params, static_experts
+from autopar.models.generic.experts import static_experts
 from autopar.tracing_blocks import assign_blocks
 from autopar.tracing_errors import (
     ModuleStack,
@@ -123,7 +123,7 @@ def trace(
     was_training = model.training
     model.train()  # the training forward: dropout active
     try:
-        with static_experts(model):
+        with static_experts(model) as experts:
             try:
                 traced = _trace_fx(model, feed, tokens, targets)
             except Exception as fx_error:  # noqa: BLE001 - any fx failure falls back to export
@@ -140,7 +140,7 @@ def trace(
     return GraphIR(
         nodes=nodes, params=params, blocks=group, batch=batch, seq_len=seq,
         method=traced.method, gm=traced.gm, model_name=type(model).__name__,
-        layers=layers_of(model), expert_params=expert_params(model),
+        layers=layers_of(model), expert_params=experts,
     )
 
 

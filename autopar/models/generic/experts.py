@@ -19,7 +19,7 @@ size. The layer then runs its router, the top-k, and every expert on the mean ro
 layer, ``ceil(k * T / E)`` (``moe.model.dropless_rows``, the zoo's mark of a dropless layer that
 ``workload.py`` reads), cut from one (E * rows, h) dispatch buffer, and the outputs added back
 weighted -- the FLOPs and the all-to-all volume of the real dropless layer at a balanced load.
-Its expert parameters are named in ``GraphIR.expert_params`` (``expert_params``), so the cost
+Its expert parameters are named in ``GraphIR.expert_params`` (``static_experts``), so the cost
 model divides them by ep as it does stacked expert weights.
 
 **Expert parallelism** (``ExpertLayer.install``, ``passes/expert_parallel.py``): rank r of the
@@ -49,7 +49,7 @@ from torch.overrides import TorchFunctionMode
 
 from autopar.core.errors import AutoparError
 from autopar.models.expert_layers import ExpertLayer
-from autopar.models.moe.model import _ScaleGrad, dropless_rows, is_symbolic
+from autopar.models.moe.model import dropless_rows, is_symbolic, scale_grad
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -89,7 +89,7 @@ def listed_moe(root: nn.Module) -> list[ListedMoE]:
 
 def _recognise(path: str, module: nn.Module) -> ListedMoE | None:
     holding = [(n, c) for n, c in module.named_children()
-               if any(True for _ in c.parameters()) or isinstance(c, MoEStandIns)]
+               if any(True for _ in c.parameters())]
     lists = [(n, c) for n, c in holding if isinstance(c, nn.ModuleList)]
     routers = [c for _, c in holding if isinstance(c, nn.Linear)]
     if len(holding) != 2 or len(lists) != 1 or len(routers) != 1:
@@ -98,8 +98,6 @@ def _recognise(path: str, module: nn.Module) -> ListedMoE | None:
     router = routers[0]
     if len(experts) < 2 or router.out_features != len(experts):
         return None
-    if isinstance(experts, MoEStandIns):
-        return ListedMoE(path, module, name, router)
     held = [e for e in experts if not isinstance(e, OtherRankExpert)]
     shapes = {(type(e), tuple((n, tuple(p.shape)) for n, p in e.named_parameters()))
               for e in held}
@@ -117,15 +115,6 @@ def _maps(expert: nn.Module, width: int) -> bool:
     except Exception:  # noqa: BLE001 - an expert that cannot take rows is not one
         return False
     return isinstance(out, torch.Tensor) and tuple(out.shape) == (2, width)
-
-
-def expert_params(model: nn.Module) -> frozenset[str]:
-    """The qualified names of every recognised layer's expert parameters."""
-    names = set()
-    for layer in listed_moe(model):
-        prefix = f"{layer.path}.{layer.experts}" if layer.path else layer.experts
-        names.update(f"{prefix}.{n}" for n, _ in layer.expert_list.named_parameters())
-    return frozenset(names)
 
 
 # ---------------------------------------------------------------------------- top-k, read
@@ -205,17 +194,20 @@ class _Tape:
 
 
 class _ExpertCall(nn.Module):
-    def __init__(self, index: int, tape: list[_Tape]) -> None:
+    """Expert ``index`` as the user's forward calls it in the two passes (``owner.tape``)."""
+
+    def __init__(self, index: int, owner: MoEForward) -> None:
         super().__init__()
-        self.index, self.tape = index, tape
+        self.index, self.owner = index, owner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tape = self.tape[0]
+        tape = self.owner.tape
+        rows = x.reshape(-1, x.size(-1))
         if tape.outs is None:
-            tape.calls.append((self.index, x.reshape(-1, x.size(-1))))
+            tape.calls.append((self.index, rows))
             return torch.zeros_like(x)
         if tape.next >= len(tape.outs) or tape.calls[tape.next][0] != self.index or \
-                tape.calls[tape.next][1].size(0) != x.reshape(-1, x.size(-1)).size(0):
+                tape.calls[tape.next][1].size(0) != rows.size(0):
             raise AutoparError("the MoE layer called its experts differently in the two passes "
                                "of the expert-parallel dispatch (random or stateful routing)",
                                where="autopar.models.generic.experts",
@@ -223,10 +215,6 @@ class _ExpertCall(nn.Module):
         out = tape.outs[tape.next]
         tape.next += 1
         return out.view_as(x)
-
-
-class MoEStandIns(nn.ModuleList):
-    """The expert list the user's forward sees during the expert-parallel passes."""
 
 
 class MoEForward:
@@ -237,9 +225,9 @@ class MoEForward:
         self.user = _user_forward(layer.module)
         self.dispatch: Any = None
         """``passes/expert_parallel.ExpertDispatch`` under expert parallelism, else ``None``."""
-        self.tape: list[_Tape] = [_Tape()]
-        self.stand_ins = MoEStandIns(_ExpertCall(i, self.tape)
-                                     for i in range(layer.num_experts))
+        self.tape = _Tape()
+        self.stand_ins = nn.ModuleList(_ExpertCall(i, self) for i in range(layer.num_experts))
+        """The expert list the user's forward sees during the two passes."""
 
     def __call__(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if is_symbolic(x):
@@ -271,41 +259,32 @@ class MoEForward:
         return (combined * weights.sum(-1, keepdim=True)).view_as(x)
 
     def two_passes(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        tape = self.tape[0] = _Tape()
-        cpu = torch.get_rng_state()
-        device = torch.cuda.get_rng_state(x.device) if x.is_cuda else None
+        tape = self.tape = _Tape()
         with self._swapped():
-            self.user(x, *args, **kwargs)
+            with torch.random.fork_rng(devices=[x.device] if x.is_cuda else []):
+                self.user(x, *args, **kwargs)  # the second pass draws the same numbers
             tape.outs = self._exchange(tape.calls)
-            torch.set_rng_state(cpu)
-            if device is not None:
-                torch.cuda.set_rng_state(device, x.device)
             out = self.user(x, *args, **kwargs)
         if tape.next != len(tape.calls):
             raise AutoparError("the MoE layer's second pass called its experts fewer times than "
                                "its first", where="autopar.models.generic.experts",
                                fix="route deterministically, or plan this model with ep = 1")
-        self.tape[0] = _Tape()
         return out
 
     def _exchange(self, calls: list[tuple[int, torch.Tensor]]) -> list[torch.Tensor]:
         """Each call's outputs: its rows sent to the expert's owner and back."""
-        e = self.layer.num_experts
-        order = sorted(range(len(calls)), key=lambda c: calls[c][0])
-        like = calls[0][1] if calls else None
-        if like is None:
+        if not calls:
             raise AutoparError("the MoE layer called none of its experts",
                                where="autopar.models.generic.experts",
                                fix="check the layer's routing")
-        counts = torch.zeros(e, dtype=torch.int64)
+        order = sorted(range(len(calls)), key=lambda c: calls[c][0])
+        counts = torch.zeros(self.layer.num_experts, dtype=torch.int64)
         for index, rows in calls:
             counts[index] += rows.size(0)
         out = self.dispatch.exchange(torch.cat([calls[c][1] for c in order]), counts)
         pieces = torch.split(out, [calls[c][1].size(0) for c in order])
-        outs: list[torch.Tensor] = [like] * len(calls)
-        for c, piece in zip(order, pieces):
-            outs[c] = piece
-        return outs
+        by_call = dict(zip(order, pieces))
+        return [by_call[c] for c in range(len(calls))]
 
     @contextlib.contextmanager
     def _swapped(self) -> Iterator[None]:
@@ -318,30 +297,35 @@ class MoEForward:
             module._modules[name] = real
 
 
+def _forward_of(layer: ListedMoE) -> tuple[MoEForward, bool]:
+    """The layer's ``MoEForward``, installed where it had none; whether it was installed now."""
+    known = layer.module.__dict__.get("forward")
+    if isinstance(known, MoEForward):
+        return known, False
+    known = layer.module.forward = MoEForward(layer, top_k(layer))
+    return known, True
+
+
 def install(model: nn.Module) -> list[MoEForward]:
     """Give every recognised layer of ``model`` its ``MoEForward`` (once); returns them."""
-    out = []
-    for layer in listed_moe(model):
-        known = layer.module.__dict__.get("forward")
-        if not isinstance(known, MoEForward):
-            known = MoEForward(layer, top_k(layer))
-            layer.module.forward = known
-        out.append(known)
-    return out
+    return [_forward_of(layer)[0] for layer in listed_moe(model)]
 
 
 @contextlib.contextmanager
-def static_experts(model: nn.Module) -> Iterator[None]:
-    """``install`` for the while of a trace, taking back what it installed after."""
-    before = {id(layer.module) for layer in listed_moe(model)
-              if isinstance(layer.module.__dict__.get("forward"), MoEForward)}
-    forwards = install(model)
+def static_experts(model: nn.Module) -> Iterator[frozenset[str]]:
+    """``install`` for the while of a trace, taking back what it installed after; yields the
+    qualified names of the recognised layers' expert parameters (``GraphIR.expert_params``)."""
+    installed = [(layer, _forward_of(layer)[1]) for layer in listed_moe(model)]
+    names = set()
+    for layer, _ in installed:
+        prefix = f"{layer.path}.{layer.experts}" if layer.path else layer.experts
+        names.update(f"{prefix}.{n}" for n, _ in layer.expert_list.named_parameters())
     try:
-        yield
+        yield frozenset(names)
     finally:
-        for f in forwards:
-            if id(f.layer.module) not in before:
-                f.layer.module.__dict__.pop("forward", None)
+        for layer, new in installed:
+            if new:
+                layer.module.__dict__.pop("forward", None)
 
 
 # --------------------------------------------------------------------- expert parallelism
@@ -384,9 +368,7 @@ def _scaled(expert: nn.Module, rows: torch.Tensor, grad_scale: float) -> torch.T
     """``expert(rows)`` with its weights' gradients scaled by ``grad_scale`` and the rows'
     left as they are: the output's gradient scaled on the way in, the input's unscaled on the
     way out (exact for a power-of-two ep)."""
-    if grad_scale == 1.0:
-        return expert(rows)
-    return _ScaleGrad.apply(expert(_ScaleGrad.apply(rows, 1.0 / grad_scale)), grad_scale)
+    return scale_grad(expert(scale_grad(rows, 1.0 / grad_scale)), grad_scale)
 
 
 def tensor_parallel_problem(model: nn.Module) -> str | None:

@@ -267,11 +267,15 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x`` in the forward, its gradient multiplied by ``scale`` in the backward."""
+    return x if scale == 1.0 else _ScaleGrad.apply(x, scale)
+
+
 def local_weight(w: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
     """A parameter's local tensor (expert parallelism makes the stacked weights DTensors),
     its gradient scaled by ``grad_scale``."""
-    local = w.to_local() if isinstance(w, DTensor) else w
-    return local if grad_scale == 1.0 else _ScaleGrad.apply(local, grad_scale)
+    return scale_grad(w.to_local() if isinstance(w, DTensor) else w, grad_scale)
 
 
 _local = local_weight
