@@ -352,6 +352,7 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
               step: bool = True) -> RoleRun | None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from autopar.passes import device_mesh, parallelize
+    from autopar.passes.stage import held_blocks
     from autopar.training import optimizer, vocab_size
 
     began = time.perf_counter()
@@ -401,7 +402,7 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
                  if pp_rank < len(plan.estimate.stage_memory) else None)
     return RoleRun(
         pp_rank=pp_rank, rank=rank, stages=stages,
-        blocks=sum(len(m.block_ids) for m in program.modules),
+        blocks=sum(held_blocks(m) for m in program.modules),
         peak_bytes=float(account.peak),
         peak_breakdown={k: float(account.peak_breakdown[k]) for k in KINDS},
         collectives=_collectives(account.collectives), predicted=predicted,

@@ -56,6 +56,7 @@ from autopar.core.errors import AutoparError
 from autopar.core.specs import ENGINE_FUSIONS
 from autopar.ops import PATTERNS
 from autopar.models.family import Family
+from autopar.models.parts import stage_info
 from autopar.passes.model_parts import ModelParts, model_family
 
 FUSIONS: tuple[str, ...] = kernels.KERNELS
@@ -168,7 +169,8 @@ def keep_fused_head_gathered(stage: nn.Module, head: str) -> None:
     head's weight after the forward. ZeRO-3 (``reshard_after_forward=True``) would reshard them
     in between; FSDP2's default for a root is this anyway (they are gathered again at once for
     the backward). Blocks, each their own FSDP unit, are not affected."""
-    holds_head = getattr(stage, "last", True)  # a StageModule says; another module holds it
+    info = stage_info(stage)  # a pipeline stage says; a model run whole holds it
+    holds_head = info is None or info.last
     if holds_head and isinstance(stage, FSDPModule) and isinstance(stage.get_submodule(head),
                                                                    LinearCrossEntropyHead):
         stage.set_reshard_after_forward(False, recurse=False)

@@ -57,7 +57,7 @@ from autopar.passes.mesh import check_executable, dp_rank
 from autopar.passes.model_parts import ModelParts, model_family, parts_or_none
 from autopar.passes.async_tp import apply_async_tp
 from autopar.passes.pipeline import StageShapes, build_schedule
-from autopar.passes.stage import StageModule, build_stages, stage_layout
+from autopar.passes.stage import StageModule, build_stages, stage_blocks, stage_layout, stage_of
 from autopar.passes.whole_model import checkpoint_blocks, whole_model_blocks
 from autopar.training import logits_of
 from autopar.passes.tensor_parallel import (
@@ -265,13 +265,13 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     experts_mesh = expert_mesh(plan, mesh) if plan.config.ep > 1 else None
     for _, stage in stages:
         if cp > 1:
-            stage.positions = partial(_positions, cp=cp, rank=cp_rank)
+            stage_of(stage).positions = partial(_positions, cp=cp, rank=cp_rank)
         apply_tensor_parallel(stage, plan, mesh[MeshAxis.TP.value], parts)
-        apply_async_tp(list(stage.blocks().values()), plan, mesh[MeshAxis.TP.value], device)
+        apply_async_tp(list(stage_blocks(stage).values()), plan, mesh[MeshAxis.TP.value], device)
         experts = ([] if experts_mesh is None
                    else apply_expert_parallel(stage, plan, experts_mesh,
                                               model_family(model).expert_layers(stage)))
-        apply_data_parallel(stage, stage.blocks().values(), plan, mesh, experts,
+        apply_data_parallel(stage, stage_blocks(stage).values(), plan, mesh, experts,
                             expert_dp_mesh(plan, experts_mesh))
         keep_fused_head_gathered(stage, parts.head)
     held = {n: p for _, stage in stages for n, p in stage.named_parameters(

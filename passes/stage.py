@@ -15,8 +15,6 @@ cut into ``pp * virtual_stages`` chunks as evenly as possible and rank ``r`` hol
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
@@ -25,29 +23,33 @@ from autopar.core.specs import Checkpoint, Schedule
 from autopar.core.stages import chunk_sizes
 from autopar.core.plan import Plan
 from autopar.passes.checkpointing import run_block
+from autopar.models.parts import STAGE_ATTR, StageInfo, stage_info
 from autopar.passes.model_parts import ModelParts
 
 
 class StageModule(nn.Module):
-    """The modules of one pipeline stage and how to run them."""
+    """The modules of one pipeline stage and how to run them.
+
+    The root's own names are the model's: its state lives in one reserved attribute
+    (``models.parts.STAGE_ATTR``, a ``StageInfo``), read through ``stage_of`` and the families'
+    ``models.parts`` functions, so a model may call its blocks ``blocks`` or its position
+    table ``positions``."""
 
     def __init__(self, model: nn.Module, parts: ModelParts, blocks: range, *, first: bool,
                  last: bool, seq_len: int, policies: dict[int, Checkpoint]) -> None:
         super().__init__()
-        self.parts = parts
-        self.first, self.last, self.seq_len = first, last, seq_len
-        self.policies = policies
-        self.config = getattr(model, "config", None)
-        """The model's config object (the families read it, e.g. the attention kernel)."""
-        self.positions: Callable[[int, torch.device], torch.Tensor] | None = None
-        """(seq_len, device) -> the global positions of the tokens this rank runs, where they
-        are not ``0 .. seq_len-1`` (context parallelism, ``passes/context_parallel.py``); the
-        families read it through ``models.parts.token_positions``."""
+        if hasattr(model, STAGE_ATTR):
+            raise AutoparError(f"the model has an attribute {STAGE_ATTR!r}, the name a "
+                               "pipeline stage keeps its own state under",
+                               where=f"{type(model).__name__}.{STAGE_ATTR}",
+                               fix="rename that attribute of the model")
+        self.__dict__[STAGE_ATTR] = StageInfo(
+            parts=parts, first=first, last=last, seq_len=seq_len, block_ids=tuple(blocks),
+            policies=policies, config=getattr(model, "config", None))
         keep = [*parts.shared, *(parts.first if first else ()), *(parts.last if last else ())]
         for path in keep:
             _attach(self, path, model.get_submodule(path))
         layers = model.get_submodule(parts.blocks)
-        self.block_ids = tuple(blocks)
         _attach(self, parts.blocks, nn.ModuleDict({str(i): layers[i] for i in blocks}))
         for name, buf in model.named_buffers(recurse=False):
             persistent = name not in model._non_persistent_buffers_set
@@ -55,19 +57,41 @@ class StageModule(nn.Module):
         for name, param in model.named_parameters(recurse=False):
             self.register_parameter(name, param)
 
-    def blocks(self) -> nn.ModuleDict:
-        return self.get_submodule(self.parts.blocks)  # type: ignore[return-value]
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        p = self.parts
-        if self.first:
+        info = stage_of(self)
+        p = info.parts
+        if info.first:
             x = p.embed(self, x)
-        extra = p.block_args(self, x, self.seq_len)
-        for key, block in self.blocks().items():
-            x = run_block(p.call_block, block, x, extra, self.policies[int(key)])
-        if self.last:
+        extra = p.block_args(self, x, info.seq_len)
+        for key, block in stage_blocks(self).items():
+            x = run_block(p.call_block, block, x, extra, info.policies[int(key)])
+        if info.last:
             x = p.finish(self, x)
         return x
+
+
+def stage_of(stage: nn.Module) -> StageInfo:
+    """The state of the pipeline stage ``stage`` (a ``StageModule``)."""
+    info = stage_info(stage)
+    if info is None:
+        raise TypeError(f"{type(stage).__name__} is not a pipeline stage")
+    return info
+
+
+def stage_blocks(stage: nn.Module) -> nn.ModuleDict:
+    """The blocks ``stage`` runs, keyed by their index in the model's block list."""
+    return stage.get_submodule(stage_of(stage).parts.blocks)  # type: ignore[return-value]
+
+
+def held_blocks(module: nn.Module) -> int:
+    """How many of the model's repeated blocks a program module holds: a stage's own, or
+    every block of a model run whole (``passes/whole_model.py``)."""
+    info = stage_info(module)
+    if info is not None:
+        return len(info.block_ids)
+    from autopar.passes.whole_model import whole_model_blocks
+
+    return len(whole_model_blocks(module))
 
 
 def _attach(root: nn.Module, path: str, module: nn.Module) -> None:
@@ -75,9 +99,9 @@ def _attach(root: nn.Module, path: str, module: nn.Module) -> None:
     *parents, name = path.split(".")
     node = root
     for part in parents:
-        if not hasattr(node, part):
+        if part not in node._modules:
             node.add_module(part, nn.Module())
-        node = getattr(node, part)
+        node = node._modules[part]
     node.add_module(name, module)
 
 

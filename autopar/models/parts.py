@@ -22,11 +22,60 @@ if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
 
+STAGE_ATTR = "_autopar_stage"
+"""The one attribute a pipeline stage's root (``passes/stage.py``) keeps its own state under
+(``StageInfo``). Everything else on the root is the model's, under the model's own names -- a
+model whose blocks are ``self.blocks`` or whose position table is ``self.positions`` keeps
+them -- so the families read the stage's state through the functions below, never as
+attributes of the root."""
+
+
+@dataclass
+class StageInfo:
+    """What a pipeline stage knows of itself, beside the model's modules it holds."""
+
+    parts: ModelParts
+    first: bool
+    """It runs the embedding step (``ModelParts.embed``)."""
+    last: bool
+    """It runs the finish (``ModelParts.finish``): final norm and head."""
+    seq_len: int
+    """The sequence length of the plan (under context parallelism, of the whole sequence)."""
+    block_ids: tuple[int, ...]
+    """The indices, in the model's block list, of the blocks it runs."""
+    policies: Mapping[int, object]
+    """Block index -> its activation-checkpoint policy (``core.specs.Checkpoint``)."""
+    config: object | None = None
+    """The model's config object (the families read it, e.g. the attention kernel)."""
+    positions: Callable[[int, torch.device], torch.Tensor] | None = None
+    """(seq_len, device) -> the global positions of the tokens this rank runs, where they are
+    not ``0 .. seq_len-1`` (context parallelism, ``passes/context_parallel.py``)."""
+
+
+def stage_info(root: nn.Module) -> StageInfo | None:
+    """The stage state of ``root`` (a ``StageModule``); ``None`` for another module."""
+    info = root.__dict__.get(STAGE_ATTR)
+    return info if isinstance(info, StageInfo) else None
+
+
+def stage_seq_len(root: nn.Module) -> int:
+    """The plan's sequence length of the stage ``root``; 0 where ``root`` is no stage."""
+    info = stage_info(root)
+    return 0 if info is None else info.seq_len
+
+
+def stage_config(root: nn.Module) -> object | None:
+    """The model's config object, read on the stage ``root`` (the model itself otherwise)."""
+    info = stage_info(root)
+    return getattr(root, "config", None) if info is None else info.config
+
+
 def token_positions(root: nn.Module, seq_len: int, device: torch.device) -> torch.Tensor | None:
     """The global positions of the tokens a stage holds where they are not ``0 .. seq_len-1``
     (context parallelism gives each rank chunks of the sequence of ``seq_len`` tokens:
-    ``StageModule.positions``), on ``device``; ``None`` where they are."""
-    positions = getattr(root, "positions", None)
+    ``StageInfo.positions``), on ``device``; ``None`` where they are."""
+    info = stage_info(root)
+    positions = None if info is None else info.positions
     return None if positions is None else positions(seq_len, device)
 
 

@@ -120,3 +120,25 @@ def test_transformers_gpt2_and_phi3_have_their_families_and_refuse_tp() -> None:
         assert facts.unsplittable is None
         with pytest.raises(AutoparError, match=reason):
             check(facts, ParallelConfig(tp=2), TrainSpec(global_batch=4, seq_len=16))
+
+
+DECODERS = Path(__file__).resolve().parents[1] / "data" / "decoders.py"
+
+
+@pytest.mark.parametrize("factory", ["make_positions", "make_conv"])
+def test_a_model_whose_blocks_are_self_blocks_or_table_self_positions_runs_in_stages(
+        factory: str) -> None:
+    # a stage keeps its own state under one reserved name: the model's names stay the model's
+    torch.manual_seed(0)
+    model = ModelSpec.parse(f"{DECODERS}:{factory}").build("cpu", 0)
+    parts = family_of(model).parts_of(model)
+    assert parts.blocks == "blocks"
+    policies = dict.fromkeys(range(3), Checkpoint.NONE)
+    first = StageModule(model, parts, range(0, 1), first=True, last=False, seq_len=32,
+                        policies=policies)
+    last = StageModule(model, parts, range(1, len(model.blocks)), first=False, last=True,
+                       seq_len=32, policies=policies)
+    assert {n for n, _ in first.named_parameters()} | {n for n, _ in last.named_parameters()} \
+        == {n for n, _ in model.named_parameters()}
+    tokens = torch.randint(0, 256, (2, 32))
+    torch.testing.assert_close(last(first(tokens)), model(tokens), rtol=0, atol=0)

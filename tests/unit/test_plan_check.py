@@ -162,3 +162,16 @@ def test_importing_the_dry_run_module_leaves_autopar_dry_run_the_function() -> N
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_model_no_family_describes_is_checked_as_the_one_stage_it_runs() -> None:
+    # a skip connection across blocks: no family describes it, its plans run the model whole
+    from pathlib import Path
+
+    spec = ModelSpec.parse(f"{Path(__file__).parents[1] / 'data' / 'nanogpt.py'}:make_skip")
+    plan = autopar.plan_for(spec.build("meta"), process_cluster(2), TrainSpec(global_batch=4,
+                            seq_len=32), ParallelConfig(dp=2, zero=3), model_spec=spec)
+    check = check_plans(plan, workers=1)
+    (checked,) = check.checked
+    assert checked.kept and checked.run is not None
+    assert [r.blocks for r in checked.run.roles] == [4]  # the model's 4 blocks, held whole

@@ -44,7 +44,7 @@ from torch.fx import GraphModule, Node
 
 from autopar.models.blocks import find_block_group
 from autopar.models.generic.context import block_problem, context_attention, with_positions
-from autopar.models.parts import ModelParts, token_positions
+from autopar.models.parts import ModelParts, stage_seq_len, token_positions
 
 _META_ATTRS = frozenset({"shape", "device", "dtype", "ndim", "is_cuda"})
 """Tensor attributes that read no values."""
@@ -354,7 +354,7 @@ def _held(root: nn.Module, seq_len: int, device: torch.device
 
 def graphs_embed(graphs: _Graphs):
     def embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-        positions = token_positions(root, getattr(root, "seq_len", 0), tokens.device)
+        positions = token_positions(root, stage_seq_len(root), tokens.device)
         return _run(graphs.embed, root, tokens, positions)  # type: ignore[return-value]
     return embed
 
@@ -369,7 +369,7 @@ def graphs_block_args(graphs: _Graphs):
 
 def graphs_finish(graphs: _Graphs):
     def finish(root: nn.Module, h: torch.Tensor) -> torch.Tensor:
-        held, _ = _held(root, getattr(root, "seq_len", 0) or h.shape[1], h.device)
+        held, _ = _held(root, stage_seq_len(root) or h.shape[1], h.device)
         return _run(graphs.finish, root, _tokens_like(h, held), h, h)  # type: ignore
     return finish
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from autopar.models.parts import ModelParts, token_positions
+from autopar.models.parts import ModelParts, stage_seq_len, token_positions
 
 if TYPE_CHECKING:
     from torch import nn
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def _embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     # context parallelism: the rank holds chunks of the stage's sequence of root.seq_len tokens
-    positions = token_positions(root, getattr(root, "seq_len", 0), tokens.device)
+    positions = token_positions(root, stage_seq_len(root), tokens.device)
     if positions is None:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
     return root.emb_drop(root.tok_emb(tokens) + root.pos_emb(positions))

@@ -24,7 +24,7 @@ from torch import nn
 from autopar.models.family import Family, register
 from autopar.models.hf_llama.context import (CONTEXT_ATTENTION, is_context_attention,
                                               use_context_attention)
-from autopar.models.parts import ModelParts, causal_mask, token_positions
+from autopar.models.parts import ModelParts, causal_mask, stage_config, stage_seq_len, token_positions
 
 LAYOUT = ("transformer.wte", "transformer.wpe", "transformer.drop", "transformer.h",
           "transformer.ln_f", "lm_head")
@@ -54,7 +54,7 @@ def _has(module: nn.Module, path: str) -> bool:
 
 
 def _embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    positions = token_positions(root, getattr(root, "seq_len", 0), tokens.device)
+    positions = token_positions(root, stage_seq_len(root), tokens.device)
     if positions is None:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
     t = root.transformer
@@ -62,7 +62,7 @@ def _embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def _block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
-    if getattr(root.config, "_attn_implementation", "sdpa") in ("sdpa", CONTEXT_ATTENTION):
+    if getattr(stage_config(root), "_attn_implementation", "sdpa") in ("sdpa", CONTEXT_ATTENTION):
         return (None,)
     return (causal_mask(seq_len, None, x),)
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from autopar.models.hf_llama.context import (CONTEXT_ATTENTION, attention_window,
                                               runs_context_attention)
-from autopar.models.parts import ModelParts, causal_mask, token_positions
+from autopar.models.parts import ModelParts, causal_mask, stage_config, token_positions
 
 LAYOUT = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
 """The submodules a model of this family has."""
@@ -91,10 +91,10 @@ def _block_args(root: nn.Module, x: torch.Tensor, seq_len: int) -> tuple:
     positions = positions.unsqueeze(0)
     cos, sin = root.model.rotary_emb(x, position_ids=positions)
     mask = None
-    if getattr(root.config, "_attn_implementation", "sdpa") not in ("sdpa", CONTEXT_ATTENTION):
+    if getattr(stage_config(root), "_attn_implementation", "sdpa") not in ("sdpa", CONTEXT_ATTENTION):
         # eager attention gets no causal mask when none is passed: build the additive one
         mask = causal_mask(seq_len, None, cos)
-    return (cos, sin), positions, mask, root.config
+    return (cos, sin), positions, mask, stage_config(root)
 
 
 def _call_block(block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor:
