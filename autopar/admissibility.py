@@ -15,7 +15,8 @@ The rules, each with the reason the program could not run otherwise:
   generic decoder family, fused projections and GPT-2's ``Conv1D`` cannot); a model of no family
   is not split either.
 * **stages**: 1 <= pp <= blocks; under the interleaved schedule pp x virtual_stages chunks of at
-  least one block each; a model without repeated blocks has one stage.
+  least one block each, and virtual stages only with pp > 1 (the schedule interleaves chunks
+  over pipeline ranks); a model without repeated blocks has one stage.
 * **micro-batches**: dp x micro_batch divides the global batch (``ParallelConfig.
   microbatches``); torch.distributed.pipelining's ``Schedule1F1B`` needs at least one
   micro-batch per stage; ``ScheduleInterleaved1F1B`` needs the micro-batches to be a multiple
@@ -24,7 +25,9 @@ The rules, each with the reason the program could not run otherwise:
   table has that many rows); under sequence parallelism tp divides the sequence (the engine's
   ``SequenceParallel`` shards it evenly, and so does Megatron-LM, which asserts it); context
   parallelism splits it into 2 x cp load-balanced chunks and needs fused attention.
-* **experts**: ep divides the experts (and dp x cp, ``ParallelConfig``); ep > 1 needs experts.
+* **experts**: ep divides the experts (and dp x cp, ``ParallelConfig``); ep > 1 needs experts,
+  in layers the model's family describes (``Family.expert_layers``), since the passes split
+  those layers only.
 
 ``check_plan`` adds what a solved plan decides: its stages hold the model's blocks, every
 module it names exists in the model (a plan made for another model fails here), and every
@@ -101,6 +104,10 @@ class ModelFacts:
     its code (``Family.tensor_layout``: a generic decoder's ``ModelLayout``), whose
     ``problem(styles, tp)`` ``plan_problems`` asks; ``None``: the plan's styles apply as
     they are."""
+    experts_refused: str | None = None
+    """Why the passes cannot run this model's experts expert-parallel although it has experts
+    (no family describes its mixture-of-experts layers: ``Family.expert_layers`` finds none);
+    ``None``: they can, it has none, or only a traced graph is known."""
     cross_stage_loss: str | None = None
     """Why the model's loss needs every block of a forward before its backward, so that it
     runs in one pipeline stage: transformers' load-balancing loss over all routers
@@ -162,24 +169,40 @@ def facts_of(model: object) -> ModelFacts:
      found["unsplittable"], found["unsplittable_tp"], layout) = _family_facts(model)
     if layout is not None and layout.heads is not None and found["num_heads"] is None:
         found["num_heads"], found["num_kv_heads"] = layout.heads
-    if found["num_experts"] is None:
-        found["num_experts"] = _experts_of_layers(model)
+    expert_layers = _expert_layers(model)
+    if found["num_experts"] is None and expert_layers:
+        found["num_experts"] = expert_layers[0].num_experts
+    if found["num_experts"] is not None and not expert_layers:
+        found["experts_refused"] = _experts_refused(model)
     found["attention_core_hook"] = any(hasattr(m, ATTENTION_CORE_HOOK) for m in model.modules())
     found["cross_stage_loss"] = router_loss_reason(config)
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), tensor_layout=layout, **found)
 
 
-def _experts_of_layers(model: object) -> int | None:
-    """Experts per MoE layer of a model whose config names none: its family's
-    ``expert_layers`` (a generic decoder's hand-written layers); ``None`` for a dense one."""
+def _expert_layers(model: object) -> list:
+    """The model's mixture-of-experts layers as its family describes them
+    (``Family.expert_layers``: the zoo's, transformers' stacked experts, a generic decoder's
+    hand-written list); none for a dense model or a model no family describes."""
     from autopar.models.family import family_of
 
     try:
-        layers = family_of(model).expert_layers(model)  # type: ignore[arg-type]
+        return family_of(model).expert_layers(model)  # type: ignore[arg-type]
     except AutoparError:
-        return None
-    return layers[0].num_experts if layers else None
+        return []
+
+
+def _experts_refused(model: object) -> str:
+    """Why the experts of ``model``, whose config names them, cannot be split by ep."""
+    from autopar.models.family import family_of
+
+    try:
+        family = family_of(model)  # type: ignore[arg-type]
+    except AutoparError as err:
+        return err.what
+    return (f"its config names experts, but the {family.name} family finds no mixture-of-"
+            "experts layer it can split in it (a router and stacked or listed experts of a "
+            "layout autopar knows: models/*/ expert_layers)")
 
 
 def _family_facts(model: object
@@ -263,6 +286,12 @@ def tensor_parallel_problem(facts: ModelFacts, tp: int) -> Problem | None:
 
 def stages_problem(facts: ModelFacts, pp: int, chunks: int) -> Problem | None:
     """``chunks``: model chunks (pp, or pp x virtual stages under the interleaved schedule)."""
+    if pp == 1 and chunks > 1:
+        return Problem(f"virtual_stages={chunks} with pp=1: the interleaved schedule deals "
+                       "model chunks out to the pipeline ranks, and one rank has no other "
+                       "rank to interleave with (its chunks would run one after another as "
+                       "one stage)", "virtual_stages",
+                       "use virtual_stages=1 at pp=1, or pp >= 2 with the interleaved schedule")
     if pp > 1 and facts.unsplittable is not None:
         return Problem(f"pp={pp}: the passes cannot cut this model into pipeline stages "
                        f"({facts.unsplittable})", "pp",
@@ -350,6 +379,12 @@ def experts_problem(facts: ModelFacts, ep: int) -> Problem | None:
         return None
     if not facts.num_experts:
         return Problem(f"ep={ep} for a model without experts", "ep", "use ep=1")
+    if facts.experts_refused is not None:
+        return Problem(f"ep={ep}: the passes cannot split this model's experts over expert-"
+                       f"parallel ranks ({facts.experts_refused})", "ep",
+                       "use ep=1 for this model (its experts then run whole on every rank: "
+                       "dp, ZeRO and checkpointing split the rest), or register a Family "
+                       "describing its MoE layers (a folder under autopar/models/)")
     if facts.num_experts % ep:
         return Problem(f"ep={ep} does not divide the {facts.num_experts} experts", "ep",
                        f"choose ep among the divisors of {facts.num_experts}")

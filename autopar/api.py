@@ -48,6 +48,18 @@ def as_cluster(cluster: ClusterSpec | str) -> ClusterSpec:
                            "or a preset name such as 'hgx-h100-80g' (one node)")
 
 
+def as_config(config: ParallelConfig) -> ParallelConfig:
+    """``config`` itself where it is a ``ParallelConfig``; ``AutoparError`` for anything else
+    (``None`` included: a configuration to price is what ``estimate`` and ``plan_for`` take;
+    ``optimize`` is the search)."""
+    if isinstance(config, ParallelConfig):
+        return config
+    raise AutoparError(f"config must be a ParallelConfig, not {type(config).__name__}",
+                       where="config", fix="pass ParallelConfig(dp=..., tp=..., ...), or call "
+                                           "autopar.optimize(model, cluster, train) to search "
+                                           "for the configuration")
+
+
 def model_facts(model: nn.Module | GraphIR | Workload) -> ModelFacts:
     """What the admissibility check knows of ``model``: from its config and module tree, or
     only the blocks and layers of a traced graph."""
@@ -95,6 +107,7 @@ def estimate(
     A ``Workload`` (``workload_of``) is priced as given, which holds for tp = 1 only: it records
     no strategies, so nothing in it divides by tp. With ``config.tp > 1`` it is refused; pass
     the model or its ``GraphIR`` instead."""
+    config = as_config(config)
     if not isinstance(model, Workload):
         return plan_for(model, cluster, train, config, efficiency=efficiency,
                         split_weights=split_weights).estimate
@@ -153,6 +166,7 @@ def plan_for(
     What ``autopar verify`` and ``export`` run when a plan is given as flags. Refuses a
     configuration that could not run for this model (``autopar.admissibility``)."""
     cluster = as_cluster(cluster)
+    config = as_config(config)
     check_world(config, cluster)
     facts = _before_trace(model, train)
     check(facts, config, train)

@@ -27,6 +27,11 @@ time (golden-section search in log space inside ``BOUNDS``), for ``ROUNDS`` roun
 one constant is fitted): few
 constants, bounded, no solver library. Peak memory does not depend on ``Efficiency``; it is
 shown in the error table, not fitted.
+
+A constant that ends at a bound of ``BOUNDS`` has not found the measurement: no value in the
+range explains it (a step time in the wrong unit, a run priced under another configuration
+than it ran, a term the constant does not scale). Such a fit is refused with the error it
+leaves, rather than written: a calibration stuck at 0.05 would price every later plan wrong.
 """
 
 from __future__ import annotations
@@ -174,7 +179,27 @@ def calibrate(runs: Sequence[MeasuredRun], fit: Sequence[str] = DEFAULT_FIT, *,
                 eff, best = replace(eff, **{name: value}), loss
             done += 1
     fitted = {n: getattr(eff, n) for n in fit}
-    return Calibration(eff, fitted, errors(runs, start), errors(runs, eff), source)
+    after = errors(runs, eff)
+    stuck = {n: v for n, v in fitted.items() if _at_bound(v)}
+    if stuck:
+        worst = max(after, key=lambda r: abs(r.error))
+        raise AutoparError(
+            "no value of " + ", ".join(f"{n} (ended at {v:.3g}, a bound of the range "
+                                       f"{BOUNDS[0]:g}..{BOUNDS[1]:g})" for n, v in stuck.items())
+            + f" explains the measured runs: {worst.name} is still {worst.error:+.1%} off "
+            f"({worst.predicted_s:.4g} s predicted, {worst.measured_s:.4g} s measured)",
+            where=source or "--runs",
+            fix="check the runs: step_s in seconds (not ms), the configuration, model and "
+                "cluster each really ran; or fit a constant that scales the dominant term "
+                f"(--fit among {', '.join(FITTABLE)})")
+    return Calibration(eff, fitted, errors(runs, start), after, source)
+
+
+def _at_bound(value: float) -> bool:
+    """Whether a fitted ``value`` ended at a bound of ``BOUNDS``, within the golden-section
+    search's resolution (its bracket's last width in log space, doubled)."""
+    resolution = 2 * (math.log(BOUNDS[1]) - math.log(BOUNDS[0])) * 0.618 ** GOLDEN_STEPS
+    return any(abs(math.log(value) - math.log(b)) <= resolution for b in BOUNDS)
 
 
 # --- reading runs ------------------------------------------------------------------------

@@ -41,8 +41,8 @@ def add_verify_parser(sub: argparse._SubParsersAction, parents: list,
                    help="sequences per step (default: dp x micro-batch x 2 x pp)")
     g.add_argument("--seq-len", type=positive, default=None, metavar="N",
                    help="tokens per sequence (default: the model's)")
-    g.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 | fp16 | bf16-pure")
-    g.add_argument("--priced-on", default="hgx-h100-80g", metavar="PRESET",
+    g.add_argument("--precision", default=None, help="fp32 (default) | bf16 | fp16 | bf16-pure")
+    g.add_argument("--priced-on", default=None, metavar="PRESET",
                    help="cluster preset a flags plan is priced on (default hgx-h100-80g)")
     g.add_argument("--timeout", type=positive, default=300, metavar="S")
     g.add_argument("--logs", default=None, metavar="DIR",
@@ -67,9 +67,14 @@ def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model, consol
     batch = args.global_batch or config.dp * config.micro_batch * (
         config.num_microbatches or 2 * config.pp)
     seq = resolve_seq_len(model, None, args.seq_len)
-    train = TrainSpec(global_batch=batch, seq_len=seq, precision=args.precision)
-    return plan_for(model, process_cluster(config.world_size, args.priced_on), train, config,
-                    name=spec.label, model_spec=spec)
+    train = TrainSpec(global_batch=batch, seq_len=seq, precision=args.precision or "fp32")
+    return plan_for(model, process_cluster(config.world_size, args.priced_on or "hgx-h100-80g"),
+                    train, config, name=spec.label, model_spec=spec)
+
+
+_FLAGS_PLAN_ONLY = (("global_batch", "--global-batch"), ("seq_len", "--seq-len"),
+                    ("precision", "--precision"), ("priced_on", "--priced-on"))
+"""What a plan file fixes itself: given beside ``--plan`` they would be ignored."""
 
 
 def cmd_verify(args: argparse.Namespace, console: Console, given_fields) -> int:
@@ -81,6 +86,16 @@ def cmd_verify(args: argparse.Namespace, console: Console, given_fields) -> int:
             raise AutoparError("both --plan and plan flags given", where=", ".join(
                 f"--{k.replace('_', '-')}" for k in fields), fix="give one or the other")
         plan = read_plan(args.plan, where="--plan")
+        ignored = [f"{flag} {getattr(args, name)}" for name, flag in _FLAGS_PLAN_ONLY
+                   if getattr(args, name) is not None]
+        if ignored:
+            t = plan.train
+            raise AutoparError(
+                f"the plan fixes its batch ({t.global_batch} x {t.seq_len} tokens, "
+                f"{t.precision.value}); {', '.join(ignored)} would be ignored",
+                where=", ".join(i.split()[0] for i in ignored),
+                fix="leave them out to verify the plan as it is, or re-plan with them "
+                    "(autopar plan ... --json F) or verify with plan flags in place of --plan")
         spec = model_spec(args) if args.model else None
         if args.nproc is not None and args.nproc != plan.config.world_size:
             raise AutoparError(f"the plan runs on {plan.config.world_size} processes, "

@@ -1,15 +1,18 @@
-"""Dropout in ``autopar verify``: both sides run with it switched off, and the report says so.
+"""Training-time noise in ``autopar verify``: dropout and router jitter, switched off on both
+sides, and the report says so.
 
-A sharded run and one process cannot draw the same dropout masks (each rank holds another part
-of the batch, of the weights, of the sequence, and its own random stream), so with dropout on
-the comparison measures the masks, not the program: transformers' GPT-2 config has
+A sharded run and one process cannot draw the same random numbers (each rank holds another
+part of the batch, of the weights, of the sequence, and its own random stream), so with noise
+on the comparison measures the draws, not the program: transformers' GPT-2 config has
 ``resid_pdrop = embd_pdrop = attn_pdrop = 0.1`` by default and failed verify on any plan
-(loss 2.2e-3 relative off on dp 2). ``verify`` therefore rebuilds the model with every
-dropout probability of its config at 0 -- the zoo's ``dropout`` field, a transformers config's
-``*dropout*``/``*pdrop`` fields, defaults included -- on the ranks and in the reference alike,
-and ``VerifyResult`` lists what it switched off. The plan itself is unchanged: training keeps
-the model's dropout. A model whose dropout is not a config field (a factory's ``nn.Dropout``)
-is refused up front with what to change.
+(loss 2.2e-3 relative off on dp 2), and Mixtral's ``router_jitter_noise`` (each MoE block
+multiplies its input by uniform noise while training) failed dp 2 the same way. ``verify``
+therefore rebuilds the model with every such field of its config at 0 -- the zoo's
+``dropout``, a transformers config's ``*dropout*``/``*pdrop`` and ``*jitter*`` fields,
+defaults included -- on the ranks and in the reference alike, and ``VerifyResult`` lists what
+it switched off. The plan itself is unchanged: training keeps the model's noise, each rank
+drawing its own, as each process of any data-parallel run does. A model whose dropout is not a
+config field (a factory's ``nn.Dropout``) is refused up front with what to change.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from autopar.core.model_spec import ModelSpec
 
 
 def _is_dropout_field(key: str, value: object) -> bool:
-    named = "dropout" in key.lower() or key.lower().endswith("pdrop")
+    """A config field that sets training-time noise: a dropout probability or a jitter."""
+    key = key.lower()
+    named = "dropout" in key or key.endswith("pdrop") or "jitter" in key
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     return named and number and value > 0
 
@@ -40,7 +45,8 @@ def _config_fields(model: nn.Module) -> dict[str, object]:
 
 
 def dropout_fields(model: nn.Module) -> dict[str, float]:
-    """The config fields of ``model`` that set a dropout probability above 0, by name."""
+    """The config fields of ``model`` that set training-time noise above 0 (a dropout
+    probability, a router jitter), by name."""
     return {k: float(v) for k, v in sorted(_config_fields(model).items())  # type: ignore[arg-type]
             if _is_dropout_field(k, v)}
 

@@ -141,7 +141,7 @@ def compare(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
         (GRADIENT_FLOOR * r.abs().max().item() for r in ref.values() if r.numel()),
         default=0.0)
     for name, r in ref.items():
-        if name not in got:
+        if name not in got or not r.numel():  # a weight of no elements differs in nothing
             continue
         d = (got[name] - r).abs().max().item()
         scale = unit if unit is not None else max(r.abs().max().item(), floor, 1e-30)
@@ -158,7 +158,7 @@ def compare_to_precision(got: dict[str, torch.Tensor], lows: list[dict[str, torc
     each tensor's least error credited to them."""
     worst, where, max_abs = 0.0, "-", 0.0
     for name, x in exact.items():
-        if name not in got or any(name not in low for low in lows):
+        if name not in got or any(name not in low for low in lows) or not x.numel():
             continue
         error = (got[name] - x).norm().item()
         own = max(*((low[name] - x).norm().item() for low in lows), floor[name], 1e-30)
@@ -238,9 +238,10 @@ class VerifyResult:
         console.print(t)
         if self.dropout_off:
             fields = ", ".join(f"{k}={v:g}" for k, v in self.dropout_off.items())
-            console.print(f"dropout off on both sides ({fields} set to 0): a sharded run and "
-                          "one process draw different random masks, so the program is compared "
-                          "without them; the plan trains with the model's dropout")
+            console.print(f"training noise off on both sides ({fields} set to 0): a sharded "
+                          "run and one process draw different random numbers (dropout masks, "
+                          "router jitter), so the program is compared without them; the plan "
+                          "trains with the model's noise")
         steps = "  ".join(f"{r:.6f}/{s:.6f}" for r, s in zip(self.reference_losses, self.losses))
         console.print(f"losses (reference/sharded): {steps}")
         if self.ep_busiest_share is not None:

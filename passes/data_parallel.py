@@ -101,14 +101,29 @@ def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Pla
     c = plan.config
     if not wants_fsdp(plan):
         return
+    policy = mixed_precision(plan.train.precision) or MixedPrecisionPolicy()
     kwargs = dict(mesh=data_parallel_mesh(mesh, c.zero), reshard_after_forward=c.zero == 3,
-                  mp_policy=mixed_precision(plan.train.precision) or MixedPrecisionPolicy(),
-                  offload_policy=offload_policy(c.offload), shard_placement_fn=dp_placement)
+                  mp_policy=policy, offload_policy=offload_policy(c.offload),
+                  shard_placement_fn=dp_placement,
+                  ignored_params=_zero_size(stage, policy.param_dtype))
     for module in experts:
         fully_shard(module, **{**kwargs, "mesh": expert_dp_mesh})
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(stage, **kwargs)
+
+
+def _zero_size(stage: nn.Module, compute_dtype: torch.dtype | None) -> set[nn.Parameter]:
+    """The stage's parameters of no elements (Qwen2-MoE's shared expert of intermediate size 0),
+    which FSDP2 is told to leave alone: it cannot reduce-scatter an empty gradient
+    (``_chunk_cat expects non-empty tensor``). With nothing in them to shard or reduce, they
+    stay plain on every rank, in the compute dtype the others are gathered in (an empty
+    weight still meets its input's dtype in a matmul)."""
+    empty = {p for p in stage.parameters() if p.numel() == 0}
+    for p in empty:
+        if compute_dtype is not None and p.is_floating_point():
+            p.data = p.data.to(compute_dtype)
+    return empty
 
 
 def set_microbatch(modules: Iterable[nn.Module], zero: int, last: bool) -> None:

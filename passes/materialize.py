@@ -145,8 +145,11 @@ def materialize(program: ParallelProgram, spec: ModelSpec, seed: int = 0, *,
         load_weights(program, meta_model, weights)
     else:
         for name, param in program.named_parameters():
+            local = _local(param)
+            if local.numel() == 0:  # a zero-size weight (Qwen2-MoE without a shared expert):
+                continue  # no values; FSDP2 keeps its shard as (0, 0), not the layout's shape
             full = source.value(name, seed)
-            _local(param).copy_(local_slice(full, param))
+            local.copy_(local_slice(full, param))
             del full  # one whole parameter at a time
     return program
 

@@ -114,7 +114,7 @@ class Estimate:
         parts += [f"cp{c.cp}"] if c.cp > 1 else []
         parts += [f"ep{c.ep}"] if c.ep > 1 else []
         parts += [f"zero{c.zero}", f"mb{c.micro_batch}x{self.num_microbatches}"]
-        if c.pp > 1:
+        if c.pp > 1 or c.virtual_stages > 1:
             parts.append(str(c.schedule) + (f"(v{c.virtual_stages})" if c.virtual_stages > 1
                                             else ""))
         parts += ["sp"] if c.sequence_parallel else []

@@ -115,6 +115,6 @@ a vocabulary split ``nn.Embedding``'s rows."""
 
 def splittable(kind: str, shape: tuple[int, ...], style: Style, tp: int) -> bool:
     """Whether ``style`` (one of ``SPLITS``) can split a ``kind`` layer of weight ``shape``
-    over ``tp`` ranks."""
+    over ``tp`` ranks (a layer of no elements has nothing to split: it stays whole)."""
     want, dim = SPLITS[style]
-    return kind == want and len(shape) > dim and shape[dim] % tp == 0
+    return kind == want and len(shape) > dim and all(shape) and shape[dim] % tp == 0

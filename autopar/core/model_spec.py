@@ -264,7 +264,107 @@ def _from_config_file(path: Path, overrides: dict[str, Any]) -> ModelSpec:
                            where=f"{path}: architectures",
                            fix="add e.g. \"architectures\": [\"Qwen2ForCausalLM\"], as "
                                "save_pretrained writes it")
+    if overrides:
+        overrides = _config_overrides(str(archs[0]), config, overrides)
     return ModelSpec.transformers_config(str(archs[0]), {**config, **overrides})
+
+
+def _config_overrides(architecture: str, config: Mapping[str, Any],
+                      overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``--model-arg`` ``overrides`` of a transformers config, each checked against the fields
+    its config class knows (a name it maps, as GPT-2's ``num_hidden_layers`` -> ``n_layer``,
+    written under the field's own name) and the type of that field's value: transformers takes
+    any key silently, so ``num_layers=4`` on a config whose field is ``num_hidden_layers``
+    would plan the model unchanged."""
+    import difflib
+
+    cls, config_class = _transformers_classes(architecture, config)
+    defaults = config_class().to_dict()
+    aliases = dict(getattr(config_class, "attribute_map", {}) or {})
+    known = {**defaults, **config}
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        field_name = aliases.get(key, key)
+        where = f"--model-arg {key}"
+        if field_name not in known:
+            near = difflib.get_close_matches(key, [*known, *aliases], n=3, cutoff=0.5)
+            raise AutoparError(
+                f"{config_class.__name__} (the config of {architecture}) has no field {key!r}, "
+                "so transformers would keep it as an unused attribute and build the model "
+                "unchanged", where=where,
+                fix=(f"did you mean {' or '.join(near)}? " if near else "")
+                + "name a field of the config (its config.json lists them)")
+        current = known[field_name]
+        if current is not None and value is not None and not _same_kind(current, value):
+            raise AutoparError(
+                f"{config_class.__name__}.{field_name} holds {_kind(current)} ({current!r} in "
+                f"this config), not {_kind(value)} ({value!r})",
+                where=where, fix=f"give {key} {_kind(current)} value")
+        out[field_name] = value
+    return out
+
+
+def _kind(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _same_kind(current: object, value: object) -> bool:
+    """Whether ``value`` may replace a config field holding ``current`` (an int where a float
+    is, the JSON way)."""
+    if isinstance(current, bool) or isinstance(value, bool):
+        return isinstance(current, bool) and isinstance(value, bool)
+    if isinstance(current, (int, float)):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(current))
+
+
+def _transformers_classes(architecture: str, config: Mapping[str, Any]) -> tuple[type, type]:
+    """(model class, config class) of a transformers ``architecture``: the package's own class
+    of that name, else -- an architecture whose code lives on the Hub (``auto_map``, e.g.
+    ``InternLM3ForCausalLM``) while transformers maps its ``model_type`` to one of its own
+    classes (``internlm3`` -> ``LlamaForCausalLM``) -- the class transformers' Auto mapping of
+    that task gives, as ``AutoModelFor*.from_config`` builds it. ``AutoparError`` for neither."""
+    try:
+        import transformers
+    except ImportError:
+        raise AutoparError("the model is a transformers model and transformers is not "
+                           "installed", where="model spec",
+                           fix="pip install transformers") from None
+    cls = getattr(transformers, architecture, None)
+    if cls is not None and hasattr(cls, "config_class"):
+        return cls, cls.config_class
+    model_type = config.get("model_type")
+    mapped = _auto_mapped(architecture, model_type) if isinstance(model_type, str) else None
+    if mapped is not None:
+        return mapped
+    raise AutoparError(f"transformers {transformers.__version__} has no model class "
+                       f"{architecture!r}" + (f" and maps no class of that kind to model_type "
+                                              f"{model_type!r}" if model_type else ""),
+                       where="model spec architecture",
+                       fix="name a class of the transformers package, e.g. LlamaForCausalLM, "
+                           "or upgrade transformers")
+
+
+_AUTO_TASKS = (("ForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+               ("ForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+               ("ForConditionalGeneration", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"))
+"""An architecture's name suffix -> the transformers Auto mapping of that task."""
+
+
+def _auto_mapped(architecture: str, model_type: str) -> tuple[type, type] | None:
+    import transformers
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    config_name = configuration_auto.CONFIG_MAPPING_NAMES.get(model_type)
+    for suffix, mapping in _AUTO_TASKS:
+        name = getattr(modeling_auto, mapping, {}).get(model_type)
+        if architecture.endswith(suffix) and name and config_name:
+            cls = getattr(transformers, name, None)
+            config_class = getattr(transformers, config_name, None)
+            if cls is not None and config_class is not None:
+                return cls, config_class
+    return None
 
 
 _LOADED: dict[str, Any] = {}
@@ -321,6 +421,12 @@ def _call_factory(factory: str, device: Any):
     return model
 
 
+def _first_line(err: BaseException) -> str:
+    """The message of ``err`` on one line (transformers' validators put the reason on the
+    second: "Class validation error ...:\n ValueError: The hidden size ...")."""
+    return " ".join(line.strip() for line in str(err).strip().splitlines())[:400]
+
+
 def _raised(err: Exception, doing: str, where: str) -> AutoparError:
     import traceback
 
@@ -335,10 +441,8 @@ def _canonical_config(spec: Mapping[str, Any]) -> tuple[str, dict] | None:
     """(architecture, the config's non-default fields) as transformers reads the spec: two
     specs of one config, one listing the defaults and one not, compare equal."""
     try:
-        import transformers
-
-        cls = getattr(transformers, spec["architecture"])
-        config = cls.config_class.from_dict(dict(spec["config"])).to_diff_dict()
+        _, config_class = _transformers_classes(spec["architecture"], spec["config"])
+        config = config_class.from_dict(dict(spec["config"])).to_diff_dict()
     except Exception:  # noqa: BLE001 - an unbuildable spec equals nothing
         return None
     return spec["architecture"], {k: v for k, v in config.items()
@@ -348,27 +452,17 @@ def _canonical_config(spec: Mapping[str, Any]) -> tuple[str, dict] | None:
 def _build_transformers(spec: Mapping[str, Any], device: Any, seed: int):
     import torch
 
-    try:
-        import transformers
-    except ImportError:
-        raise AutoparError("the model is a transformers model and transformers is not "
-                           "installed", where="model spec",
-                           fix="pip install transformers") from None
     name = spec["architecture"]
-    cls = getattr(transformers, name, None)
-    if cls is None or not hasattr(cls, "config_class"):
-        raise AutoparError(f"transformers {transformers.__version__} has no model class "
-                           f"{name!r}", where="model spec architecture",
-                           fix="name a class of the transformers package, e.g. "
-                               "LlamaForCausalLM, or upgrade transformers")
+    cls, config_class = _transformers_classes(name, spec["config"])
     try:
-        config = cls.config_class.from_dict(dict(spec["config"]))
+        config = config_class.from_dict(dict(spec["config"]))
         with torch.device("meta"):
             model = cls(config)
-    except (TypeError, ValueError, KeyError, AttributeError) as err:
-        raise AutoparError(f"cannot build {name} from its config: {type(err).__name__}: {err}",
-                           where="model spec config",
-                           fix="check the config fields against the architecture") from None
+    except Exception as err:  # noqa: BLE001 - transformers' own checks raise many kinds
+        raise AutoparError(f"cannot build {name} from its config: {type(err).__name__}: "
+                           f"{_first_line(err)}", where="model spec config",
+                           fix="check the config fields against the architecture (the "
+                               "message names the one transformers refused)") from None
     if torch.device(device).type == "meta":
         return model
     from autopar.models.init import apply_scheme_, keeping_parameters, scheme_of

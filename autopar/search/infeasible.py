@@ -178,7 +178,17 @@ def constraint_problems(cluster: ClusterSpec, constraints: Mapping[str, object],
     if facts is not None:
         tp, pp, cp = deg.get("tp", 1), deg.get("pp", 1), deg.get("cp", 1)
         ep = constraints.get("ep")
-        found = [heads_problem(facts, tp), stages_problem(facts, pp, pp),
+        v = constraints.get("virtual_stages", 1)
+        v = v if isinstance(v, int) and v > 0 else 1
+        chunks = pp * v
+        if v > 1 and "pp" not in deg:  # the pipeline depths left to the search
+            depths = [d for d in range(2, n + 1) if n % d == 0 and d * v <= facts.num_blocks]
+            if not depths:
+                out.append(f"virtual_stages={v} needs pp >= 2 pipeline ranks with {v} model "
+                           f"chunks each, at least one block per chunk, and the model has "
+                           f"{facts.num_blocks} blocks on {n} GPUs")
+            chunks = pp  # the constrained pp (1): its own stages only
+        found = [heads_problem(facts, tp), stages_problem(facts, pp, chunks),
                  experts_problem(facts, ep) if isinstance(ep, int) else None,
                  context_parallel_problem(facts, train.seq_len, cp) if train else None]
         out += [p.what for p in found if p is not None]

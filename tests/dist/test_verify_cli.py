@@ -124,4 +124,4 @@ def test_a_transformers_gpt2_with_its_default_dropout_verifies_with_it_off(tmp_p
     assert main(["verify", "--model", str(tmp_path / "gpt2"), "--dp", "2", "--seq-len", "32",
                  "--steps", "2"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "PASSED" in out and "dropout off on both sides (attn_pdrop=0.1, embd_pdrop=0.1" in out
+    assert "PASSED" in out and "training noise off on both sides (attn_pdrop=0.1, embd_pdrop=0.1" in out

@@ -114,3 +114,14 @@ def test_profile_and_calibrate_bad_input_exits_2(tmp_path, capsys, argv, where):
     assert main([a.format(**names) for a in argv]) == 2
     err = capsys.readouterr().err
     assert "error:" in err and where in err and "Traceback" not in err
+
+
+def test_a_measurement_no_constant_in_range_reaches_is_refused_not_written():
+    # step times 100 x faster than the model at its best constant: the fit would end at the
+    # range's bound with ~99 % error left (a step time given in the wrong unit, say)
+    runs = [replace(r, step_s=r.step_s / 100) for r in _synthetic_runs()]
+    with pytest.raises(AutoparError, match=r"no value of matmul_mainloop \(ended at 0.99\d, a bound"
+                       ) as err:
+        calibrate(runs, ("matmul_mainloop",), source="runs.json")
+    assert "still" in err.value.what and err.value.where == "runs.json"
+    assert "seconds (not ms)" in err.value.fix

@@ -78,5 +78,5 @@ def test_the_report_says_which_dropout_was_switched_off():
                           TOLERANCES[plan.train.precision], 0.1,
                           dropout_off={"dropout": 0.1})
     text = " ".join(result.table(width=200).split())
-    assert "dropout off on both sides (dropout=0.1 set to 0)" in text
+    assert "training noise off on both sides (dropout=0.1 set to 0)" in text
     assert result.passed

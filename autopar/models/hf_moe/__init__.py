@@ -22,9 +22,12 @@ counts of a forward before its backward, so such a model plans with pp = 1 only
 (``admissibility``). Unset -- transformers' default -- the model trains on the cross-entropy
 alone.
 
+A router with jitter noise (Mixtral's ``router_jitter_noise`` > 0) runs as the model's own
+code draws it: each rank its own noise for its own tokens, as every data-parallel process
+does (``verify`` turns it off on both sides, ``autopar/verify_dropout.py``).
+
 Refused, with the reason in ``family_of``'s error:
 
-* a router with jitter noise (Mixtral's ``router_jitter_noise`` > 0): random per rank.
 * experts in another layout (a list of expert MLPs as in DeepSeek-V2/Qwen2-MoE of older
   transformers, transposed or biased stacked weights, GPT-OSS), soft-capped logits, blocks with
   other children (Gemma-style extra norms).

@@ -47,9 +47,6 @@ def mismatch(model: nn.Module) -> str | None:
     why = root_mismatch(model)
     if why is not None:
         return why
-    config = getattr(model, "config", None)
-    if getattr(config, "router_jitter_noise", 0):
-        return "its router multiplies its input by random jitter noise while training"
     sparse = 0
     for i, block in enumerate(model.get_submodule("model.layers")):
         where = f"its block model.layers.{i}"

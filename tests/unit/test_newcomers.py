@@ -1,0 +1,125 @@
+"""What newcomers to autopar were seen to try outside the zoo (issue 28), each held here: it
+plans and runs, or it is refused before any process starts with one paragraph -- what, where,
+what to do -- and exit status 2. Nothing here starts a process; the runs themselves are in
+``tests/dist/test_newcomers_run.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar import AutoparError, ParallelConfig, TrainSpec
+from autopar.admissibility import check, facts_of
+from autopar.cli import main
+from autopar.core.model_spec import ModelSpec
+
+TRAIN = TrainSpec(global_batch=4, seq_len=32, precision="fp32")
+
+
+def _refused(argv: list[str], capsys, *needles: str) -> str:
+    """Run the command line; it must exit 2 with one paragraph on stderr holding ``needles``."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and "Where:" in err and "What to do:" in err, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def test_virtual_stages_at_pp_1_are_refused_before_any_process_starts(capsys):
+    # they used to cut the model into chunks of which the one rank ran the first only
+    facts = facts_of(ModelSpec.zoo("tiny-llama").build("meta"))
+    with pytest.raises(AutoparError, match="virtual_stages=2 with pp=1"):
+        check(facts, ParallelConfig(schedule="interleaved", virtual_stages=2), TRAIN)
+    _refused(["verify", "--model", "tiny-llama", "--model-arg", "vocab_size=64",
+              "--virtual-stages", "2", "--steps", "2"], capsys,
+             "virtual_stages=2 with pp=1", "use virtual_stages=1 at pp=1")
+
+
+def test_a_virtual_stages_constraint_no_pipeline_admits_says_so_itself(capsys):
+    _refused(["plan", "--model", "tiny-llama", "--cluster", "hgx-h100-80g", "--global-batch",
+              "8", "--virtual-stages", "2"], capsys,
+             "virtual_stages=2 needs pp >= 2 pipeline ranks with 2 model chunks each")
+
+
+def _transformers(arch: str, **config) -> ModelSpec:
+    return ModelSpec.transformers_config(arch, config)
+
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)
+
+
+def test_ep_of_experts_no_family_describes_is_refused_up_front():
+    # GPT-OSS keeps its experts as transposed, biased stacked weights, which no family splits:
+    # planned and exported, ep failed inside the ranks ~50 s later
+    model = _transformers("GptOssForCausalLM", **TINY, num_local_experts=4,
+                          num_experts_per_tok=2, head_dim=16, sliding_window=16).build("meta")
+    facts = facts_of(model)
+    assert facts.num_experts == 4 and facts.experts_refused
+    check(facts, ParallelConfig(dp=2), TRAIN)
+    with pytest.raises(AutoparError, match="ep=2: the passes cannot split this model's experts"):
+        check(facts, ParallelConfig(dp=2, ep=2), TRAIN)
+
+
+def test_estimate_without_a_configuration_says_what_it_takes():
+    import autopar
+
+    model = ModelSpec.zoo("tiny-llama").build("meta")
+    with pytest.raises(AutoparError, match="config must be a ParallelConfig, not NoneType") as e:
+        autopar.estimate(model, "hgx-h100-80g", TRAIN, None)
+    assert "autopar.optimize" in e.value.fix
+
+
+@pytest.fixture
+def llama_folder(tmp_path):
+    import json
+
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **TINY}))
+    return folder
+
+
+@pytest.mark.parametrize("arg,needles", [
+    # transformers keeps an unknown key as an attribute: the 2-layer model was planned
+    ("num_layers=4", ("has no field 'num_layers'", "did you mean num_hidden_layers")),
+    ("num_hidden_layers=two", ("holds an int (2 in this config), not a str ('two')",)),
+    ("num_attention_heads=5", ("hidden size (64) is not a multiple of the number of attention "
+                               "heads (5)",)),
+])
+def test_a_transformers_config_override_transformers_would_ignore_or_refuse_is_one_paragraph(
+        llama_folder, capsys, arg, needles):
+    _refused(["plan", "--model", str(llama_folder), "--model-arg", arg, "--cluster",
+              "hgx-h100-80g", "--global-batch", "8", "--seq-len", "32"], capsys, *needles)
+
+
+def test_a_transformers_override_under_a_mapped_name_sets_the_configs_own_field(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_layer": 2,
+         "n_head": 4, "vocab_size": 256, "n_positions": 64}))
+    spec = ModelSpec.parse(str(tmp_path), {"num_hidden_layers": 3})
+    assert spec.transformers["config"]["n_layer"] == 3
+    assert len(spec.build("meta").transformer.h) == 3
+
+
+def test_an_architecture_whose_code_is_on_the_hub_builds_as_transformers_maps_its_type():
+    # InternLM3's config.json names InternLM3ForCausalLM (auto_map: remote code); transformers
+    # maps model_type internlm3 to its own LlamaForCausalLM, as AutoModelForCausalLM builds it
+    spec = _transformers("InternLM3ForCausalLM", model_type="internlm3", head_dim=16, **TINY)
+    model = spec.build("meta")
+    assert type(model).__name__ == "LlamaForCausalLM" and len(model.model.layers) == 2
+    assert type(model.config).__name__ == "InternLM3Config"
+
+
+def test_verify_of_a_plan_file_refuses_the_batch_flags_it_would_ignore(tmp_path, capsys):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--model", "tiny-llama", "--cluster", "hgx-h100-80g", "--global-batch",
+                 "8", "--json", str(plan), "--no-explain"]) == 0
+    capsys.readouterr()
+    _refused(["verify", "--plan", str(plan), "--seq-len", "16"], capsys,
+             "the plan fixes its batch (8 x 32 tokens", "--seq-len 16 would be ignored")
