@@ -9,8 +9,11 @@ A module is listed when one of its ops reads a parameter. Its style (``autopar.c
 Style``) is the strategy of the op holding its weights (``autopar.ops.is_weight_op``: a linear
 layer's GEMM or an embedding: ``column``, ``row``, ``vocab``, ``replicated``); for any other module
 (a norm, written as one op or as several) ``sequence`` when every op it owns runs over the
-sequence split, ``replicated`` when every op runs whole, and ``mixed`` otherwise (a layout the
-engine's styles cannot express; the pass refuses it). (A tied embedding and head get one
+sequence split, ``replicated`` when every op runs whole, ``width`` when every op runs on the
+width (heads) split of a column split's output and none reshapes it -- a per-head norm between
+a column and a row split, Qwen3's ``q_norm`` over each head's features, run on the rank's heads
+with its weight whole, the weight's gradient summed over the tp ranks -- and ``mixed`` otherwise
+(a layout the engine's styles cannot express; the pass refuses it). (A tied embedding and head get one
 layout in the solve itself: ``StrategySolver._tied_tables``.) Module names of the repeated blocks use
 ``*`` for the block index (``layers.*.attn.q_proj``). The loss is listed as ``LOSS``.
 """
@@ -35,6 +38,16 @@ def _pattern(graph: GraphIR, path: str) -> str:
     return path
 
 
+def _keeps_shape(owned: list) -> bool:
+    """Whether every op of a module keeps its input's shape but for the last dim (casts,
+    elementwise ops, last-dim reductions kept as size 1): the engine runs such a module on a
+    rank's width shard with its local shapes (``passes/tensor_parallel.WidthParallel``)."""
+    first = owned[0].out
+    return first is not None and all(
+        n.out is not None and n.out.shape[:-1] == first.shape[:-1]
+        and n.out.shape[-1] in (first.shape[-1], 1) for n in owned)
+
+
 def module_strategies(graph: GraphIR, strategies: Mapping[str, str]
                       ) -> tuple[tuple[str, str], ...]:
     """(module pattern, style) for every module with parameters of block 0 and outside the
@@ -52,7 +65,8 @@ def module_strategies(graph: GraphIR, strategies: Mapping[str, str]
         else:
             seen = {Style(strategies.get(n.name, Style.REPLICATED)) for n in owned}
             style = seen.pop() if len(seen) == 1 else Style.MIXED
-            style = Style.MIXED if style is Style.WIDTH else style
+            if style is Style.WIDTH and not _keeps_shape(owned):
+                style = Style.MIXED
         out.append((_pattern(graph, path), style))
     losses = [Style(strategies.get(n.name, Style.REPLICATED)) for n in nodes
               if n.op == "cross_entropy"]

@@ -47,15 +47,24 @@ class StageModule(nn.Module):
             parts=parts, first=first, last=last, seq_len=seq_len, block_ids=tuple(blocks),
             policies=policies, config=getattr(model, "config", None))
         keep = [*parts.shared, *(parts.first if first else ()), *(parts.last if last else ())]
+        own = dict(model.named_parameters(recurse=False))
         for path in keep:
-            _attach(self, path, model.get_submodule(path))
+            if path in own:  # a parameter of the model root the stage's steps read
+                self.register_parameter(path, own[path])
+            elif path not in model._buffers:
+                _attach(self, path, model.get_submodule(path))
+        named = {*parts.shared, *parts.first, *parts.last}
+        unnamed = sorted(set(own) - named)
+        if unnamed:  # a stage without it would train a model missing it, silently
+            raise AutoparError(f"the model's own parameter(s) {', '.join(unnamed)} are read by "
+                               "none of the steps its family's parts name, so no pipeline "
+                               "stage would hold them", where=f"{type(model).__name__}",
+                               fix="plan pp = 1 for this model, or hold them in a module")
         layers = model.get_submodule(parts.blocks)
         _attach(self, parts.blocks, nn.ModuleDict({str(i): layers[i] for i in blocks}))
-        for name, buf in model.named_buffers(recurse=False):
+        for name, buf in model.named_buffers(recurse=False):  # tables every stage may read
             persistent = name not in model._non_persistent_buffers_set
             self.register_buffer(name, buf, persistent=persistent)
-        for name, param in model.named_parameters(recurse=False):
-            self.register_parameter(name, param)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         info = stage_of(self)

@@ -13,6 +13,9 @@ turns each into the engine's parallel style and calls ``parallelize_module`` onc
 ``vocab``       ``RowwiseParallel`` on an embedding: table split by vocabulary rows, output
                 all-reduced (or reduce-scattered to sequence shards).
 ``sequence``    ``SequenceParallel``: the norm runs on sequence shards.
+``width``       ``WidthParallel``: a module between a column and a row split (a per-head
+                norm) runs on the rank's heads, its weights whole, their gradients summed
+                over the tp ranks.
 ``replicated``  nothing: every tp rank holds the module whole (under sequence parallelism a
                 whole head first gathers its input from the sequence shards).
 ==============  ==================================================================
@@ -53,6 +56,7 @@ from torch.distributed.tensor.parallel import (
 from autopar.admissibility import block_styles
 from autopar.core.layout import Style
 from autopar.core.plan import Plan
+from autopar.models.parts import stage_info
 from autopar.module_strategies import LOSS
 from autopar.passes.model_parts import ModelParts
 
@@ -113,6 +117,43 @@ class SectionedColwiseParallel(ColwiseParallel):
         return outputs.to_local() if use_local_output else outputs
 
 
+class WidthParallel(SequenceParallel):
+    """A module of the plan's ``width`` style: inside a column -> row region it reads the
+    rank's width shard (a per-head norm such as Qwen3's ``q_norm`` over each head's features)
+    with every weight whole on every rank. Its local compute is the one-process computation on
+    those heads; what tensor parallelism adds is the weight gradient, which each rank computes
+    from its heads only and which must be summed over the tp ranks. DTensor does that sum: the
+    weights become replicated DTensors (``SequenceParallel``'s), the input a DTensor sharded
+    along dim 0, the output the local tensor again. Dim 0 is not the dim the width shard lies
+    on, and need not be: the module's ops mix along the last dim only and keep every other
+    (``module_strategies._keeps_shape``), so any dim but the last gives the same local
+    computation, and the weight's gradient, reduced over the sharded dim, comes back partial
+    and is all-reduced to the replicated weight."""
+
+    def __init__(self) -> None:
+        super().__init__(sequence_dim=0, use_local_output=True)
+
+
+class GatherBlockOutput(ParallelStyle):
+    """The last block's output (a tensor, or a tuple whose item 0 is the hidden state) from the
+    rank's sequence shard to the whole sequence: under sequence parallelism a family whose
+    finish step autopar reads off a graph (``ModelParts.embedding_in_shards`` false: the
+    generic decoder) runs it whole on every tp rank, as it runs the embedding step -- a norm
+    written inline in the forward holds a bare parameter no style reaches, whose gradient
+    computed on a sequence shard would be that shard's part only. The gather's backward hands
+    each rank its shard of the (replicated) gradient."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def gather(mod, inputs, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            whole = DTensor.from_local(hidden, device_mesh, [Shard(1)], run_check=False
+                                       ).redistribute(device_mesh, [Replicate()]).to_local()
+            return (whole, *output[1:]) if isinstance(output, tuple) else whole
+
+        module.register_forward_hook(gather)
+        return module
+
+
 def is_sectioned(tensor: object) -> bool:
     """A DTensor laid out by ``SectionedColwiseParallel``: its tp placement (the last mesh
     dimension) a ``_StridedShard``, so a rank's rows are one block of each section, not one
@@ -138,16 +179,19 @@ def _pattern(name: str, parts: ModelParts) -> str:
     return re.sub(rf"^{re.escape(parts.blocks)}\.\d+(?=\.|$)", f"{parts.blocks}.*", name)
 
 
-def _style(name: str, style: Style, plan: Plan, parts: ModelParts, sections: int = 1
-           ) -> ParallelStyle | None:
+def _style(name: str, style: Style, plan: Plan, parts: ModelParts, sections: int = 1,
+           whole_ends: bool = False) -> ParallelStyle | None:
     """The engine's style for one module: the one translation of the plan's ``Style`` to
     DTensor. ``parallelize`` has checked the plan's styles against the model first
     (``autopar.admissibility.layer_problems``: module kinds, divisible dimensions, column
-    splits closed by row splits)."""
+    splits closed by row splits). ``whole_ends``: the finish step reads the whole sequence
+    (``GatherBlockOutput``), so the head's input is replicated."""
     if style == Style.REPLICATED:
         return None
     if style == Style.SEQUENCE:
         return SequenceParallel()
+    if style == Style.WIDTH:
+        return WidthParallel()
     seq = Shard(1) if sequence_parallel(plan) else Replicate()
     if style == Style.VOCAB:
         whole = name == parts.embedding and not parts.embedding_in_shards
@@ -158,7 +202,8 @@ def _style(name: str, style: Style, plan: Plan, parts: ModelParts, sections: int
     if name == parts.head:
         # the logits stay vocabulary shards for loss_parallel, or are gathered whole
         out = Shard(-1) if loss_is_vocab_parallel(plan) else Replicate()
-        return ColwiseParallel(input_layouts=seq, output_layouts=out)
+        return ColwiseParallel(input_layouts=Replicate() if whole_ends else seq,
+                               output_layouts=out)
     # inside a block the parent's PrepareBlockInput has made the input a replicated DTensor
     if sections > 1:
         return SectionedColwiseParallel(sections, input_layouts=Replicate())
@@ -171,6 +216,13 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
     if tp_mesh.size() == 1:
         return
     styles = {k: v for k, v in plan.module_strategies if k != LOSS}
+    # a family whose embedding and finish steps run whole under sequence parallelism: the
+    # modules of those steps keep no sequence style (their input is the whole sequence)
+    whole_ends = sequence_parallel(plan) and not parts.embedding_in_shards
+    if whole_ends:
+        ends = (*parts.first, *parts.last)
+        styles = {k: v for k, v in styles.items() if not (
+            v == Style.SEQUENCE and any(k == e or k.startswith(e + ".") for e in ends))}
     tied = _tied_pairs(stage)
     in_block = block_styles(plan.module_strategies, parts.blocks)
     sections: dict[str, int] = {}
@@ -178,10 +230,11 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         found = parts.shard_block(block, in_block, tp_mesh.size())
         sections.update({f"{parts.blocks}.{key}.{path}": n for path, n in found.items()})
     layout: dict[str, ParallelStyle] = {}
+    gathered = None
     for name, _ in stage.named_modules():
         style = styles.get(_pattern(name, parts))
         if style is not None:
-            chosen = _style(name, style, plan, parts, sections.get(name, 1))
+            chosen = _style(name, style, plan, parts, sections.get(name, 1), whole_ends)
             if chosen is not None:
                 layout[name] = chosen
             if style == Style.COLUMN and name != parts.head:
@@ -192,15 +245,20 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         if not parts.embedding_in_shards:
             # the embedding step runs whole; the first block's input is sliced to the shards
             keys = [int(k) for k, _ in stage.get_submodule(parts.blocks).named_children()]
-            if getattr(stage, "first", False) and keys:
+            info = stage_info(stage)
+            if info is not None and info.first and keys:
                 # whole on every tp rank -> the rank's sequence shard: a slice, no collective
                 extra[f"{parts.blocks}.{min(keys)}"] = PrepareBlockInput(
                     Replicate(), desired=Shard(1), use_local_output=True)
+            if info is not None and info.last and keys:
+                # and back: the finish runs on the whole sequence (a one-block stage's block
+                # takes both, so this one is applied on its own below)
+                gathered = f"{parts.blocks}.{max(keys)}"
         elif styles.get(parts.embedding, Style.REPLICATED) == Style.REPLICATED:
             # a whole table's output is sliced to the blocks' sequence shards (no collective)
             extra[parts.embedding] = PrepareModuleOutput(output_layouts=Replicate(),
                                                          desired_output_layouts=Shard(1))
-        if styles.get(parts.head, Style.REPLICATED) == Style.REPLICATED:
+        if styles.get(parts.head, Style.REPLICATED) == Style.REPLICATED and not whole_ends:
             # a whole head reads the whole sequence: its input is all-gathered from the shards
             extra[parts.head] = PrepareModuleInput(input_layouts=(Shard(1),),
                                                    desired_input_layouts=(Replicate(),),
@@ -208,6 +266,8 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         present = {n for n, _ in stage.named_modules()}
         layout.update({k: v for k, v in extra.items() if k in present})
     parallelize_module(stage, tp_mesh, layout)
+    if gathered is not None:
+        parallelize_module(stage.get_submodule(gathered), tp_mesh, GatherBlockOutput())
     for owner, user in tied:
         stage.get_submodule(user).weight = stage.get_submodule(owner).weight
 

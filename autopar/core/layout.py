@@ -55,7 +55,9 @@ class Style(StrEnum):
     HEADS = "heads"
     """Attention (or a product of two activations) batched over split heads (ops only)."""
     WIDTH = "width"
-    """An elementwise or last-dim op keeping a width split (ops only)."""
+    """An elementwise or last-dim op keeping a width split; a module of such ops only (a
+    per-head norm between a column and a row split) runs on the rank's width shard with its
+    weights whole (``WidthParallel``)."""
     SEQUENCE = "sequence"
     """Run over the sequence split (``SequenceParallel`` for a module)."""
     MIXED = "mixed"
@@ -63,7 +65,7 @@ class Style(StrEnum):
 
 
 ENGINE_STYLES = frozenset({Style.COLUMN, Style.ROW, Style.VOCAB, Style.SEQUENCE,
-                           Style.REPLICATED})
+                           Style.REPLICATED, Style.WIDTH})
 """Module styles the engine's tensor-parallel pass applies (``passes/tensor_parallel.py``)."""
 
 LAYOUT_STYLE: dict[Layout, Style] = {Layout.R: Style.REPLICATED, Layout.S: Style.WIDTH,

@@ -121,9 +121,11 @@ class ModelParts:
     blocks: str
     """Path of the ``nn.ModuleList`` of repeated blocks (``layers``, ``model.layers``)."""
     first: tuple[str, ...]
-    """Modules the first stage runs before the blocks."""
+    """Modules the first stage runs before the blocks (or parameters of the model root it
+    reads, by name)."""
     last: tuple[str, ...]
-    """Modules the last stage runs after the blocks (final norm, head)."""
+    """Modules the last stage runs after the blocks (final norm, head; or parameters of the
+    model root it reads, by name)."""
     head: str
     """The module whose output is the logits."""
     embedding: str

@@ -114,6 +114,40 @@ def test_positions_other_than_an_arange_over_the_sequence_are_refused() -> None:
     assert "not an arange over the tokens' sequence length" in _refusal(OffsetPositions())
 
 
+class RopeTable(nn.Module):
+    """A cached rotary table cut to the sequence: a buffer a cp rank would slice at [:t]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, WIDTH, 2).float() / WIDTH))
+        self.register_buffer("table", torch.outer(torch.arange(SEQ).float(), inv_freq))
+
+    def forward(self, t):
+        return self.table[:t].cos()
+
+
+class TableDecoder(Decoder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rope = RopeTable()
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.rope(idx.size(1)).repeat(1, 2)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_rope_from_inv_freq_times_the_positions_is_admitted_and_a_sliced_table_refused():
+    # inv_freq is read whole (outer with the arange the rank's global positions replace);
+    # a cached table cut to [:t] would be cut at the rank's local positions
+    llama = ModelSpec.parse(f"{NANOGPT.parent / 'decoders.py'}:make_llama").build("meta")
+    facts = facts_of(llama)
+    assert facts.context_refused is None, facts.context_refused
+    check(facts, ParallelConfig(cp=2), TRAIN)
+    assert "read the buffer rope.table" in _refusal(TableDecoder())
+
+
 def test_the_mode_runs_a_blocks_causal_sdpa_by_its_hook_and_nothing_else() -> None:
     calls = []
 

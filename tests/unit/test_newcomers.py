@@ -123,3 +123,20 @@ def test_verify_of_a_plan_file_refuses_the_batch_flags_it_would_ignore(tmp_path,
     capsys.readouterr()
     _refused(["verify", "--plan", str(plan), "--seq-len", "16"], capsys,
              "the plan fixes its batch (8 x 32 tokens", "--seq-len 16 would be ignored")
+
+
+def test_a_per_head_norm_between_column_and_row_splits_runs_on_the_ranks_heads():
+    # Qwen3's q_norm/k_norm normalise each head's features after q_proj's column split: the
+    # solve keeps them on the width split, which the engine runs as WidthParallel (weights
+    # whole, their gradient summed over tp); folded as "mixed" they refused every tp plan
+    import autopar
+    from autopar.core.layout import Style
+    from autopar.costmodel.cluster import process_cluster
+
+    spec = _transformers("Qwen3ForCausalLM", model_type="qwen3", head_dim=16, **TINY)
+    plan = autopar.plan_for(spec.build("meta"), process_cluster(4), TRAIN,
+                            ParallelConfig(dp=2, tp=2), model_spec=spec)
+    styles = dict(plan.module_strategies)
+    attn = "model.layers.*.self_attn"
+    assert styles[f"{attn}.q_proj"] == Style.COLUMN and styles[f"{attn}.o_proj"] == Style.ROW
+    assert styles[f"{attn}.q_norm"] == styles[f"{attn}.k_norm"] == Style.WIDTH

@@ -18,7 +18,10 @@ positions of its chunks. ``context_problem`` checks both on the traced graphs, c
   experts (``experts.py``) is not entered: its routing is per token;
 * the embedding's and the extra arguments' graphs may build positions only as
   ``torch.arange(n)`` / ``torch.arange(0, n)`` with ``n`` the tokens' sequence length
-  (``tokens.size(1)``, ``tokens.shape[1]``), and read no buffer. ``with_positions`` rewrites
+  (``tokens.size(1)``, ``tokens.shape[1]``), and read no buffer but whole, as RoPE's
+  ``inv_freq`` is multiplied with the positions (``_combined_whole``): a buffer sliced or
+  indexed -- a cached cos/sin table cut to ``[:t]`` -- is a table a cp rank would cut at its
+  local positions. ``with_positions`` rewrites
   each such ``arange`` into ``sequence_positions(positions, ...)``: the same ``arange``
   without cp, the chunks' global positions under it (a ``positions`` input the stage fills
   from ``StageModule.positions``).
@@ -138,11 +141,38 @@ def with_positions(gm: GraphModule, what: str) -> str | None:
                 continue
             node.target = sequence_positions
             node.args = (positions, *node.args)
-        elif node.op == "get_attr" and _is_buffer(gm, str(node.target)):
+        elif node.op == "get_attr" and _is_buffer(gm, str(node.target)) \
+                and not _combined_whole(node):
             problem = problem or (f"{what} read the buffer {node.target} (a position table or "
                                   "mask a cp rank would index by its local positions)")
     gm.recompile()
     return problem
+
+
+_WHOLE_FUNCTIONS = frozenset({torch.outer, torch.ger, torch.mul, torch.matmul, torch.einsum,
+                              operator.mul, operator.matmul, operator.truediv, torch.div})
+"""Functions that take a buffer whole, position by nothing: RoPE's ``outer(positions,
+inv_freq)`` or ``positions[:, None] * inv_freq``."""
+_WHOLE_METHODS = frozenset({"to", "float", "double", "half", "bfloat16", "type_as"})
+_META_READS = frozenset({"device", "dtype", "shape", "ndim"})
+
+
+def _combined_whole(buffer: Node) -> bool:
+    """Whether every use of ``buffer`` (a ``get_attr`` of a buffer) takes it whole -- its
+    metadata read, cast, or multiplied with other tensors (RoPE's ``inv_freq`` times the
+    positions, which the arange rewrite makes the chunks' global ones) -- and none indexes or
+    slices it by position (a cached cos/sin table cut to ``[:t]``, a registered mask)."""
+    for user in buffer.users:
+        if user.op == "call_function" and user.target is getattr:
+            if user.args[1] not in _META_READS:
+                return False
+        elif user.op == "call_method" and user.target in _WHOLE_METHODS:
+            if not _combined_whole(user):
+                return False
+        elif not ((user.op == "call_function" and user.target in _WHOLE_FUNCTIONS)
+                  or (user.op == "call_method" and user.target in ("mul", "matmul", "div"))):
+            return False
+    return True
 
 
 def _over_sequence(node: Node, sources: dict[Node, set[int]]) -> bool:

@@ -60,6 +60,9 @@ class _BlocksAsLeaves(torch.fx.Tracer):
     def __init__(self, leaves: Iterable[str]) -> None:
         super().__init__()
         self.leaves = frozenset(leaves)
+        # a buffer read is a get_attr node, so what the code reads of it (``inv_freq.device``)
+        # is read on each rank at run time, not baked in as the meta device of the trace
+        self.proxy_buffer_attributes = True
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return qualname in self.leaves or super().is_leaf_module(m, qualname)
@@ -300,13 +303,16 @@ def _is_tensor_of(gm: GraphModule, target: str) -> bool:
 
 
 def _modules(model: nn.Module, gm: GraphModule, blocks: str) -> list[str]:
-    """The modules (paths) whose calls or tensors ``gm`` reads, model root excluded."""
+    """The modules (paths) whose calls or tensors ``gm`` reads, and the model root's own
+    parameters and buffers it reads, by name (a final norm's weight written inline in the
+    forward: the stage that runs this graph holds it)."""
     found: list[str] = []
     for node in gm.graph.nodes:
         if node.op == "call_module":
             path = str(node.target)
         elif node.op == "get_attr":
-            path = str(node.target).rpartition(".")[0]
+            owner, _, name = str(node.target).rpartition(".")
+            path = owner or name
         else:
             continue
         if not path or path in found:
