@@ -104,6 +104,17 @@ def profile(nproc: int = 4, *, grid: Grid = QUICK, precision: str | None = None,
             else "cpu"
     if device not in ("cpu", "cuda"):
         raise AutoparError(f"unknown device {device!r}", where="--device", fix="cpu or cuda")
+    if device == "cuda" and torch.cuda.device_count() < nproc:
+        have = torch.cuda.device_count()
+        raise AutoparError(
+            f"--device cuda with {nproc} processes needs a GPU each; "
+            + ("this machine has no CUDA GPU" if not torch.cuda.is_available()
+               else f"this machine has {have}")
+            + f" (torch {torch.__version__}, CUDA {torch.version.cuda or 'none'})",
+            where="--device", fix="profile with --device cpu (the default here), or "
+                                  f"--nproc {have} on this machine" if have else
+                                  "profile with --device cpu (the default here), or run "
+                                  "it on a GPU machine")
     precision = precision or ("bf16" if device == "cuda" else "fp32")
     if precision not in DTYPES:
         raise AutoparError(f"cannot profile precision {precision!r}", where="--precision",

@@ -121,6 +121,7 @@ class ModelSpec:
                                        fix="check the path (relative to the current folder)")
                 model = f"{path.resolve()}:{attr}"
             return cls(factory=model)
+        _refuse_path(model)
         return cls(name=model, overrides=overrides)
 
     @classmethod
@@ -233,6 +234,40 @@ class ModelSpec:
         if self.factory:
             return _call_factory(self.factory, device)
         return _build_transformers(self.transformers, device, seed)
+
+
+def _refuse_path(model: str) -> None:
+    """``AutoparError`` for a ``--model`` that reads as a path but names no model: a ``.py``
+    file without its ``:FACTORY`` (the functions it defines listed), a file or folder that
+    does not exist. A zoo name never holds a path separator or ends in ``.py``."""
+    import ast
+    import os
+
+    path = Path(model).expanduser()
+    if model.endswith(".py"):
+        if not path.is_file():
+            raise AutoparError(f"model file {model} does not exist", where="--model",
+                               fix="check the path (relative to the current folder), and name "
+                                   "the function that returns the model: FILE.py:FACTORY")
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+                         and len(n.args.args) + len(n.args.posonlyargs) == len(n.args.defaults)
+                         and all(d is not None for d in n.args.kw_defaults)]
+        except (OSError, SyntaxError, ValueError):
+            functions = []
+        listed = (f"; {path.name} defines {', '.join(functions[:8])}, callable with no "
+                  "arguments" if functions else "")
+        raise AutoparError(f"{model} names a file but not the function in it that builds the "
+                           f"model{listed}", where="--model",
+                           fix=f"pass {model}:FACTORY, FACTORY a function of no arguments "
+                               "returning the nn.Module"
+                               + (f" (e.g. {model}:{functions[0]})" if functions else ""))
+    if os.sep in model or "/" in model or model.startswith(("~", ".")):
+        raise AutoparError(f"{model} is neither a file nor a folder that exists", where="--model",
+                           fix="check the path (relative to the current folder): a folder "
+                               "holding a transformers config.json, a config .json file, or "
+                               "FILE.py:FACTORY")
 
 
 def _transformers_config_file(model: str) -> Path | None:

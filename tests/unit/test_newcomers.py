@@ -140,3 +140,23 @@ def test_a_per_head_norm_between_column_and_row_splits_runs_on_the_ranks_heads()
     attn = "model.layers.*.self_attn"
     assert styles[f"{attn}.q_proj"] == Style.COLUMN and styles[f"{attn}.o_proj"] == Style.ROW
     assert styles[f"{attn}.q_norm"] == styles[f"{attn}.k_norm"] == Style.WIDTH
+
+
+def test_a_path_that_names_no_model_says_what_is_wrong_with_it(tmp_path, capsys):
+    # both used to say "unknown model ... use a preset"
+    plan = ["plan", "--cluster", "hgx-h100-80g", "--global-batch", "8", "--model"]
+    _refused([*plan, str(tmp_path / "missing") + "/"], capsys,
+             "is neither a file nor a folder that exists")
+    model = tmp_path / "mine.py"
+    model.write_text("def helper(x):\n    return x\n\ndef make():\n    return None\n")
+    _refused([*plan, str(model)], capsys, "names a file but not the function in it",
+             "mine.py defines make, callable with no arguments", f"e.g. {model}:make")
+
+
+def test_profiling_cuda_without_a_gpu_says_so_before_starting_processes(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    _refused(["profile", "--device", "cuda", "--quick", "--out", "/dev/null"], capsys,
+             "--device cuda with 4 processes needs a GPU each; this machine has no CUDA GPU")
