@@ -5,12 +5,15 @@ the model computes, within ``verify.TOLERANCES``) or is refused before a process
 reason a person can act on. A crash (a rank dying, an error that is not an ``AutoparError``)
 and a mismatch (a program that ran and differs) are failures.
 
-``draw_case(rng)`` draws one case: a model of a zoo family (``gpt``, ``llama``, ``moe``) with a
-random shape -- odd vocabularies and sequence lengths, 1 to 8 heads with any dividing number of
-key/value heads, widths tp may not divide, 1 to 4 blocks, 2 to 8 experts -- and a plan with
-every ``ParallelConfig`` field drawn (dp, tp, pp, cp, ep, ZeRO stage, micro-batching, schedule
-and virtual stages, sequence parallelism, checkpointing uniform or per block, offload, fusions)
-and a precision. ``run_case`` plans it with ``autopar.plan_for`` on a one-node cluster of as
+``draw_case(rng)`` draws one case: a model -- half the time of a zoo family (``gpt``,
+``llama``, ``moe``) with a random shape (odd vocabularies and sequence lengths, 1 to 8 heads
+with any dividing number of key/value heads, widths tp may not divide, 1 to 4 blocks, 2 to 8
+experts), else what newcomers bring (``autopar.verify_models``): a transformers config of any
+architecture they tried (Llama to DeepSeek-V3, GPT-OSS, BERT and T5) or a hand-written decoder
+of one of four styles, at a random tiny shape -- and a plan with every ``ParallelConfig``
+field drawn (dp, tp, pp, cp, ep, ZeRO stage, micro-batching, schedule and virtual stages --
+at pp = 1 too, which must be refused --, sequence parallelism, checkpointing uniform or per
+block, offload, fusions) and a precision. ``run_case`` plans it with ``autopar.plan_for`` on a one-node cluster of as
 many GPUs as processes, and verifies it. ``tests/dist/test_verify_cases.py`` runs a fixed-seed
 sample in CI; ``bench/fuzz_verify.py`` a longer run (``bench/results/fuzz_verify.md``).
 """
@@ -18,13 +21,17 @@ sample in CI; ``bench/fuzz_verify.py`` a longer run (``bench/results/fuzz_verify
 from __future__ import annotations
 
 import random
+import tempfile
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from autopar.core.errors import AutoparError
 from autopar.core.model_spec import ModelSpec
+from autopar.verify_models import ARCHITECTURES, DECODER_STYLES, Shape, decoder_spec, \
+    transformers_spec
 
 WORLD_SIZES = (1, 2, 2, 2, 4, 4, 4, 8)
 """Processes per case, drawn uniformly from this list (2 and 4 most often: 8 gloo processes
@@ -49,6 +56,8 @@ class Case:
 
     index: int
     spec: ModelSpec
+    shape: Shape
+    """The model's shape (a zoo model's fields name it too)."""
     fields: dict[str, Any]
     """``ParallelConfig`` fields."""
     precision: str
@@ -56,9 +65,12 @@ class Case:
     seq_len: int
 
     def describe(self) -> str:
-        shape = ", ".join(f"{k}={v}" for k, v in self.spec.overrides.items())
+        s = self.shape
+        shape = (", ".join(f"{k}={v}" for k, v in self.spec.overrides.items()) if self.spec.name
+                 else f"layers={s.layers}, heads={s.heads}/{s.kv_heads}x{s.head_dim}, "
+                      f"vocab={s.vocab}")
         plan = " ".join(f"{k}={v}" for k, v in self.fields.items())
-        return (f"#{self.index} {self.spec.name}({shape}) | {plan} | {self.precision} "
+        return (f"#{self.index} {self.spec.label}({shape}) | {plan} | {self.precision} "
                 f"batch {self.global_batch}x{self.seq_len}")
 
 
@@ -73,7 +85,26 @@ class Result:
     """loss, grads, params measures of a run that verified (passed or mismatched)."""
 
 
-def _model(rng: random.Random) -> ModelSpec:
+DECODER_FOLDER = Path(tempfile.gettempdir()) / "autopar-verify-cases"
+"""Where the hand-written decoders' files are written (one per shape, ``decoder_spec``)."""
+
+
+def _newcomer(rng: random.Random) -> tuple[ModelSpec, Shape]:
+    """A transformers config of a random architecture or a hand-written decoder, tiny."""
+    heads = rng.choice((2, 4))
+    shape = Shape(layers=rng.choice((1, 2, 2, 3)), heads=heads,
+                  kv_heads=rng.choice([k for k in (1, 2, 4) if heads % k == 0]),
+                  head_dim=rng.choice((8, 16)), vocab=rng.randrange(64, 300),
+                  ffn=rng.choice((32, 64, 128)), experts=4, top_k=rng.choice((1, 2)),
+                  seq=rng.choice((32, 64)))
+    if rng.random() < 0.75:
+        return transformers_spec(rng.choice(sorted(ARCHITECTURES)), shape), shape
+    return decoder_spec(rng.choice(DECODER_STYLES), shape, DECODER_FOLDER), shape
+
+
+def _model(rng: random.Random) -> tuple[ModelSpec, Shape]:
+    if rng.random() < 0.5:
+        return _newcomer(rng)
     family = rng.choice(("gpt", "llama", "llama", "moe"))
     heads = rng.choice((1, 2, 3, 4, 4, 6, 8))
     head_dim = rng.choice((4, 8, 8, 16))  # even: RoPE rotates pairs
@@ -92,14 +123,16 @@ def _model(rng: random.Random) -> ModelSpec:
         fields["num_experts"] = rng.choice((2, 3, 4, 8))
         fields["top_k"] = rng.randint(1, min(2, fields["num_experts"]))
         fields["capacity_factor"] = rng.choice((1.0, 1.25, 2.0))
-    return ModelSpec(family, fields)
+    shape = Shape(layers=fields["num_layers"], heads=heads,
+                  kv_heads=fields.get("num_kv_heads", heads), head_dim=head_dim,
+                  vocab=fields["vocab_size"], seq=fields["seq_len"])
+    return ModelSpec(family, fields), shape
 
 
-def _factor(world: int, rng: random.Random, spec: ModelSpec) -> dict[str, int]:
+def _factor(world: int, rng: random.Random, shape: Shape) -> dict[str, int]:
     """dp, tp, pp, cp with product ``world``: cp > 1 rarely, and three
     times in four a tp that divides the heads (the rest exercises the refusal)."""
-    shape = spec.overrides
-    heads = (shape["num_heads"], shape.get("num_kv_heads", shape["num_heads"]))
+    heads = (shape.heads, shape.kv_heads)
     degrees = {"dp": 1, "tp": 1, "pp": 1, "cp": 1}
     left = world
     for axis in rng.sample(["dp", "tp", "pp", "cp"], 4):
@@ -109,7 +142,7 @@ def _factor(world: int, rng: random.Random, spec: ModelSpec) -> dict[str, int]:
         if axis == "tp" and rng.random() < 0.75:
             choices = [d for d in choices if all(h % d == 0 for h in heads)]
         if axis == "pp" and rng.random() < 0.75:
-            choices = [d for d in choices if d <= shape["num_layers"]]
+            choices = [d for d in choices if d <= shape.layers]
         degrees[axis] = rng.choice(choices)
         left //= degrees[axis]
     degrees["dp"] *= left
@@ -118,9 +151,9 @@ def _factor(world: int, rng: random.Random, spec: ModelSpec) -> dict[str, int]:
 
 def draw_case(rng: random.Random, index: int = 0) -> Case:
     """One random case (see the module docstring)."""
-    spec = _model(rng)
+    spec, shape = _model(rng)
     world = rng.choice(WORLD_SIZES)
-    fields: dict[str, Any] = _factor(world, rng, spec)
+    fields: dict[str, Any] = _factor(world, rng, shape)
     if rng.random() < 0.1:
         fields["ep"] = rng.choice((2, 4))
     fields["zero"] = rng.choice((0, 1, 2, 3))
@@ -128,13 +161,13 @@ def draw_case(rng: random.Random, index: int = 0) -> Case:
     m = rng.choice((1, 2, 2, 3, 4))
     if rng.random() < 0.2:
         fields["num_microbatches"] = m
-    if fields["pp"] > 1:
+    if fields["pp"] > 1 or rng.random() < 0.05:  # at pp = 1: chunks nothing interleaves
         fields["schedule"] = rng.choice(("gpipe", "1f1b", "interleaved"))
         if fields["schedule"] == "interleaved":
             fields["virtual_stages"] = rng.choice((1, 2))
     if fields["tp"] > 1 and rng.random() < 0.6:
         fields["sequence_parallel"] = True
-    layers = spec.overrides["num_layers"]
+    layers = shape.layers
     r = rng.random()
     # odd cases run the matmuls policy where even ones run selective (an index, not a draw:
     # the seeded samples stay the cases they were)
@@ -149,8 +182,8 @@ def draw_case(rng: random.Random, index: int = 0) -> Case:
         fields["offload"] = True
     if rng.random() < 0.12:
         fields["fusions"] = tuple(sorted(rng.sample(FUSIONS, rng.randint(1, 3))))
-    seq = rng.choice((spec.overrides["seq_len"], rng.randrange(4, spec.overrides["seq_len"] + 1)))
-    return Case(index, spec, fields, rng.choice(PRECISIONS),
+    seq = rng.choice((shape.seq, rng.randrange(4, shape.seq + 1)))
+    return Case(index, spec, shape, fields, rng.choice(PRECISIONS),
                 fields["dp"] * fields["micro_batch"] * m, seq)
 
 

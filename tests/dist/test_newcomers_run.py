@@ -28,16 +28,15 @@ failure below exceeded or never reached:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from autopar import verify_decoders
 from autopar.training import ModelSpec
 from autopar.verify import verify
 
 from plans import process_plan
 
-DECODERS = Path(__file__).resolve().parents[1] / "data" / "decoders.py"
+DECODERS = verify_decoders.__file__
 _SHAPE = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
           "max_position_embeddings": 64}

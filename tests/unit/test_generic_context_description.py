@@ -141,7 +141,9 @@ class TableDecoder(Decoder):
 def test_rope_from_inv_freq_times_the_positions_is_admitted_and_a_sliced_table_refused():
     # inv_freq is read whole (outer with the arange the rank's global positions replace);
     # a cached table cut to [:t] would be cut at the rank's local positions
-    llama = ModelSpec.parse(f"{NANOGPT.parent / 'decoders.py'}:make_llama").build("meta")
+    from autopar import verify_decoders
+
+    llama = ModelSpec.parse(f"{verify_decoders.__file__}:make_llama").build("meta")
     facts = facts_of(llama)
     assert facts.context_refused is None, facts.context_refused
     check(facts, ParallelConfig(cp=2), TRAIN)

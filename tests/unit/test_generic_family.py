@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autopar import AutoparError, ParallelConfig, TrainSpec
+from autopar import AutoparError, ParallelConfig, TrainSpec, verify_decoders
 from autopar.admissibility import check, facts_of
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import Checkpoint
@@ -122,7 +122,7 @@ def test_transformers_gpt2_and_phi3_have_their_families_and_refuse_tp() -> None:
             check(facts, ParallelConfig(tp=2), TrainSpec(global_batch=4, seq_len=16))
 
 
-DECODERS = Path(__file__).resolve().parents[1] / "data" / "decoders.py"
+DECODERS = verify_decoders.__file__  # a user-style FILE.py
 
 
 @pytest.mark.parametrize("factory", ["make_positions", "make_conv"])

@@ -1,4 +1,4 @@
-"""Hand-written decoders in the styles newcomers write (``FILE.py:FACTORY`` models).
+"""Hand-written decoders in the styles newcomers write, as ``FILE.py:FACTORY`` models.
 
 Each is what a user brings that no autopar family describes, written the way the tutorials
 write it:
@@ -6,11 +6,15 @@ write it:
 ``make_llama``: Llama-style -- the blocks as ``self.blocks``, RoPE from an ``inv_freq`` buffer
 and ``torch.arange`` positions (the rotate-half form), grouped-query attention through causal
 SDPA with ``enable_gqa``, a SwiGLU MLP, RMSNorm modules in the blocks and the final norm
-written inline in ``forward``. ``make_positions``: GPT-style -- the learned position table is
-``self.positions`` and the blocks ``self.blocks`` (the names a pipeline stage once kept for
-itself). ``make_mixer``: a token MLP-mixer -- each block mixes the tokens by a causal
-(lower-triangular) learned (seq, seq) matrix. ``make_conv``: a causal convolutional language
-model -- gated ``nn.Conv1d`` blocks in an ``nn.Sequential``.
+written inline in ``forward`` with a parameter of the model root. ``make_positions``:
+GPT-style -- the learned position table is ``self.positions`` and the blocks ``self.blocks``
+(the names a pipeline stage once kept for itself). ``make_mixer``: a token MLP-mixer -- each
+block mixes the tokens by a causal (lower-triangular) learned (seq, seq) matrix. ``make_conv``:
+a causal convolutional language model -- gated ``nn.Conv1d`` blocks in an ``nn.Sequential``.
+
+The shape is the one line of constants below: ``autopar.verify_models.decoder_file`` writes a
+copy of this file with its own values for each property case (``autopar.verify_cases``), which
+every rank then loads by path, as a user's file is; the tests load this file itself.
 """
 
 import torch
@@ -199,7 +203,7 @@ class ConvLM(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.Sequential(*(ConvBlock() for _ in range(3)))
+        self.blocks = nn.Sequential(*(ConvBlock() for _ in range(LAYERS)))
         self.head = nn.Linear(WIDTH, VOCAB)
 
     def forward(self, tokens, targets=None):
