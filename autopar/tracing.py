@@ -7,24 +7,28 @@ Steps, each a function below:
    and return an output with ``.loss`` (``use_cache=False`` is passed where accepted). Token ids
    and targets are int64 zeros of shape (batch, seq_len) on the model's device (meta for big
    models).
-2. ``_trace_fx``: ``torch.fx.symbolic_trace`` (other defaulted arguments fixed through
-   ``concrete_args``), then shapes by running the graph on meta tensors (``FakeTensorMode`` when
-   the weights are real). ``_trace_export``: if fx fails, ``torch.export.export(strict=False)``,
-   whose nodes carry ``meta["val"]``; higher-order ops (``wrap_with_set_grad_enabled`` around
-   transformers' rotary embedding) are inlined with ``run_decompositions({})``. transformers MoE
-   models set to the data-dependent "eager" experts path are switched to "grouped_mm" (static
-   shapes, exports) for the trace, and a hand-written mixture of experts (a router beside a list
-   of expert modules, ``models/generic/experts.py``) runs on the mean rows of a dropless layer
-   in place of its own data-dependent loop. If both fail, ``AutoparError`` names the module and line.
+2. ``_trace_fx``: ``torch.fx`` symbolic tracing (other defaulted arguments fixed through
+   ``concrete_args``), a ``torch.nn`` module kept as one node only where the op registry knows
+   its class and traced into otherwise (``_RegistryLeaves``), then shapes by running the graph
+   on meta tensors (``FakeTensorMode`` when the weights are real). ``_trace_export``: if fx
+   fails, ``torch.export.export(strict=False)``, whose nodes carry ``meta["val"]``; higher-order
+   ops (``wrap_with_set_grad_enabled`` around transformers' rotary embedding) are inlined with
+   ``run_decompositions({})``. transformers MoE models set to the data-dependent "eager" experts
+   path are switched to "grouped_mm" (static shapes, exports) for the trace, and a hand-written
+   mixture of experts (a router beside a list of expert modules, ``models/generic/experts.py``)
+   runs on the mean rows of a dropless layer in place of its own data-dependent loop. If both
+   fail, ``AutoparError`` names the module and line.
 3. ``_build_nodes``: one ``NodeInfo`` per computing node, with the canonical op
    (``autopar.ops.naming``), shapes, FLOPs and bytes (the op registry, ``autopar.ops``),
-   parameters and module path. Parameters and buffers are not nodes: a parameter read through
-   ``get_attr``, a lifted placeholder, or a view of either (``w.t()``) is attributed to the
-   node that consumes it.
+   parameters and module path. An op no family owns gets the FLOPs torch counts for it, or is
+   refused when it reads parameters and torch counts none (``autopar.ops.opaque`` argues the
+   rule: traced into, priced, or refused, never free). Parameters and buffers are not nodes: a
+   parameter read through ``get_attr``, a lifted placeholder, or a view of either (``w.t()``)
+   is attributed to the node that consumes it.
 4. ``tracing_blocks``: the repeated block group and each node's instance.
 
-Cost: linear in the number of nodes, one meta forward, no ``FlopCounterMode``
-(llama3-405b at seq 8192: see ``bench/results/trace_time.md``).
+Cost: linear in the number of nodes, one meta forward, ``FlopCounterMode`` only over the ops no
+family owns (llama3-405b at seq 8192: see ``bench/results/trace_time.md``).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import contextlib
 import inspect
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -54,11 +58,13 @@ from autopar.tracing_errors import (
     ModuleStack,
     no_token_input_error,
     not_a_module_error,
+    opaque_op_error,
     data_dependent_shape_error,
     quiet_torch_logs,
     untraceable_error,
 )
-from autopar.ops import CANONICAL_OPS, OP_NAMES, VIEW, forward_bytes, forward_flop
+from autopar.ops import CANONICAL_OPS, OP_NAMES, VIEW, forward_bytes, forward_flop, is_known
+from autopar.ops.opaque import counted_flop
 from autopar.ops.naming import canonical_op, is_skipped, unmapped_ops
 
 __all__ = ["CANONICAL_OPS", "DEFAULT_SEQ_LEN", "OP_NAMES", "trace", "unmapped_ops"]
@@ -226,7 +232,9 @@ def _trace_fx(
     model: nn.Module, feed: _Feed, tokens: torch.Tensor, targets: torch.Tensor
 ) -> _Traced:
     """``symbolic_trace`` plus meta/fake shape propagation; raises on any failure."""
-    gm = torch.fx.symbolic_trace(model, concrete_args=dict(feed.fixed) or None)
+    tracer = _RegistryLeaves()
+    graph = tracer.trace(model, concrete_args=dict(feed.fixed) or None)
+    gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     if feed.fixed:
         _drop_concrete_arg_checks(gm, {feed.token, feed.target})
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -236,6 +244,19 @@ def _trace_fx(
         raise RuntimeError("symbolic_trace lost the token or target placeholder")
     _propagate(gm, args)
     return _Traced(gm=gm, method="fx")
+
+
+class _RegistryLeaves(torch.fx.Tracer):
+    """``symbolic_trace``'s tracer, with a ``torch.nn`` module kept as one node only where the op
+    registry knows its class (``nn.Linear``, ``nn.LayerNorm``, ``nn.Embedding``...). Any other
+    (``nn.TransformerEncoderLayer``, ``nn.MultiheadAttention``) is traced into, as fx traces
+    the user's own modules, so that its GEMMs and attention are seen and priced; where fx cannot
+    follow its Python (the fast-path checks on tensor values), the trace falls back to
+    torch.export, which sees every module down to ATen."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return (super().is_leaf_module(m, module_qualified_name)
+                and type(m).__name__ in OP_NAMES)
 
 
 def _drop_concrete_arg_checks(gm: torch.fx.GraphModule, fed: set[str | None]) -> None:
@@ -437,12 +458,40 @@ def _build_nodes(model: nn.Module, traced: _Traced) -> list[NodeInfo]:
     return nodes
 
 
+def _user_line(node: torch.fx.Node) -> str:
+    """The source line that made ``node`` (export records it), or ""."""
+    stack = str(node.meta.get("stack_trace") or "").strip().splitlines()
+    return stack[-1].strip() if stack else ""
+
+
 def _data_dependent(node: torch.fx.Node) -> AutoparError:
     """``data_dependent_shape_error`` for the first op whose output size needs the data."""
     _, target = _raw_name(node, node.graph.owning_module)
-    stack = str(node.meta.get("stack_trace") or "").strip().splitlines()
-    return data_dependent_shape_error(_module_path(node), target,
-                                      stack[-1].strip() if stack else "")
+    return data_dependent_shape_error(_module_path(node), target, _user_line(node))
+
+
+def _opaque_flop(node: torch.fx.Node, gm: torch.fx.GraphModule, op: str,
+                 params: tuple[str, ...]) -> float:
+    """Forward FLOPs of an op the registry does not know: torch's count of it
+    (``autopar.ops.opaque``, which argues the rule); an ``AutoparError`` when torch counts
+    none and the op reads parameters."""
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs),
+                                         lambda a: a.meta.get("val"))
+    fn: Callable[..., object]
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        state = dict(module.named_parameters()) | dict(module.named_buffers())
+        args = (state, *args)
+        fn = lambda state, *a, **k: torch.func.functional_call(module, state, a, k)  # noqa: E731
+    elif node.op == "call_method":
+        fn = lambda obj, *a, **k: getattr(obj, str(node.target))(*a, **k)  # noqa: E731
+    else:
+        fn = node.target  # type: ignore[assignment]
+    flop = counted_flop(fn, args, kwargs)
+    if flop == 0.0 and params:
+        raise opaque_op_error(op, _raw_name(node, gm)[1], _module_path(node), _user_line(node),
+                              params)
+    return flop
 
 
 def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> object:
@@ -512,9 +561,12 @@ def _node_info(
         const[node.name] = tuple(params)  # a view of weights: folded into its consumer
         return None
     param_bytes = sum(param_nbytes.get(name, 0) for name in params)
+    flop = forward_flop(op, raw, operands, outputs, scalars)
+    if outputs and not is_known(op):
+        flop = _opaque_flop(node, gm, op, tuple(params))
     return NodeInfo(
         name=node.name, op=op, target=target, inputs=tuple(inputs), outputs=outputs,
-        fwd_flop=forward_flop(op, raw, operands, outputs, scalars),
+        fwd_flop=flop,
         fwd_bytes=forward_bytes(op, operands, outputs),
         params=tuple(params), param_bytes=param_bytes, module_path=_module_path(node),
         scalar_args=tuple(scalars),

@@ -23,8 +23,9 @@ Everything that needs op knowledge asks the registry: the tracer (``naming.canon
 ``kind_of``, ``kept_by_matmuls``, ``fusion.find_fusions``), the strategy solve
 (``strategies_for``), the module styles (``is_weight_op``), the kernel pass (``PATTERNS``). It
 is the one place that answers whether an op is known (``is_known``) and which ops have no rule
-(``ops_without_rules``). The registry imports nothing of the search, the passes or the cost
-model.
+(``ops_without_rules``); ``opaque`` prices an op no family owns (torch's FLOP count, else its
+bytes, else a refusal for one that reads parameters). The registry imports nothing of the
+search, the passes or the cost model.
 """
 
 from __future__ import annotations
