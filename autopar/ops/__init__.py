@@ -6,9 +6,10 @@ strategy rule over the tensor-parallel ranks, and its fusion patterns (``registr
 
 ==================  ======================================================================
 ``gemm``            linear layers, products of activations, expert weights
+``conv``            convolutions (1-, 2- and 3-d, transposed too)
 ``attention``       fused attention (``sdpa``)
 ``norm``            layer, RMS and group norm
-``activation``      GELU, SiLU, ReLU and the other pointwise functions
+``activation``      GELU, SiLU, ReLU and the other pointwise functions; GLU
 ``elementwise``     arithmetic, products, comparisons and selects, casts and copies
 ``dropout``         dropout
 ``view``            views (no data moved) and padding
@@ -34,6 +35,7 @@ from autopar.ops import (
     activation,
     attention,
     constant,
+    conv,
     dropout,
     elementwise,
     gemm,
@@ -71,8 +73,8 @@ from autopar.ops.registry import (
     unregister,
 )
 
-FAMILY_MODULES = (gemm, attention, norm, activation, elementwise, dropout, view, reduction, index,
-                  constant, loss)
+FAMILY_MODULES = (gemm, conv, attention, norm, activation, elementwise, dropout, view, reduction,
+                  index, constant, loss)
 """The modules declaring the families (importing each registers its families)."""
 
 __all__ = [

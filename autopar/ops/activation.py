@@ -8,6 +8,12 @@
 * Strategies: any split passes through (``elementwise.elementwise_rule``).
 * Fusions: ``gelu`` (saves its input) and ``swiglu`` (``silu(gate) * up``: saves gate and up,
   silu(gate) is recomputed), the kernels of ``autopar.kernels``.
+
+``glu`` (``F.glu(x, dim)``, ``nn.GLU``: ``a * sigmoid(b)`` of the two halves of ``x`` along
+``dim``) counts 4 FLOPs per output element, as SiLU (exp, add, divide, multiply), and keeps its
+input. It runs whole on every tp rank (``rules.whole``): it multiplies the two halves of one dim,
+which a split of that dim would deal to different ranks, and a layout does not say which dim it
+cuts once the tensor has been transposed (a gated convolution's channels, ``conv.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from autopar.graph import NodeInfo
 from autopar.ops.elementwise import elementwise_rule
 from autopar.ops.norm import keeps_first_input
 from autopar.ops.registry import FusionPattern, OpFamily, Saver, register
+from autopar.ops.rules import whole
 
 
 def saves_input(node: NodeInfo, saver: Saver) -> None:
@@ -48,3 +55,7 @@ ACTIVATION_SAVING_OUTPUT = register(OpFamily(
     "activation_saving_output", ops=("relu", "rsqrt", "exp", "sqrt"), aliases={"ReLU": "relu"},
     flop_per_element={"relu": 1, "rsqrt": 1, "exp": 1}, saves=saves_output,
     rule=elementwise_rule))
+
+GATED = register(OpFamily(
+    "gated", ops=("glu",), aliases={"GLU": "glu"}, flop_per_element={"glu": 4},
+    saves=saves_input, rule=whole))
