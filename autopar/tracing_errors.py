@@ -229,7 +229,9 @@ def no_token_input_error(model: nn.Module, detail: str) -> AutoparError:
         where=f"{type(model).__module__}.{cls}.forward",
         fix="give the model forward(tokens, targets=None) returning the loss for integer token "
             "ids of shape (batch, seq), or forward(input_ids=..., labels=...) returning an "
-            "output with .loss (transformers causal LMs); other inputs need defaults",
+            "output with .loss (transformers causal LMs and encoder-decoders), or "
+            "forward(pixel_values=..., labels=...) with num_channels, image_size and patch_size "
+            "in its config (transformers image classifiers); other inputs need defaults",
     )
 
 
