@@ -3,7 +3,7 @@
 * FLOPs per output element: GELU 5 (tanh approximation: cube, fma, tanh, add, multiply), SiLU 4
   (x * sigmoid(x): exp, add, divide, multiply), the others 1 (rough counts: they matter for the
   roofline's memory side, not the FLOP side).
-* Saved: GELU, SiLU, tanh, sigmoid, pow, log, sin and cos keep their input; ReLU, rsqrt, exp
+* Saved: GELU, SiLU, tanh, sigmoid, pow, log, sin, cos and abs keep their input; ReLU, rsqrt, exp
   and sqrt their output.
 * Strategies: any split passes through (``elementwise.elementwise_rule``).
 * Fusions: ``gelu`` (saves its input) and ``swiglu`` (``silu(gate) * up``: saves gate and up,
@@ -44,9 +44,9 @@ def swiglu_saves(chain: list[NodeInfo], saver: Saver) -> None:
 
 
 ACTIVATION = register(OpFamily(
-    "activation", ops=("gelu", "silu", "tanh", "sigmoid", "pow", "log", "sin", "cos"),
+    "activation", ops=("gelu", "silu", "tanh", "sigmoid", "pow", "log", "sin", "cos", "abs"),
     aliases={"GELU": "gelu", "SiLU": "silu", "Tanh": "tanh", "Sigmoid": "sigmoid"},
-    flop_per_element={"gelu": 5, "silu": 4, "tanh": 1, "sigmoid": 1, "pow": 1},
+    flop_per_element={"gelu": 5, "silu": 4, "tanh": 1, "sigmoid": 1, "pow": 1, "abs": 1},
     saves=saves_input, rule=elementwise_rule,
     fusions=(FusionPattern("gelu", ("gelu",), kernel_saves=keeps_first_input),
              FusionPattern("swiglu", ("silu", "mul"), kernel_saves=swiglu_saves))))

@@ -1,7 +1,7 @@
 """Elementwise ops: arithmetic, products, comparisons and selects, casts and copies.
 
 * FLOPs: 1 per output element for the arithmetic, products, ``where`` and ``masked_fill``;
-  comparisons, casts and copies move data only.
+  comparisons, logical ops (and, or, not), casts and copies move data only.
 * Saved: a product (``mul``, ``div``) of two activations keeps both, and one by a parameter
   (a norm's weight) keeps its input; everything else keeps nothing.
 * Strategies: any split passes through (``elementwise_rule``).
@@ -56,9 +56,13 @@ PRODUCT = register(OpFamily(
 
 SELECT = register(OpFamily(
     "select", ops=("masked_fill", "where", "clamp", "floor", "ceil", "eq", "ne", "lt", "gt",
-                   "le", "ge", "remainder", "floor_divide"),
+                   "le", "ge", "remainder", "floor_divide", "logical_and", "logical_or",
+                   "logical_not"),
     aliases={"masked_fill_": "masked_fill", "mod": "remainder", "fmod": "remainder",
-             "floordiv": "floor_divide"},
+             "floordiv": "floor_divide", "and_": "logical_and", "__and__": "logical_and",
+             "bitwise_and": "logical_and", "or_": "logical_or", "__or__": "logical_or",
+             "bitwise_or": "logical_or", "invert": "logical_not", "__invert__": "logical_not",
+             "bitwise_not": "logical_not"},
     flop_per_element={"masked_fill": 1, "where": 1}, saves=saves_nothing, rule=elementwise_rule))
 
 CAST = register(OpFamily(

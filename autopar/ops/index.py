@@ -65,7 +65,7 @@ SCATTER = register(OpFamily(
 
 ROUTING = register(OpFamily(
     "routing", ops=("one_hot", "repeat", "new_zeros", "zeros_like", "ones_like", "histc",
-                    "bincount"),
+                    "bincount", "full_like", "empty_like", "new_ones", "new_full", "new_empty"),
     saves=saves_nothing, rule=tokens_rule))
 
 EMBEDDING = register(OpFamily(
