@@ -15,7 +15,7 @@ from torch.utils.flop_counter import register_flop_formula
 import autopar
 from autopar import AutoparError, ClusterSpec, ParallelConfig, TrainSpec
 from autopar.core.roofline import OpKind
-from autopar.ops import kind_of
+from autopar.ops import is_known, kind_of
 from autopar.tracing import trace
 
 
@@ -132,5 +132,6 @@ def test_op_torch_counts_is_priced_on_the_matmul_roofline_and_paramless_ops_by_b
     assert by_op["counted_scale"].fwd_flop == _COUNTED_FLOP
     assert kind_of(by_op["counted_scale"]) is OpKind.MATMUL
     # roll: no family, no parameter, no count of torch's: memory-bound on its bytes
+    assert not is_known("roll")
     assert by_op["roll"].fwd_flop == 0 and kind_of(by_op["roll"]) is OpKind.MEMORY
     assert by_op["roll"].fwd_bytes > 0
