@@ -1,89 +1,39 @@
 """Token models that are not transformers plan with their mixing priced: a causal gated CNN
 (``nn.Conv1d`` + ``F.glu`` + a causal ``F.pad``, the registry's ``convolution``, ``glu`` and
-``pad``) and an MLP-mixer whose token mixing is an ``einsum`` by an (seq, seq) parameter."""
+``pad``) and an MLP-mixer whose token mixing is an ``einsum`` by an (seq, seq) parameter -- the
+newcomer models of ``autopar/verify_decoders.py``."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import autopar
-from autopar import ClusterSpec, ParallelConfig, TrainSpec
+from autopar import ClusterSpec, ParallelConfig, TrainSpec, verify_decoders
 from autopar.core.roofline import OpKind
 from autopar.graph import TensorMeta
 from autopar.ops import forward_flop, kind_of, ops_without_rules
 from autopar.ops.naming import canonical_op
 from autopar.tracing import trace
 
-
-class _ConvBlock(nn.Module):
-    """LayerNorm -> (b, d, t) -> causal pad -> Conv1d(d, 2d, k) -> GLU -> (b, t, d), residual."""
-
-    def __init__(self, d: int, k: int) -> None:
-        super().__init__()
-        self.norm, self.conv, self.k = nn.LayerNorm(d), nn.Conv1d(d, 2 * d, k), k
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.pad(self.norm(x).transpose(1, 2), (self.k - 1, 0))
-        return x + F.glu(self.conv(y), dim=1).transpose(1, 2)
+D = verify_decoders
+"""The newcomer models of ``autopar/verify_decoders.py``: ``ConvLM`` (3 gated ``Conv1d`` blocks)
+and ``Mixer``, both ``WIDTH`` wide over a vocabulary of ``VOCAB``."""
+KERNEL = D.ConvBlock().kernel
+"""``verify_decoders.ConvBlock``'s kernel (4)."""
 
 
-class _CausalCNN(nn.Module):
-    def __init__(self, vocab: int = 256, d: int = 64, layers: int = 2, k: int = 4) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.Sequential(*[_ConvBlock(d, k) for _ in range(layers)])
-        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        logits = self.head(self.norm(self.blocks(self.emb(tokens))))
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
-class _CausalCNNByExport(_CausalCNN):
-    """The same model, branching on the input's length (torch.fx cannot trace a Python branch
-    on a traced size, so the tracer falls back to torch.export and sees ATen's ``conv1d``,
-    ``glu``, ``pad``)."""
+class _ConvLMByExport(D.ConvLM):
+    """``ConvLM``, branching on the input's length (torch.fx cannot trace a Python branch on a
+    traced size, so the tracer falls back to torch.export and sees ATen's ``conv1d``, ``glu``,
+    ``pad``)."""
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if tokens.shape[1] == 0:
             raise ValueError("empty sequence")
         return super().forward(tokens, targets)
-
-
-class _MixerBlock(nn.Module):
-    def __init__(self, d: int, seq: int) -> None:
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.tok_mix = nn.Parameter(torch.randn(seq, seq) / seq)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = x.shape[1]
-        x = x + torch.einsum("st,btd->bsd", torch.tril(self.tok_mix[:t, :t]), self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-class _Mixer(nn.Module):
-    def __init__(self, vocab: int = 256, d: int = 64, layers: int = 2, seq: int = 32) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList([_MixerBlock(d, seq) for _ in range(layers)])
-        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
-
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.emb(tokens)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(self.norm(x))
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def _torch_count(fn: object, *args: object) -> int:
@@ -114,17 +64,17 @@ def test_convolution_flops_are_torchs_count_in_every_spelling(
     assert forward_flop(op, raw, ins, outs, scalars) == _torch_count(fn, xt, wt) > 0
 
 
-@pytest.mark.parametrize("model_cls", [_CausalCNN, _CausalCNNByExport])
+@pytest.mark.parametrize("model_cls", [D.ConvLM, _ConvLMByExport])
 def test_causal_cnn_traces_its_convolutions_glu_and_pad_with_rules(model_cls: type) -> None:
-    b, s, d, k = 2, 16, 32, 4
-    graph = trace(model_cls(d=d, k=k), batch=b, seq_len=s)
-    assert graph.method == ("fx" if model_cls is _CausalCNN else "export")
+    b, s, d = 2, 16, D.WIDTH
+    graph = trace(model_cls(), batch=b, seq_len=s)
+    assert graph.method == ("fx" if model_cls is D.ConvLM else "export")
     assert ops_without_rules(graph.nodes) == ()
     block = {n.op: n for n in graph.nodes if n.block == 0}
     assert {"convolution", "glu", "pad"} <= set(block)
     conv = block["convolution"]
     # 2 x batch x output positions x kernel x out channels x in channels
-    assert conv.fwd_flop == 2 * b * s * k * (2 * d) * d
+    assert conv.fwd_flop == 2 * b * s * KERNEL * (2 * d) * d
     assert kind_of(conv) is OpKind.MATMUL and len(conv.params) == 2
     assert block["glu"].fwd_flop == 4 * b * s * d
 
@@ -132,24 +82,25 @@ def test_causal_cnn_traces_its_convolutions_glu_and_pad_with_rules(model_cls: ty
 def test_causal_cnn_plan_prices_the_convolutions_forward_and_backward() -> None:
     """The model FLOPs of a step are 3 x the forward's GEMM-class FLOPs (forward, input
     gradient, weight gradient): every block's convolution and the head, per token."""
-    vocab, d, layers, k, s = 512, 256, 4, 4, 128
+    s = 32
     with torch.device("meta"):
-        model = _CausalCNN(vocab, d, layers, k)
+        model = D.ConvLM()
     train = TrainSpec(global_batch=64, seq_len=s)
     est = autopar.estimate(model, ClusterSpec.preset("hgx-h100-80g"), train,
                            ParallelConfig(dp=8, micro_batch=8))
-    per_token = layers * 2 * k * (2 * d) * d + 2 * d * vocab
+    d = D.WIDTH
+    per_token = len(model.blocks) * 2 * KERNEL * (2 * d) * d + 2 * d * D.VOCAB
     assert est.model_flops_per_step == pytest.approx(3 * per_token * 64 * s, rel=1e-9)
     assert not any("without a sharding rule" in note for note in est.notes)
 
 
 def test_mlp_mixer_token_einsum_is_priced_as_a_gemm() -> None:
-    b, s, d = 2, 16, 32
-    graph = trace(_Mixer(d=d, seq=s), batch=b, seq_len=s)
+    b, s, d = 2, 16, D.WIDTH
+    graph = trace(D.Mixer(), batch=b, seq_len=s)
     mix = [n for n in graph.nodes if n.op == "einsum" and n.block == 0]
     assert len(mix) == 1
     assert mix[0].fwd_flop == 2 * b * s * s * d and kind_of(mix[0]) is OpKind.MATMUL
     assert ops_without_rules(graph.nodes) == ()
-    plan = autopar.optimize(_Mixer(d=d, seq=s).to("meta"), "hgx-h100-80g",
+    plan = autopar.optimize(D.Mixer().to("meta"), "hgx-h100-80g",
                             TrainSpec(global_batch=16, seq_len=s), keep=1)
     assert plan.estimate.step_time_s > 0 and plan.config.world_size == 8
