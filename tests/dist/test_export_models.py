@@ -80,7 +80,7 @@ def test_an_image_model_folder_trains_on_the_images_verify_draws(tmp_path):
     from autopar.core.model_spec import ModelSpec
     from autopar.verify_reference import reference
 
-    vit = Path(__file__).resolve().parents[1] / "data" / "hf_tiny" / "vit"
+    vit = Path(__file__).resolve().parents[1] / "data" / "vit"
     losses = _plan_export_train(tmp_path, ["--model", str(vit)], ["--dp", "2"])
     plan = autopar.Plan.from_file(tmp_path / "plan.json")
     ref = reference(ModelSpec.parse(str(vit)), plan, steps=2, seed=0)

@@ -17,15 +17,17 @@ from autopar.core.specs import ParallelConfig
 from autopar.costmodel.cluster import process_cluster
 from autopar.feed import FeedKind, feed_of, logits_of, shift_right
 from autopar.tracing import resolve_seq_len
+from autopar.verify_models import transformers_spec
 
 transformers = pytest.importorskip("transformers")
 
-TINY = Path(__file__).resolve().parents[1] / "data" / "hf_tiny"
-"""Issue 28's tiny configs as the ``config.json`` folders a newcomer passes as ``--model``."""
+VIT = Path(__file__).resolve().parents[1] / "data" / "vit"
+"""Issue 28's tiny ViT as the ``config.json`` folder a newcomer passes as ``--model``; the
+transformers architectures come from ``autopar.verify_models`` at its default tiny shape."""
 
 
 def _spec(name: str) -> ModelSpec:
-    return ModelSpec.parse(str(TINY / name))
+    return ModelSpec.parse(str(VIT)) if name == "vit" else transformers_spec(name)
 
 
 def _dry_run_of(spec: ModelSpec, seq_len: int) -> autopar.DryRun:
@@ -38,7 +40,7 @@ def _dry_run_of(spec: ModelSpec, seq_len: int) -> autopar.DryRun:
 
 
 def test_granitemoe_takes_the_cache_switch_through_kwargs_and_traces_without_a_cache() -> None:
-    spec = _spec("granitemoe")
+    spec = _spec("granite-moe")
     model = spec.build("cpu", 0)
     feed = feed_of(model)
     assert "use_cache" not in transformers.GraniteMoeForCausalLM.forward.__code__.co_varnames[
