@@ -507,6 +507,9 @@ def _node_info(
     outputs = _tensor_metas(node.meta.get("val"))
     op = canonical_op(raw, operands, outputs, tensor_index=tensor_index and raw == "getitem",
                       first_contiguous=first_contiguous)
+    if (not is_known(op) and isinstance(node.target, torch._ops.OpOverload)
+            and node.target.is_view):
+        op = VIEW  # ATen's schema says its output aliases its input (numpy_T, mT): no data moved
     if op == VIEW and n_tensor_args and n_const_args == n_tensor_args and not inputs:
         const[node.name] = tuple(params)  # a view of weights: folded into its consumer
         return None

@@ -135,3 +135,14 @@ def test_op_torch_counts_is_priced_on_the_matmul_roofline_and_paramless_ops_by_b
     assert not is_known("roll")
     assert by_op["roll"].fwd_flop == 0 and kind_of(by_op["roll"]) is OpKind.MEMORY
     assert by_op["roll"].fwd_bytes > 0
+
+
+def test_an_aten_view_the_registry_does_not_name_is_a_view_not_an_opaque_op() -> None:
+    # Falcon's attention reads its fused weight through `.T` (ATen numpy_T, which the registry
+    # does not name): the rule refused it as a parameterised op of no FLOPs, but its schema
+    # says its output aliases its input, so it is a view of the weight, folded into its reader
+    pytest.importorskip("transformers")
+    from autopar.verify_models import transformers_spec
+
+    graph = trace(transformers_spec("falcon").build("meta"), seq_len=16)
+    assert graph.method == "export" and not [n for n in graph.nodes if n.op == "numpy_T"]
