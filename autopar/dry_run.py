@@ -352,8 +352,9 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
               step: bool = True) -> RoleRun | None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from autopar.passes import device_mesh, parallelize
+    from autopar.feed import feed_of
     from autopar.passes.stage import held_blocks
-    from autopar.training import optimizer, vocab_size
+    from autopar.training import optimizer
 
     began = time.perf_counter()
     c, train = plan.config, plan.train
@@ -363,11 +364,11 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
         model = spec.build("meta")
         if train.precision is Precision.BF16_PURE:
             model.to(torch.bfloat16)
-        vocab = vocab_size(model)
+        feed = feed_of(model)
         with FakeTensorMode(allow_non_fake_inputs=True):
             _to_empty(model, "cpu")
             # a pipeline stage's micro-batch: this cp rank's share of the sequence
-            micro = torch.randint(vocab, (c.micro_batch, train.seq_len // c.cp))
+            micro, _ = feed.example(c.micro_batch, train.seq_len // c.cp, "cpu")
             program = parallelize(model, plan, mesh, "cpu",
                                   stage_shapes=_shape_finder(micro, shapes))
             del model
@@ -376,8 +377,8 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
             _skip_pipeline_vote(program)
             opt = optimizer(program.parameters())
             _allocate_states(opt)
-            rows = train.global_batch // c.dp
-            tokens = torch.randint(vocab, (rows, train.seq_len))
+            # the values do not matter on fake tensors, only the shapes (feed.py)
+            tokens, targets = feed.example(train.global_batch // c.dp, train.seq_len, "cpu")
             holders = _Holders(program, opt)
             account = MemoryAccount(holders)
 
@@ -392,7 +393,7 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
                     account.track((t for k, t in holders() if k == kind), kind)
                 account.track(_buffers(program), "parameters")
                 holders.states_settled = True
-                program.step(tokens, tokens)
+                program.step(tokens, targets)
                 if program.scaler is not None:  # fp16: see the module docstring
                     program.unscale_([opt])
                     program.scaler = None

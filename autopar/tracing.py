@@ -2,38 +2,41 @@
 
 Steps, each a function below:
 
-1. ``_plan_feed``: read the forward's signature. Zoo-style models take ``forward(tokens,
-   targets=None)`` and return the loss; transformers causal LMs take ``input_ids=``/``labels=``
-   and return an output with ``.loss`` (``use_cache=False`` is passed where accepted). Token ids
-   and targets are int64 zeros of shape (batch, seq_len) on the model's device (meta for big
-   models).
-2. ``_trace_fx``: ``torch.fx.symbolic_trace`` (other defaulted arguments fixed through
-   ``concrete_args``), then shapes by running the graph on meta tensors (``FakeTensorMode`` when
-   the weights are real). ``_trace_export``: if fx fails, ``torch.export.export(strict=False)``,
-   whose nodes carry ``meta["val"]``; higher-order ops (``wrap_with_set_grad_enabled`` around
-   transformers' rotary embedding) are inlined with ``run_decompositions({})``. transformers MoE
-   models set to the data-dependent "eager" experts path are switched to "grouped_mm" (static
-   shapes, exports) for the trace, and a hand-written mixture of experts (a router beside a list
-   of expert modules, ``models/generic/experts.py``) runs on the mean rows of a dropless layer
-   in place of its own data-dependent loop. If both fail, ``AutoparError`` names the module and line.
+1. ``feed.feed_of``: how to call the forward (``autopar/feed.py``, shared with verify and the
+   engine): token ids and targets, int64 zeros of (batch, seq_len) -- an encoder-decoder's
+   decoder input the token ids shifted right -- or an image model's images of its config's size
+   and class labels, on the model's device (meta for big models); ``use_cache=False`` for a
+   transformers model.
+2. ``_trace_fx``: ``torch.fx`` symbolic tracing (other defaulted arguments fixed through
+   ``concrete_args``), a ``torch.nn`` module kept as one node only where the op registry knows
+   its class and traced into otherwise (``_RegistryLeaves``), then shapes by running the graph
+   on meta tensors (``FakeTensorMode`` when the weights are real). ``_trace_export``: if fx
+   fails, ``torch.export.export(strict=False)``, whose nodes carry ``meta["val"]``; higher-order
+   ops (``wrap_with_set_grad_enabled`` around transformers' rotary embedding) are inlined with
+   ``run_decompositions({})``. transformers MoE models set to the data-dependent "eager" experts
+   path are switched to "grouped_mm" (static shapes, exports) for the trace, and a hand-written
+   mixture of experts (a router beside a list of expert modules, ``models/generic/experts.py``)
+   runs on the mean rows of a dropless layer in place of its own data-dependent loop. If both
+   fail, ``AutoparError`` names the module and line.
 3. ``_build_nodes``: one ``NodeInfo`` per computing node, with the canonical op
    (``autopar.ops.naming``), shapes, FLOPs and bytes (the op registry, ``autopar.ops``),
-   parameters and module path. Parameters and buffers are not nodes: a parameter read through
-   ``get_attr``, a lifted placeholder, or a view of either (``w.t()``) is attributed to the
-   node that consumes it.
+   parameters and module path. An op no family owns gets the FLOPs torch counts for it, or is
+   refused when it reads parameters and torch counts none (``autopar.ops.opaque`` argues the
+   rule: traced into, priced, or refused, never free). Parameters and buffers are not nodes: a
+   parameter read through ``get_attr``, a lifted placeholder, or a view of either (``w.t()``)
+   is attributed to the node that consumes it.
 4. ``tracing_blocks``: the repeated block group and each node's instance.
 
-Cost: linear in the number of nodes, one meta forward, no ``FlopCounterMode``
-(llama3-405b at seq 8192: see ``bench/results/trace_time.md``).
+Cost: linear in the number of nodes, one meta forward, ``FlopCounterMode`` only over the ops no
+family owns (llama3-405b at seq 8192: see ``bench/results/trace_time.md``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +49,7 @@ from torch.utils import _pytree as pytree
 from autopar.admissibility import layers_of
 from autopar.core.errors import AutoparError
 from autopar.core.specs import TrainSpec
+from autopar.feed import Feed, FeedKind, check_seq_len, feed_of, fixed_seq_len
 from autopar.graph import GraphIR, NodeInfo, TensorMeta
 from autopar.models.blocks import find_block_group
 from autopar.models.generic.experts import static_experts
@@ -54,11 +58,13 @@ from autopar.tracing_errors import (
     ModuleStack,
     no_token_input_error,
     not_a_module_error,
+    opaque_op_error,
     data_dependent_shape_error,
     quiet_torch_logs,
     untraceable_error,
 )
-from autopar.ops import CANONICAL_OPS, OP_NAMES, VIEW, forward_bytes, forward_flop
+from autopar.ops import CANONICAL_OPS, OP_NAMES, VIEW, forward_bytes, forward_flop, is_known
+from autopar.ops.opaque import counted_flop
 from autopar.ops.naming import canonical_op, is_skipped, unmapped_ops
 
 __all__ = ["CANONICAL_OPS", "DEFAULT_SEQ_LEN", "OP_NAMES", "trace", "unmapped_ops"]
@@ -66,29 +72,8 @@ __all__ = ["CANONICAL_OPS", "DEFAULT_SEQ_LEN", "OP_NAMES", "trace", "unmapped_op
 DEFAULT_SEQ_LEN = 128
 """Sequence length when neither the TrainSpec nor the model's config gives one."""
 
-_TARGET_NAMES = ("targets", "labels", "target", "y")
-"""Forward argument names that receive the target token ids."""
-
 _MODULE_ATTRS = ("p", "eps", "approximate", "normalized_shape", "padding_idx")
 """Attributes of ``call_module`` leaves reported in ``scalar_args`` as (name, value)."""
-
-
-@dataclass(frozen=True)
-class _Feed:
-    """How to call the model's forward with token ids (and targets)."""
-
-    token: str
-    """Argument name of the token ids."""
-    target: str | None
-    """Argument name of the targets, or None (then the trace ends at the logits)."""
-    fixed: dict[str, object] = field(default_factory=dict)
-    """Other arguments with fixed values (their defaults; ``use_cache=False``)."""
-
-    def kwargs(self, tokens: torch.Tensor, targets: torch.Tensor) -> dict[str, object]:
-        out: dict[str, object] = {self.token: tokens}
-        if self.target is not None:
-            out[self.target] = targets
-        return {**out, **self.fixed}
 
 
 @dataclass
@@ -115,19 +100,17 @@ def trace(
     """
     if not isinstance(model, nn.Module):
         raise not_a_module_error(model)
+    feed = feed_of(model)
     seq = resolve_seq_len(model, train, seq_len)
-    feed = _plan_feed(model)
-    device = _model_device(model)
-    tokens = torch.zeros(batch, seq, dtype=torch.long, device=device)
-    targets = torch.zeros(batch, seq, dtype=torch.long, device=device)
+    inputs, targets = feed.example(batch, seq, _model_device(model))
     was_training = model.training
     model.train()  # the training forward: dropout active
     try:
         with static_experts(model) as experts:
             try:
-                traced = _trace_fx(model, feed, tokens, targets)
+                traced = _trace_fx(model, feed, inputs, targets)
             except Exception as fx_error:  # noqa: BLE001 - any fx failure falls back to export
-                traced = _trace_export(model, feed, tokens, targets, fx_error)
+                traced = _trace_export(model, feed, inputs, targets, fx_error)
     finally:
         model.train(was_training)
     nodes = _build_nodes(model, traced)
@@ -151,11 +134,17 @@ def resolve_seq_len(model: nn.Module, train: TrainSpec | None = None, seq_len: i
                     ) -> int:
     """The sequence length to trace at: the argument, the train spec's, the model config's;
     for a model without a config, ``DEFAULT_SEQ_LEN`` or its learned position table's rows
-    when fewer (``position_table``: a ``FILE.py`` nanoGPT's ``wpe`` of 32 positions)."""
-    if seq_len is not None:
-        return int(seq_len)
-    if train is not None:
-        return int(train.seq_len)
+    when fewer (``position_table``: a ``FILE.py`` nanoGPT's ``wpe`` of 32 positions). An image
+    model fixes its own (``feed.Feed.seq_len``: its patches and class token); another given
+    length is an ``AutoparError``."""
+    fixed = fixed_seq_len(model)
+    given = seq_len if seq_len is not None else train.seq_len if train is not None else None
+    if fixed is not None:
+        if given is not None:
+            check_seq_len(model, int(given))
+        return fixed
+    if given is not None:
+        return int(given)
     config = getattr(model, "config", None)
     for name in ("seq_len", "max_position_embeddings", "n_positions"):
         value = getattr(config, name, None)
@@ -185,57 +174,38 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _plan_feed(model: nn.Module) -> _Feed:
-    """Which forward arguments receive the tokens and targets (see the module docstring)."""
-    try:
-        sig = inspect.signature(model.forward)
-    except (TypeError, ValueError) as err:
-        raise no_token_input_error(model, f"its signature cannot be read ({err})") from None
-    params = sig.parameters
-    main = getattr(model, "main_input_name", None)  # transformers: "pixel_values" for a ViT
-    if isinstance(main, str) and main != "input_ids":
-        raise no_token_input_error(model, f"its input is {main!r}, not token ids: autopar plans "
-                                          "language models that read integer token ids")
-    named = [p for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if "input_ids" in params:  # transformers convention
-        target = "labels" if "labels" in params else None
-        fixed: dict[str, object] = {"use_cache": False} if "use_cache" in params else {}
-        token = "input_ids"
-    else:
-        positional = [p for p in named if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if not positional:
-            raise no_token_input_error(model, "forward takes no positional argument for token ids")
-        token = positional[0].name
-        target = next((n for n in _TARGET_NAMES if n in params and n != token), None)
-        fixed = {}
-    for p in named:
-        if p.name in (token, target) or p.name in fixed:
-            continue
-        if p.default is p.empty:
-            raise no_token_input_error(
-                model, f"argument {p.name!r} has no default and is neither the token ids "
-                f"({token!r}) nor the targets ({', '.join(_TARGET_NAMES)})")
-        fixed[p.name] = p.default
-    return _Feed(token=token, target=target, fixed=fixed)
-
-
 # ---------------------------------------------------------------------------------- tracing
 
 
 def _trace_fx(
-    model: nn.Module, feed: _Feed, tokens: torch.Tensor, targets: torch.Tensor
+    model: nn.Module, feed: Feed, inputs: torch.Tensor, targets: torch.Tensor
 ) -> _Traced:
-    """``symbolic_trace`` plus meta/fake shape propagation; raises on any failure."""
-    gm = torch.fx.symbolic_trace(model, concrete_args=dict(feed.fixed) or None)
+    """Symbolic tracing plus meta/fake shape propagation; raises on any failure."""
+    tracer = _RegistryLeaves()
+    graph = tracer.trace(model, concrete_args=dict(feed.fixed) or None)
+    gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     if feed.fixed:
-        _drop_concrete_arg_checks(gm, {feed.token, feed.target})
+        _drop_concrete_arg_checks(gm, set(feed.fed))
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    by_name = {feed.token: tokens, **({feed.target: targets} if feed.target else {})}
+    by_name = {k: v for k, v in feed.kwargs(inputs, targets).items() if k in feed.fed}
     args = [by_name.get(n.target) for n in placeholders if n.target in by_name]
     if len(args) != len(by_name):
-        raise RuntimeError("symbolic_trace lost the token or target placeholder")
+        raise RuntimeError("symbolic_trace lost an input or target placeholder")
     _propagate(gm, args)
     return _Traced(gm=gm, method="fx")
+
+
+class _RegistryLeaves(torch.fx.Tracer):
+    """``symbolic_trace``'s tracer, with a ``torch.nn`` module kept as one node only where the op
+    registry knows its class (``nn.Linear``, ``nn.LayerNorm``, ``nn.Embedding``...). Any other
+    (``nn.TransformerEncoderLayer``, ``nn.MultiheadAttention``) is traced into, as fx traces
+    the user's own modules, so that its GEMMs and attention are seen and priced; where fx cannot
+    follow its Python (the fast-path checks on tensor values), the trace falls back to
+    torch.export, which sees every module down to ATen."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return (super().is_leaf_module(m, module_qualified_name)
+                and type(m).__name__ in OP_NAMES)
 
 
 def _drop_concrete_arg_checks(gm: torch.fx.GraphModule, fed: set[str | None]) -> None:
@@ -299,7 +269,7 @@ def _static_experts(model: nn.Module) -> Iterator[None]:
 
 
 def _trace_export(
-    model: nn.Module, feed: _Feed, tokens: torch.Tensor, targets: torch.Tensor,
+    model: nn.Module, feed: Feed, inputs: torch.Tensor, targets: torch.Tensor,
     fx_error: BaseException,
 ) -> _Traced:
     """``torch.export.export(strict=False)``; raises ``AutoparError`` if it fails too."""
@@ -308,9 +278,10 @@ def _trace_export(
     stack = ModuleStack(model)
     try:
         with _static_experts(model), quiet_torch_logs(), stack:
-            ep = torch.export.export(model, (), feed.kwargs(tokens, targets), strict=False)
+            ep = torch.export.export(model, (), feed.kwargs(inputs, targets), strict=False)
     except Exception as export_error:  # noqa: BLE001 - reported with its location
-        if not any(isinstance(m, nn.Embedding) for m in model.modules()):
+        if feed.kind is FeedKind.TOKENS and not any(isinstance(m, nn.Embedding)
+                                                     for m in model.modules()):
             # the likeliest cause: token ids fed to a model that reads something else
             raise no_token_input_error(
                 model, "it has no nn.Embedding to read token ids with, and tracing it with "
@@ -437,12 +408,40 @@ def _build_nodes(model: nn.Module, traced: _Traced) -> list[NodeInfo]:
     return nodes
 
 
+def _user_line(node: torch.fx.Node) -> str:
+    """The source line that made ``node`` (export records it), or ""."""
+    stack = str(node.meta.get("stack_trace") or "").strip().splitlines()
+    return stack[-1].strip() if stack else ""
+
+
 def _data_dependent(node: torch.fx.Node) -> AutoparError:
     """``data_dependent_shape_error`` for the first op whose output size needs the data."""
     _, target = _raw_name(node, node.graph.owning_module)
-    stack = str(node.meta.get("stack_trace") or "").strip().splitlines()
-    return data_dependent_shape_error(_module_path(node), target,
-                                      stack[-1].strip() if stack else "")
+    return data_dependent_shape_error(_module_path(node), target, _user_line(node))
+
+
+def _opaque_flop(node: torch.fx.Node, gm: torch.fx.GraphModule, op: str,
+                 params: tuple[str, ...]) -> float:
+    """Forward FLOPs of an op the registry does not know: torch's count of it
+    (``autopar.ops.opaque``, which argues the rule); an ``AutoparError`` when torch counts
+    none and the op reads parameters."""
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs),
+                                         lambda a: a.meta.get("val"))
+    fn: Callable[..., object]
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        state = dict(module.named_parameters()) | dict(module.named_buffers())
+        args = (state, *args)
+        fn = lambda state, *a, **k: torch.func.functional_call(module, state, a, k)  # noqa: E731
+    elif node.op == "call_method":
+        fn = lambda obj, *a, **k: getattr(obj, str(node.target))(*a, **k)  # noqa: E731
+    else:
+        fn = node.target  # type: ignore[assignment]
+    flop = counted_flop(fn, args, kwargs)
+    if flop == 0.0 and params:
+        raise opaque_op_error(op, _raw_name(node, gm)[1], _module_path(node), _user_line(node),
+                              params)
+    return flop
 
 
 def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> object:
@@ -508,13 +507,19 @@ def _node_info(
     outputs = _tensor_metas(node.meta.get("val"))
     op = canonical_op(raw, operands, outputs, tensor_index=tensor_index and raw == "getitem",
                       first_contiguous=first_contiguous)
+    if (not is_known(op) and isinstance(node.target, torch._ops.OpOverload)
+            and node.target.is_view):
+        op = VIEW  # ATen's schema says its output aliases its input (numpy_T, mT): no data moved
     if op == VIEW and n_tensor_args and n_const_args == n_tensor_args and not inputs:
         const[node.name] = tuple(params)  # a view of weights: folded into its consumer
         return None
     param_bytes = sum(param_nbytes.get(name, 0) for name in params)
+    flop = forward_flop(op, raw, operands, outputs, scalars)
+    if outputs and not is_known(op):
+        flop = _opaque_flop(node, gm, op, tuple(params))
     return NodeInfo(
         name=node.name, op=op, target=target, inputs=tuple(inputs), outputs=outputs,
-        fwd_flop=forward_flop(op, raw, operands, outputs, scalars),
+        fwd_flop=flop,
         fwd_bytes=forward_bytes(op, operands, outputs),
         params=tuple(params), param_bytes=param_bytes, module_path=_module_path(node),
         scalar_args=tuple(scalars),

@@ -229,5 +229,26 @@ def no_token_input_error(model: nn.Module, detail: str) -> AutoparError:
         where=f"{type(model).__module__}.{cls}.forward",
         fix="give the model forward(tokens, targets=None) returning the loss for integer token "
             "ids of shape (batch, seq), or forward(input_ids=..., labels=...) returning an "
-            "output with .loss (transformers causal LMs); other inputs need defaults",
+            "output with .loss (transformers causal LMs and encoder-decoders), or "
+            "forward(pixel_values=..., labels=...) with num_channels, image_size and patch_size "
+            "in its config (transformers image classifiers); other inputs need defaults",
+    )
+
+
+def opaque_op_error(op: str, target: str, module: str, line: str, params: tuple[str, ...]
+                    ) -> AutoparError:
+    """The error for an op that reads parameters, that no op family owns and whose FLOPs torch
+    does not count: autopar cannot price it (``autopar/ops/opaque.py`` says why it is refused
+    rather than priced as bytes)."""
+    shown = ", ".join(params[:3]) + (f" and {len(params) - 3} more" if len(params) > 3 else "")
+    return AutoparError(
+        f"cannot price op {op!r} ({target}): it reads parameters ({shown}), autopar's op "
+        "registry does not know it and torch's FLOP counter counts nothing for it, so its time is unknown "
+        "(pricing it as memory traffic could miss a GEMM's worth of work)",
+        where=f"module '{module or '<root>'}'" + (f" ({line})" if line else ""),
+        fix="write that computation with ops autopar knows (nn.Linear, matmul/einsum, "
+            f"the torch.nn layers `autopar.ops` lists), or register an op family for {op!r} "
+            "(autopar.ops.register(OpFamily(...)) with its FLOPs, bytes and saved tensors), "
+            "or register a FLOP formula for it with torch.utils.flop_counter."
+            "register_flop_formula if it is a torch.library op",
     )

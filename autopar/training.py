@@ -9,12 +9,13 @@ handed to other processes.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from autopar.core.model_spec import ModelSpec
 
-__all__ = ["LOSS_SCALING", "OPTIMIZER", "ModelSpec", "end_rank", "logits_of", "optimizer",
-           "synthetic_batch", "vocab_size"]
+__all__ = ["LOSS_SCALING", "OPTIMIZER", "ModelSpec", "end_rank", "loss_of", "optimizer",
+           "synthetic_batch", "synthetic_inputs", "vocab_size"]
 
 OPTIMIZER = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-6, "weight_decay": 0.1}
 """AdamW settings. ``eps`` is 1e-6, not 1e-8: a gradient near zero divided by
@@ -51,16 +52,39 @@ def synthetic_batch(step: int, rows: int, seq_len: int, vocab: int, seed: int = 
     return x[:, :-1].contiguous(), x[:, 1:].contiguous()
 
 
+def synthetic_inputs(model: nn.Module, step: int, rows: int, seq_len: int, seed: int = 0
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of step ``step`` for ``model``, as ``feed.feed_of`` feeds it: a token
+    model's ``synthetic_batch`` over its vocabulary; an image model's standard-normal images of
+    its config's size (in fp32: the reference and the ranks cast with the model) and uniform
+    class labels, one per image, drawn from the same (seed, step) stream."""
+    from autopar.feed import FeedKind, feed_of
+
+    feed = feed_of(model)
+    if feed.kind is FeedKind.TOKENS:
+        return synthetic_batch(step, rows, seq_len, vocab_size(model), seed)
+    if feed.image is None or feed.classes is None:
+        from autopar.core.errors import AutoparError
+
+        raise AutoparError(f"{type(model).__name__} reads images but its config gives no "
+                           "num_labels to draw class labels from", where="config.num_labels",
+                           fix="set num_labels (or id2label) in the config")
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    images = torch.randn(rows, *feed.image, generator=g)
+    return images, torch.randint(feed.classes, (rows,), generator=g)
+
+
+def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` (..., classes) against ``targets`` (...): every token's
+    next-token loss for (batch, seq, vocab) logits, every image's class loss for (batch,
+    classes)."""
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+
+
 def optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
     """AdamW with ``OPTIMIZER``; ``foreach=False`` since a rank may hold plain tensors and
     DTensors on different meshes side by side."""
     return torch.optim.AdamW(params, foreach=False, **OPTIMIZER)
-
-
-def logits_of(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """The whole model's logits (the reference's forward)."""
-    out = model(tokens)
-    return out.logits if hasattr(out, "logits") else out
 
 
 def end_rank(code: int) -> None:

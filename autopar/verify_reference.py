@@ -15,7 +15,6 @@ import copy
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from autopar.core.errors import AutoparError
@@ -24,13 +23,8 @@ from autopar.core.model_spec import ModelSpec
 from autopar.models import prepare_training, set_aux_loss_grad_scale
 from autopar.passes.data_parallel import COMPUTE_DTYPE
 from autopar.core.plan import Plan
-from autopar.training import (
-    LOSS_SCALING,
-    logits_of,
-    optimizer,
-    synthetic_batch,
-    vocab_size,
-)
+from autopar.feed import logits_of
+from autopar.training import LOSS_SCALING, loss_of, optimizer, synthetic_inputs
 
 @dataclass(frozen=True)
 class Run:
@@ -86,13 +80,17 @@ def _forward(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     except AutoparError:
         raise
     except Exception as err:  # the model's code, not autopar's
-        rows, seq = tokens.shape
+        run = "run the model once on such a batch yourself to see the traceback"
+        if tokens.dim() == 2:
+            rows, seq = tokens.shape
+            what = f"{rows} x {seq} tokens"
+            fix = (f"check that the model takes sequences of {seq} tokens (a learned position "
+                   f"table or a causal-mask buffer sets its longest) and pass --seq-len N; {run}")
+        else:  # an image model's pixel values (feed.py)
+            what, fix = f"{tokens.shape[0]} images of {' x '.join(map(str, tokens.shape[1:]))}", run
         raise AutoparError(
-            f"the model's own forward failed on a batch of {rows} x {seq} tokens: "
-            f"{type(err).__name__}: {err}", where="the one-process reference run of verify",
-            fix=f"check that the model takes sequences of {seq} tokens (a learned position "
-                f"table or a causal-mask buffer sets its longest) and pass --seq-len N; run the "
-                f"model once on such a batch yourself to see the traceback") from err
+            f"the model's own forward failed on a batch of {what}: {type(err).__name__}: {err}",
+            where="the one-process reference run of verify", fix=fix) from err
 
 
 def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
@@ -126,7 +124,6 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
     scaler = (torch.amp.GradScaler("cpu", **LOSS_SCALING)
               if precision is Precision.FP16 else None)
     opt = optimizer(list(model.parameters()))
-    vocab = vocab_size(model)
     losses, grads = [], {}
     named = dict(model.named_parameters(remove_duplicate=False))
     initial = {n: p.detach().float().clone() for n, p in named.items()}
@@ -139,7 +136,7 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
     if resample:
         chunks.reverse()
     for step in range(steps):
-        tokens, targets = synthetic_batch(step, train.global_batch, train.seq_len, vocab, seed)
+        tokens, targets = synthetic_inputs(model, step, train.global_batch, train.seq_len, seed)
         runner = copy.deepcopy(model).to(low) if low is not None else model
         if resample and runner is not model:
             _one_ulp_to_zero(runner)
@@ -149,8 +146,7 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
                      * (1.0 if scaler is None else float(scaler.get_scale())))
         set_aux_loss_grad_scale(runner, aux_scale)
         for rows in chunks:
-            loss = F.cross_entropy(_forward(runner, tokens[rows]).float().flatten(0, 1),
-                                   targets[rows].flatten(0, 1))
+            loss = loss_of(_forward(runner, tokens[rows]).float(), targets[rows])
             # the masters' gradient is the mean over all chunks; a low-precision copy
             # differentiates the loss as a rank does and scales it in fp32 after
             scaled = loss / len(chunks) if runner is model else loss * rank_scale

@@ -36,7 +36,7 @@ from autopar.passes.program import ParallelProgram
 from autopar.core.mesh import MeshAxis
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
-from autopar.training import end_rank, optimizer, synthetic_batch, vocab_size
+from autopar.training import end_rank, optimizer, synthetic_inputs
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -58,7 +58,6 @@ def run(job: dict) -> dict:
     spec = ModelSpec.from_dict(job["model"])
     steps, seed = int(job["steps"]), int(job["seed"])
     model = spec.build("meta")
-    vocab = vocab_size(model)
     program = sharded_program(model, plan, spec, seed)
     mesh = program.mesh
     opt = optimizer(program.parameters())
@@ -66,7 +65,7 @@ def run(job: dict) -> dict:
     rows = train.global_batch // c.dp
     losses, grads = [], {}
     for step in range(steps):
-        tokens, targets = synthetic_batch(step, train.global_batch, train.seq_len, vocab, seed)
+        tokens, targets = synthetic_inputs(model, step, train.global_batch, train.seq_len, seed)
         mine = slice(program.dp_rank * rows, (program.dp_rank + 1) * rows)
         loss = program.step(tokens[mine], targets[mine])
         losses.append(None if loss is None else float(loss))

@@ -23,6 +23,7 @@ mismatched; ``--markdown`` writes it (``bench/results/newcomers.md`` records a r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import sys
@@ -41,6 +42,7 @@ from autopar import AutoparError, ParallelConfig, TrainSpec  # noqa: E402
 from autopar.admissibility import check, facts_of  # noqa: E402
 from autopar.core.model_spec import ModelSpec  # noqa: E402
 from autopar.costmodel.cluster import ClusterSpec, process_cluster  # noqa: E402
+from autopar.feed import fixed_seq_len  # noqa: E402
 from autopar.verify_models import (ARCHITECTURES, DECODER_STYLES, Shape,  # noqa: E402
                                    decoder_spec, transformers_spec)
 
@@ -134,8 +136,10 @@ def run_one(name: str, make: Callable[[], ModelSpec], steps: int) -> Row:
         row.plan, row.failed = f"CRASHED building: {type(err).__name__}: {_first_line(err)}", True
         return row
     cluster = ClusterSpec.preset("hgx-h100-80g")
+    own_seq = fixed_seq_len(model)  # an image model's: its patches and class token (ViT: 17)
     try:
-        plan = autopar.optimize(model, cluster, TRAIN, model_spec=spec, keep=2)
+        plan = autopar.optimize(model, cluster, dataclasses.replace(
+            TRAIN, seq_len=own_seq or TRAIN.seq_len), model_spec=spec, keep=2)
         row.plan = plan.summary()
     except AutoparError as err:
         row.plan = f"refused: {_first_line(err.what)}"
@@ -159,7 +163,7 @@ def run_one(name: str, make: Callable[[], ModelSpec], steps: int) -> Row:
     for label, fields in TRIES:
         config = ParallelConfig(**fields)
         train = TrainSpec(global_batch=2 * config.dp * (2 if config.pp > 1 else 1),
-                          **VERIFY_TRAIN)
+                          **{**VERIFY_TRAIN, "seq_len": own_seq or VERIFY_TRAIN["seq_len"]})
         try:
             check(facts, config, train)
             verify_plan = autopar.plan_for(model, process_cluster(config.world_size), train,

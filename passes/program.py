@@ -34,7 +34,6 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -59,7 +58,8 @@ from autopar.passes.async_tp import apply_async_tp
 from autopar.passes.pipeline import StageShapes, build_schedule
 from autopar.passes.stage import StageModule, build_stages, stage_blocks, stage_layout, stage_of
 from autopar.passes.whole_model import checkpoint_blocks, whole_model_blocks
-from autopar.training import logits_of
+from autopar.feed import logits_of
+from autopar.training import loss_of
 from autopar.passes.tensor_parallel import (
     apply_tensor_parallel,
     loss_is_vocab_parallel,
@@ -145,7 +145,7 @@ class ParallelProgram:
             logits = vocab_parallel_logits(logits, self.mesh[MeshAxis.TP.value])
         elif logits.dtype in (torch.bfloat16, torch.float16):
             logits = logits.float()
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1))
+        return loss_of(logits, targets)
 
     def _scaled_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The loss the pipeline schedule differentiates: scaled for fp16."""

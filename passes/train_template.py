@@ -26,8 +26,9 @@ Steps are counted from 1: step ``s`` trains on batch ``s - 1`` of the data and a
 ``step-<N>`` holds the state after ``N`` optimizer steps, so ``--resume`` continues at ``N + 1``
 and sees the tokens an uninterrupted run would have seen.
 
-Data: without ``--tokens``, ``autopar.training.synthetic_batch(s - 1, global_batch, seq_len,
-vocab, seed)`` (uniform random tokens; the same as ``autopar verify``). With ``--tokens FILE``,
+Data: without ``--tokens``, ``autopar.training.synthetic_inputs(model, s - 1, global_batch,
+seq_len, seed)`` (uniform random tokens, or an image model's normal images and uniform labels;
+the same as ``autopar verify``). With ``--tokens FILE`` (token models only),
 a flat array of token ids: a ``.npy`` file (any integer dtype), or a raw file of
 ``--tokens-dtype`` (``uint16`` by default, as nanoGPT's ``.bin`` files; or ``int32``), read
 through a memory map. Row ``r`` of step ``s`` is the window of ``seq_len + 1`` tokens starting at
@@ -80,7 +81,8 @@ from autopar.passes.materialize import for_load, for_save, materialize
 from autopar.core.errors import AutoparError
 from autopar.core.mesh import DATA_PARALLEL, MeshAxis
 from autopar.models.init import tied_groups
-from autopar.training import ModelSpec, end_rank, optimizer, synthetic_batch, vocab_size
+from autopar.feed import FeedKind, feed_of
+from autopar.training import ModelSpec, end_rank, optimizer, synthetic_inputs, vocab_size
 
 HERE = Path(__file__).resolve().parent
 STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -317,7 +319,10 @@ def train(args: argparse.Namespace) -> None:
     before_build = rss_bytes()
     model = spec.build("meta")  # shapes only; materialize gives each rank its shards
     tied = tied_groups(model)
-    vocab = vocab_size(model)
+    if args.tokens and feed_of(model).kind is not FeedKind.TOKENS:
+        raise AutoparError(f"--tokens reads token ids; {type(model).__name__} reads images",
+                           where="--tokens", fix="drop --tokens: train.py then draws synthetic "
+                           "images and labels (autopar.training.synthetic_inputs)")
     mesh = device_mesh(plan, device.type)
     program = materialize(parallelize(model, plan, mesh, device), spec, args.seed,
                           weights=args.init_from)
@@ -334,7 +339,7 @@ def train(args: argparse.Namespace) -> None:
     logs = (program.holds_last and program.dp_rank == 0
             and mesh[MeshAxis.TP.value].get_local_rank() == 0
             and mesh[MeshAxis.CP.value].get_local_rank() == 0)
-    data = TokenFile(args.tokens, args.tokens_dtype, vocab) if args.tokens else None
+    data = TokenFile(args.tokens, args.tokens_dtype, vocab_size(model)) if args.tokens else None
     ckpt_dir = Path(args.checkpoint_dir)
 
     def log(record: dict) -> None:
@@ -363,8 +368,8 @@ def train(args: argparse.Namespace) -> None:
     timed_from, timed_steps = time.perf_counter(), 0
     for step in range(start, args.steps + 1):
         if data is None:
-            tokens, targets = synthetic_batch(step - 1, train_spec.global_batch,
-                                              train_spec.seq_len, vocab, args.seed)
+            tokens, targets = synthetic_inputs(model, step - 1, train_spec.global_batch,
+                                               train_spec.seq_len, args.seed)
         else:
             tokens, targets = data.batch(step - 1, train_spec.global_batch, train_spec.seq_len)
         loss = program.step(tokens[mine], targets[mine])

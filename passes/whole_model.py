@@ -3,7 +3,7 @@
 A pp = 1 plan needs no split, so a model whose layout no family knows (a forward that is not a
 chain of its blocks: ``admissibility.ModelFacts.unsplittable``) still runs data parallelism,
 ZeRO and activation checkpointing: the program's one stage is the model, called as the
-reference calls it (``training.logits_of``), its parameters under the model's own names. Its
+reference calls it (``feed.logits_of``), its parameters under the model's own names. Its
 repeated blocks (``models.blocks.find_block_group``) are FSDP2 units and are checkpointed as
 the plan says: each block's class gets a subclass whose ``__call__`` runs the module's own call
 (its hooks, FSDP2's included, and its forward) under ``torch.utils.checkpoint`` -- the model's

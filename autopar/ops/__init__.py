@@ -6,9 +6,10 @@ strategy rule over the tensor-parallel ranks, and its fusion patterns (``registr
 
 ==================  ======================================================================
 ``gemm``            linear layers, products of activations, expert weights
+``conv``            convolutions (1-, 2- and 3-d, transposed too)
 ``attention``       fused attention (``sdpa``)
 ``norm``            layer, RMS and group norm
-``activation``      GELU, SiLU, ReLU and the other pointwise functions
+``activation``      GELU, SiLU, ReLU and the other pointwise functions; GLU
 ``elementwise``     arithmetic, products, comparisons and selects, casts and copies
 ``dropout``         dropout
 ``view``            views (no data moved) and padding
@@ -23,8 +24,9 @@ Everything that needs op knowledge asks the registry: the tracer (``naming.canon
 ``kind_of``, ``kept_by_matmuls``, ``fusion.find_fusions``), the strategy solve
 (``strategies_for``), the module styles (``is_weight_op``), the kernel pass (``PATTERNS``). It
 is the one place that answers whether an op is known (``is_known``) and which ops have no rule
-(``ops_without_rules``). The registry imports nothing of the search, the passes or the cost
-model.
+(``ops_without_rules``); ``opaque`` prices an op no family owns (torch's FLOP count, else its
+bytes, else a refusal for one that reads parameters). The registry imports nothing of the
+search, the passes or the cost model.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from autopar.ops import (
     activation,
     attention,
     constant,
+    conv,
     dropout,
     elementwise,
     gemm,
@@ -70,8 +73,8 @@ from autopar.ops.registry import (
     unregister,
 )
 
-FAMILY_MODULES = (gemm, attention, norm, activation, elementwise, dropout, view, reduction, index,
-                  constant, loss)
+FAMILY_MODULES = (gemm, conv, attention, norm, activation, elementwise, dropout, view, reduction,
+                  index, constant, loss)
 """The modules declaring the families (importing each registers its families)."""
 
 __all__ = [

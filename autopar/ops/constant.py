@@ -17,4 +17,4 @@ def constant_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
 
 CONSTANT = register(OpFamily(
     "constant", ops=("arange", "zeros", "ones", "full", "empty", "rand", "randn"),
-    saves=saves_nothing, rule=constant_rule))
+    aliases={"scalar_tensor": "full"}, saves=saves_nothing, rule=constant_rule))

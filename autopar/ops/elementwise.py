@@ -1,7 +1,8 @@
 """Elementwise ops: arithmetic, products, comparisons and selects, casts and copies.
 
-* FLOPs: 1 per output element for the arithmetic, products, ``where`` and ``masked_fill``;
-  comparisons, casts and copies move data only.
+* FLOPs: 1 per output element for the arithmetic (``diff`` is a subtraction of neighbours),
+  products (``outer`` a broadcast one), ``where`` and ``masked_fill``; comparisons, logical ops
+  (and, or, not), casts and copies move data only.
 * Saved: a product (``mul``, ``div``) of two activations keeps both, and one by a parameter
   (a norm's weight) keeps its input; everything else keeps nothing.
 * Strategies: any split passes through (``elementwise_rule``).
@@ -43,7 +44,7 @@ def product_saves(node: NodeInfo, saver: Saver) -> None:
 
 ARITHMETIC = register(OpFamily(
     "arithmetic", ops=("add", "sub", "neg"),
-    aliases={"iadd": "add", "add_": "add", "isub": "sub", "rsub": "sub"},
+    aliases={"iadd": "add", "add_": "add", "isub": "sub", "rsub": "sub", "diff": "sub"},
     flop_per_element={"add": 1, "sub": 1, "neg": 1}, saves=saves_nothing,
     rule=elementwise_rule,
     fusions=(FusionPattern("rope", ("neg", "cat", "mul", "add"), side_ops=("mul",),
@@ -51,19 +52,24 @@ ARITHMETIC = register(OpFamily(
 
 PRODUCT = register(OpFamily(
     "product", ops=("mul", "div"),
-    aliases={"imul": "mul", "mul_": "mul", "truediv": "div", "div_": "div"},
+    aliases={"imul": "mul", "mul_": "mul", "truediv": "div", "div_": "div", "outer": "mul"},
     flop_per_element={"mul": 1, "div": 1}, saves=product_saves, rule=elementwise_rule))
 
 SELECT = register(OpFamily(
     "select", ops=("masked_fill", "where", "clamp", "floor", "ceil", "eq", "ne", "lt", "gt",
-                   "le", "ge", "remainder", "floor_divide"),
+                   "le", "ge", "remainder", "floor_divide", "logical_and", "logical_or",
+                   "logical_not"),
     aliases={"masked_fill_": "masked_fill", "mod": "remainder", "fmod": "remainder",
-             "floordiv": "floor_divide"},
+             "floordiv": "floor_divide", "and_": "logical_and", "__and__": "logical_and",
+             "bitwise_and": "logical_and", "or_": "logical_or", "__or__": "logical_or",
+             "bitwise_or": "logical_or", "invert": "logical_not", "__invert__": "logical_not",
+             "bitwise_not": "logical_not"},
     flop_per_element={"masked_fill": 1, "where": 1}, saves=saves_nothing, rule=elementwise_rule))
 
 CAST = register(OpFamily(
     "cast", ops=("cast", "contiguous", "copy", "fill", "bool", "long"),
     # a cast to the same dtype and a copy of a contiguous tensor are views (``naming``)
     aliases={"to": "cast", "_to_copy": "cast", "type_as": "cast", "float": "cast",
-             "half": "cast", "bfloat16": "cast", "type": "cast", "clone": "contiguous"},
+             "half": "cast", "bfloat16": "cast", "type": "cast", "clone": "contiguous",
+             "copy_": "copy"},
     saves=saves_nothing, rule=elementwise_rule))

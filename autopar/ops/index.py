@@ -59,14 +59,14 @@ GATHER = register(OpFamily(
 
 SCATTER = register(OpFamily(
     "scatter", ops=("scatter",),
-    aliases={raw: "scatter" for raw in ("scatter_add", "index_add", "index_put", "index_put_",
-                                        "index_copy")},
+    aliases={raw: "scatter" for raw in ("scatter_", "scatter_add", "scatter_add_", "index_add",
+                                        "index_put", "index_put_", "index_copy")},
     saves=saves_indices, rule=tokens_rule))
 
 ROUTING = register(OpFamily(
     "routing", ops=("one_hot", "repeat", "new_zeros", "zeros_like", "ones_like", "histc",
-                    "bincount"),
-    saves=saves_nothing, rule=tokens_rule))
+                    "bincount", "full_like", "empty_like", "new_ones", "new_full", "new_empty"),
+    aliases={"repeat_interleave": "repeat"}, saves=saves_nothing, rule=tokens_rule))
 
 EMBEDDING = register(OpFamily(
     "embedding", ops=("embedding",), aliases={"Embedding": "embedding"}, bytes=gathered_bytes,

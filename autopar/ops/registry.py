@@ -216,10 +216,12 @@ def forward_bytes(op: str, ins: Sequence[TensorMeta], outs: Sequence[TensorMeta]
 
 
 def kind_of(node: NodeInfo) -> OpKind:
-    """The roofline ``node`` runs on (an op the registry does not know: memory-bound)."""
+    """The roofline ``node`` runs on. An op the registry does not know runs on the matmul
+    roofline when torch counts FLOPs for it (the tracer's ``fwd_flop``), memory-bound otherwise
+    (``autopar.ops.opaque`` argues both)."""
     family = _BY_OP.get(node.op)
     if family is None:
-        return OpKind.MEMORY
+        return OpKind.MATMUL if node.fwd_flop > 0 else OpKind.MEMORY
     if family.returns_input is not None and family.returns_input(node):
         return OpKind.FREE
     return family.kind

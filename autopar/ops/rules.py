@@ -89,3 +89,10 @@ def follow(node: NodeInfo, ctx: RuleContext, layouts: list[Layout], *,
 def seq(ctx: RuleContext) -> list[Layout]:
     """The sequence split, when the candidate enables sequence parallelism."""
     return [Layout.Q] if ctx.sequence_parallel else []
+
+
+def whole(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
+    """The op runs whole on every rank, by its family's reasoned choice (a convolution, a gate
+    or a pad the engine cannot split; each family's docstring says why). Unlike an op without a
+    rule, which also runs replicated, the plan does not list it as unknown."""
+    return [replicated(node, ctx)]

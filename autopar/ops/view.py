@@ -3,9 +3,11 @@
 ``view`` is every op that moves no data: view/reshape/transpose/permute/split/chunk/unsqueeze/
 expand/getitem/getattr/size, a copy of an already contiguous tensor and a cast to the same dtype
 (``naming.canonical_op``). It costs nothing, saves nothing and keeps any split
-(``elementwise.elementwise_rule``). ``pad`` copies into a larger tensor: it saves nothing, and
-has no strategy rule (it may widen any dim, so no split is known to survive it); it runs
-replicated and the plan reports it.
+(``elementwise.elementwise_rule``). ``pad`` (``F.pad``, ATen ``pad`` and ``constant_pad_nd``)
+copies into a larger tensor: no FLOPs, its input read and output written, nothing saved (its
+backward slices the gradient). It runs whole on every tp rank (``rules.whole``): it may widen
+any dim, and a layout does not say which dim it cuts once the tensor has been transposed (the
+causal pad of a convolution's time axis), so no split is known to survive it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from autopar.core.roofline import OpKind
 from autopar.graph import TensorMeta
 from autopar.ops.elementwise import elementwise_rule
 from autopar.ops.registry import VIEW, OpFamily, register, saves_nothing
+from autopar.ops.rules import whole
 
 _RAW_VIEWS = (
     "Identity", "Flatten", "Unflatten", "reshape", "_unsafe_view", "transpose", "permute",
@@ -36,4 +39,5 @@ VIEWS = register(OpFamily(
     bytes=_no_bytes, saves=saves_nothing, rule=elementwise_rule,
     returns_input=lambda node: True))
 
-PAD = register(OpFamily("pad", ops=("pad",), saves=saves_nothing, rule=None))
+PAD = register(OpFamily("pad", ops=("pad",), aliases={"constant_pad_nd": "pad"},
+                        saves=saves_nothing, rule=whole))

@@ -12,6 +12,7 @@ import math
 import pytest
 from launching import launch, losses_of
 
+import autopar
 from autopar.cli import main
 
 CLUSTER = "name: two-gpus\nbase: hgx-h100-80g\ngpus_per_node: 2\nnodes: 1\n"
@@ -68,6 +69,22 @@ def test_a_transformers_model_from_a_config_folder(tmp_path):
     _plan_export_train(tmp_path, ["--model", str(tmp_path / "qwen2")], ["--tp", "2"])
     spec = json.loads((tmp_path / "elsewhere" / "run" / "model.json").read_text())
     assert spec["transformers"]["architecture"] == "Qwen2ForCausalLM"
+
+
+def test_an_image_model_folder_trains_on_the_images_verify_draws(tmp_path):
+    """A ViT (issue 28's tiny config): train.py draws the images and labels verify's reference
+    does (``training.synthetic_inputs``), so its first losses are the reference's."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from autopar.core.model_spec import ModelSpec
+    from autopar.verify_reference import reference
+
+    vit = Path(__file__).resolve().parents[1] / "data" / "vit"
+    losses = _plan_export_train(tmp_path, ["--model", str(vit)], ["--dp", "2"])
+    plan = autopar.Plan.from_file(tmp_path / "plan.json")
+    ref = reference(ModelSpec.parse(str(vit)), plan, steps=2, seed=0)
+    assert [losses[1], losses[2]] == pytest.approx(ref.losses, rel=1e-5)
 
 
 def test_an_fp16_plan_checkpoints_its_loss_scale_and_resumes(tmp_path):

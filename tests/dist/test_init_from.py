@@ -34,7 +34,8 @@ from autopar import AutoparError, ParallelConfig, TrainSpec
 from autopar.costmodel.cluster import process_cluster
 from autopar.models.hf_llama import HF_LLAMA_TINY
 from autopar.passes.materialize import check_checkpoint
-from autopar.training import ModelSpec, logits_of, synthetic_batch
+from autopar.feed import logits_of
+from autopar.training import ModelSpec, synthetic_batch
 from autopar.verify import reference
 
 TRAIN = TrainSpec(global_batch=8, seq_len=32, precision="fp32")

@@ -5,6 +5,7 @@ silent exit 0. Nothing here starts a process."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import autopar
 from autopar import AutoparError, Plan, TrainSpec
@@ -100,16 +101,19 @@ def test_model_arg_of_the_wrong_type_says_so(capsys):
              "num_layers='abc' is not an integer")
 
 
-def test_a_model_that_does_not_take_token_ids_is_told_so():
-    transformers = pytest.importorskip("transformers")
-    import torch
+class _Speech(torch.nn.Module):
+    """A transformers-style model whose main input is audio (``input_values``)."""
 
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                    intermediate_size=64, image_size=16, patch_size=8)
-    with torch.device("meta"):
-        vit = transformers.ViTForImageClassification(config)
-    with pytest.raises(AutoparError, match="its input is 'pixel_values', not token ids"):
-        autopar.trace(vit, TrainSpec(global_batch=2, seq_len=8))
+    main_input_name = "input_values"
+
+    def forward(self, input_values, labels=None):
+        return input_values
+
+
+def test_a_model_that_reads_neither_token_ids_nor_images_is_told_so():
+    with pytest.raises(AutoparError, match="its input is 'input_values': autopar feeds integer "
+                                           r"token ids \(input_ids\) or images"):
+        autopar.trace(_Speech(), TrainSpec(global_batch=2, seq_len=8))
     conv = torch.nn.Sequential(torch.nn.Conv1d(4, 4, 3))
     with pytest.raises(AutoparError, match="no nn.Embedding to read token ids with"):
         autopar.trace(conv, TrainSpec(global_batch=2, seq_len=8))

@@ -16,6 +16,7 @@ from autopar.ops import (CANONICAL_OPS, FAMILIES, OP_NAMES, PATTERNS, VIEW, Fusi
                          OpFamily, family_of, find_fusions, has_rule, is_known, kind_of,
                          ops_without_rules, register, strategies_for, unregister)
 from autopar.ops.elementwise import elementwise_rule
+from autopar.ops.registry import saves_nothing
 from autopar.ops.naming import canonical_op, unmapped_ops
 from autopar.workload import saved_tensors
 
@@ -118,8 +119,15 @@ def test_ops_without_a_rule_have_one_answer() -> None:
     plan = autopar.optimize(model, CLUSTER, TRAIN, {"tp": 2})
     assert plan.ops_without_rules == ("special_erf",)
     assert "ops without a sharding rule, costed as replicated: special_erf" in plan.estimate.notes
-    # an op the registry knows but has no rule for
-    assert is_known("pad") and not has_rule("pad")
+    # an op the registry knows but has no rule for (no built-in family is one since pad, glu
+    # and the convolutions run whole by rule, ``rules.whole``)
+    assert has_rule("pad")
+    family = register(OpFamily("test_ruleless", ops=("ruleless",), saves=saves_nothing,
+                               rule=None))
+    try:
+        assert is_known("ruleless") and not has_rule("ruleless")
+    finally:
+        unregister(family.name)
 
 
 @pytest.fixture
