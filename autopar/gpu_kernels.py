@@ -11,6 +11,13 @@ kernel's autograd formula keeps (``tools/autograd/derivatives.yaml`` of torch 2.
   and of the normalised input (two tensors of 4 bytes an element), which on a Llama block at
   8192 tokens is a third more than the GPU's activations.
 
+* ``grouped_mm``: transformers' stacked experts run ``F.grouped_mm`` (tokens (S, K) by each
+  expert's weight of (E, K, N), grouped by ``offs``). Its fake kernel in torch 2.13 takes bf16
+  operands only, as the CUDA kernel does, so an fp32 plan's dry run failed on it; the dry run
+  computes its output shape (S, N) itself and keeps the two operands for the backward, which is
+  what the kernel's autograd formula keeps (the backward is two more grouped products of the
+  same sizes).
+
 ``gpu_saved_tensors()`` installs them for the dry run; the real program never uses them.
 """
 
@@ -60,12 +67,46 @@ def rms_norm(x: torch.Tensor, normalized_shape: Sequence[int],
     return _RMSNorm.apply(x, weight, dims, eps)
 
 
+class _GroupedMM(torch.autograd.Function):
+    """Tokens (S, K) by grouped weights (E, K, N): output (S, N), keeping both operands."""
+
+    @staticmethod
+    def forward(ctx, a, b, offs, dtype):  # type: ignore[no-untyped-def, override]
+        ctx.save_for_backward(a, b, offs)
+        return a.new_empty((a.shape[0], b.shape[-1]), dtype=dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        a, b, _ = ctx.saved_tensors
+        return torch.empty_like(a), torch.empty_like(b), None, None
+
+
+_GROUPED_MM = F.grouped_mm if hasattr(F, "grouped_mm") else None
+
+
+def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, *, offs: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
+               ) -> torch.Tensor:
+    """``F.grouped_mm`` for the dry run's fake tensors of any dtype (see the module
+    docstring); the forms other than tokens by grouped weights go to torch's own."""
+    if mat_a.dim() == 2 and mat_b.dim() == 3 and offs is not None and bias is None:
+        return _GroupedMM.apply(mat_a, mat_b, offs, out_dtype or mat_a.dtype)
+    assert _GROUPED_MM is not None  # installed only where torch has it
+    return _GROUPED_MM(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)
+
+
 @contextmanager
 def gpu_saved_tensors() -> Iterator[None]:
-    """``F.rms_norm`` as the GPU keeps it, while the block runs (see the module docstring)."""
-    original = F.rms_norm
-    F.rms_norm = rms_norm  # type: ignore[assignment]
+    """``F.rms_norm`` and ``F.grouped_mm`` as the GPU keeps them, while the program runs (see
+    the module docstring)."""
+    swapped = [("rms_norm", rms_norm)]
+    if _GROUPED_MM is not None:
+        swapped.append(("grouped_mm", grouped_mm))
+    originals = [(name, getattr(F, name)) for name, _ in swapped]
+    for name, fn in swapped:
+        setattr(F, name, fn)
     try:
         yield
     finally:
-        F.rms_norm = original  # type: ignore[assignment]
+        for name, fn in originals:
+            setattr(F, name, fn)

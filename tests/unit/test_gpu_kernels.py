@@ -43,3 +43,20 @@ def test_rms_norm_keeps_the_input_and_the_fp32_rstd_only():
     assert (tuple(x.shape), torch.float32) not in kept  # no fp32 copy of the input
     assert (tuple(x.shape), torch.bfloat16) in kept and ((4, 8, 1), torch.float32) in kept
     assert F.rms_norm is not rms_norm  # restored
+
+
+def test_an_fp32_plan_of_stacked_experts_dry_runs():
+    # torch's fake grouped_mm takes bf16 only, as the CUDA kernel does: an fp32 plan of
+    # transformers' stacked experts failed its dry run (plan --check) on it
+    import autopar
+    from autopar.core.specs import ParallelConfig, TrainSpec
+    from autopar.costmodel.cluster import process_cluster
+    from autopar.plan_check import check_plans
+    from autopar.verify_models import transformers_spec
+
+    spec = transformers_spec("mixtral")
+    plan = autopar.plan_for(spec.build("meta"), process_cluster(2),
+                            TrainSpec(global_batch=4, seq_len=32, precision="fp32"),
+                            ParallelConfig(dp=2), model_spec=spec)
+    (checked,) = check_plans(plan, workers=1).checked
+    assert checked.kept and checked.run is not None and checked.run.peak_bytes > 0
