@@ -57,7 +57,8 @@ from autopar.passes.mesh import check_executable, dp_rank
 from autopar.passes.model_parts import ModelParts, model_family, parts_or_none
 from autopar.passes.async_tp import apply_async_tp
 from autopar.passes.pipeline import StageShapes, build_schedule
-from autopar.passes.stage import StageModule, build_stages, stage_blocks, stage_layout, stage_of
+from autopar.passes.stage import (StageModule, build_stages, model_blocks, stage_blocks,
+                                  stage_layout, stage_of)
 from autopar.passes.whole_model import checkpoint_blocks, whole_model_blocks
 from autopar.training import logits_of
 from autopar.passes.tensor_parallel import (
@@ -261,7 +262,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     tied_names = _tied_across_stages(model, plan)
     pp_rank = mesh.get_local_rank(MeshAxis.PP.value)
     stages = build_stages(model, parts, plan, pp_rank)
-    num_stages = len(stage_layout(plan, len(model.get_submodule(parts.blocks))))
+    num_stages = len(stage_layout(plan, model_blocks(model, parts).count))
     experts_mesh = expert_mesh(plan, mesh) if plan.config.ep > 1 else None
     for _, stage in stages:
         if cp > 1:

@@ -54,6 +54,7 @@ from autopar.admissibility import block_styles
 from autopar.core.layout import Style
 from autopar.core.plan import Plan
 from autopar.module_strategies import LOSS
+from autopar.models.parts import stage_info
 from autopar.passes.model_parts import ModelParts
 
 
@@ -134,8 +135,14 @@ def loss_is_vocab_parallel(plan: Plan) -> bool:
     return plan.config.tp > 1 and dict(plan.module_strategies).get(LOSS) == Style.VOCAB
 
 
-def _pattern(name: str, parts: ModelParts) -> str:
-    return re.sub(rf"^{re.escape(parts.blocks)}\.\d+(?=\.|$)", f"{parts.blocks}.*", name)
+def _pattern(name: str, parts: ModelParts, blocks: frozenset[str]) -> str:
+    """The plan's name of module ``name``: ``<blocks>.*.<path>`` inside a block (``blocks``:
+    the stage's block keys); its own name elsewhere, in the container's modules before or
+    after the blocks included (the plan names them so: ``module_strategies``)."""
+    match = re.match(rf"^{re.escape(parts.blocks)}\.(\d+)(?=\.|$)", name)
+    if match is None or match.group(1) not in blocks:
+        return name
+    return f"{parts.blocks}.*{name[match.end():]}"
 
 
 def _style(name: str, style: Style, plan: Plan, parts: ModelParts, sections: int = 1
@@ -173,13 +180,17 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
     styles = {k: v for k, v in plan.module_strategies if k != LOSS}
     tied = _tied_pairs(stage)
     in_block = block_styles(plan.module_strategies, parts.blocks)
+    info = stage_info(stage)
+    keys = frozenset(str(info.lead + b) for b in info.block_ids) if info is not None else \
+        frozenset(k for k, _ in stage.get_submodule(parts.blocks).named_children())
     sections: dict[str, int] = {}
     for key, block in stage.get_submodule(parts.blocks).named_children():
-        found = parts.shard_block(block, in_block, tp_mesh.size())
-        sections.update({f"{parts.blocks}.{key}.{path}": n for path, n in found.items()})
+        if key in keys:
+            found = parts.shard_block(block, in_block, tp_mesh.size())
+            sections.update({f"{parts.blocks}.{key}.{path}": n for path, n in found.items()})
     layout: dict[str, ParallelStyle] = {}
     for name, _ in stage.named_modules():
-        style = styles.get(_pattern(name, parts))
+        style = styles.get(_pattern(name, parts, keys))
         if style is not None:
             chosen = _style(name, style, plan, parts, sections.get(name, 1))
             if chosen is not None:
@@ -191,10 +202,10 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         extra = parts.sequence_parallel_styles()
         if not parts.embedding_in_shards:
             # the embedding step runs whole; the first block's input is sliced to the shards
-            keys = [int(k) for k, _ in stage.get_submodule(parts.blocks).named_children()]
-            if getattr(stage, "first", False) and keys:
+            if info is not None and info.first and 0 in info.block_ids:
                 # whole on every tp rank -> the rank's sequence shard: a slice, no collective
-                extra[f"{parts.blocks}.{min(keys)}"] = PrepareBlockInput(
+                # (at block 0: the container's modules before it run whole, as priced)
+                extra[f"{parts.blocks}.{info.lead}"] = PrepareBlockInput(
                     Replicate(), desired=Shard(1), use_local_output=True)
         elif styles.get(parts.embedding, Style.REPLICATED) == Style.REPLICATED:
             # a whole table's output is sliced to the blocks' sequence shards (no collective)

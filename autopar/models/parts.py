@@ -42,9 +42,14 @@ class StageInfo:
     seq_len: int
     """The sequence length of the plan (under context parallelism, of the whole sequence)."""
     block_ids: tuple[int, ...]
-    """The indices, in the model's block list, of the blocks it runs."""
+    """The indices, among the model's repeated blocks, of the blocks it runs (the plan's)."""
     policies: Mapping[int, object]
-    """Block index -> its activation-checkpoint policy (``core.specs.Checkpoint``)."""
+    """Container index (the module's key in ``ModelParts.blocks``) of each block -> its
+    activation-checkpoint policy (``core.specs.Checkpoint``); the container's other modules,
+    which the first or the last stage runs (``models.blocks.BlockSpan``), run without."""
+    lead: int = 0
+    """The container index of block 0: the modules before it are no repeated blocks
+    (``models.blocks.BlockSpan.lead``), which the first stage runs after the embedding."""
     config: object | None = None
     """The model's config object (the families read it, e.g. the attention kernel)."""
     positions: Callable[[int, torch.device], torch.Tensor] | None = None
