@@ -161,10 +161,24 @@ def stages_of_rank(num_stages: int, pp: int, pp_rank: int) -> list[int]:
 def build_stages(model: nn.Module, parts: ModelParts, plan: Plan, pp_rank: int
                  ) -> list[tuple[int, StageModule]]:
     """This pipeline rank's stages, as (stage index, module)."""
+    n = len(stage_layout(plan, model_blocks(model, parts).count))
+    return [(i, _stage(model, parts, plan, i)) for i in stages_of_rank(n, plan.config.pp, pp_rank)]
+
+
+def end_stage_names(model: nn.Module, parts: ModelParts, plan: Plan
+                    ) -> tuple[set[str], set[str]]:
+    """The parameter names (every name of a tied one) the first and the last stage hold, on
+    any rank: which of a model's tied weights the two stages share."""
+    n = len(stage_layout(plan, model_blocks(model, parts).count))
+    return tuple({name for name, _ in _stage(model, parts, plan, i).named_parameters(
+        remove_duplicate=False)} for i in (0, n - 1))  # type: ignore[return-value]
+
+
+def _stage(model: nn.Module, parts: ModelParts, plan: Plan, index: int) -> StageModule:
+    """Stage ``index`` of the plan (its modules are the model's own, not copies)."""
     span = model_blocks(model, parts)
     layout = stage_layout(plan, span.count)
     policies = dict(enumerate(plan.config.checkpoint_of(span.count)))
-    n = len(layout)
-    return [(i, StageModule(model, parts, layout[i], first=i == 0, last=i == n - 1,
-                            seq_len=plan.train.seq_len, policies=policies, span=span))
-            for i in stages_of_rank(n, plan.config.pp, pp_rank)]
+    return StageModule(model, parts, layout[index], first=index == 0,
+                       last=index == len(layout) - 1, seq_len=plan.train.seq_len,
+                       policies=policies, span=span)
