@@ -36,6 +36,9 @@ ARCHITECTURES = {
     "GPTNeoXForCausalLM": {**_TINY, "hidden_dropout": 0.0, "attention_dropout": 0.0},
     "BertForMaskedLM": {**_TINY, "hidden_dropout_prob": 0.0,  # an encoder
                         "attention_probs_dropout_prob": 0.0},
+    # experts; its rotary table passed on by the first layer's no-op .to(); tokens.to(device)
+    "Llama4ForCausalLM": {**_TINY, "head_dim": 8, "num_local_experts": 4,
+                          "num_experts_per_tok": 1, "intermediate_size_mlp": 64},
 }
 
 
@@ -63,7 +66,8 @@ def test_two_stages_of_an_exported_description_compute_the_models_logits(
         architecture: str) -> None:
     model = _build(architecture, ARCHITECTURES[architecture])
     assert family_of(model).name == "generic"
-    assert facts_of(model).unsplittable is None
+    parts, facts = family_of(model).parts_of(model), facts_of(model)
+    assert facts.unsplittable is None and parts.embedding and parts.head
     first, last = _two_stages(model)
     for batch in (2, 1):  # the trace's batch and another: the graphs hold for both
         tokens = torch.randint(0, 128, (batch, SEQ))

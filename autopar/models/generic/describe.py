@@ -126,6 +126,8 @@ _CACHE: weakref.WeakKeyDictionary[nn.Module, ModelParts | str] = weakref.WeakKey
 _CONTEXT_PROBLEMS: weakref.WeakKeyDictionary[nn.Module, str | None] = \
     weakref.WeakKeyDictionary()
 """Model -> why its described chain cannot run context-parallel (``context.py``), or None."""
+_EXPORTED: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+"""Model -> why torch.fx could not trace its forward, for a chain read with torch.export."""
 _BLOCKS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 """The blocks of every described chain: each takes a context-parallel hook, which
 ``call_block`` runs its SDPA calls by (``Family.context_attention`` of the generic family)
@@ -152,11 +154,13 @@ def _describe(model: nn.Module) -> ModelParts:
     prefix = f"{group.path}." if group.path else ""
     leaves = tuple(prefix + name for name, _ in container.named_children())
     token, fixed = _feed(model)
+    fx_failed = None
     try:
         gm = _trace(model, leaves, fixed)
         exports = None
-    except NotAChain as fx_failed:
-        exports = _Exports.first(model, leaves, token, fixed, str(fx_failed))
+    except NotAChain as err:
+        fx_failed = err
+        exports = _Exports.first(model, leaves, token, fixed, str(err))
         gm = exports.exported.graph_module
     chain = _read(model if exports is None else exports.exported.template, gm, leaves)
     # the first block and every module of the container that is no block: what cp checks
@@ -166,6 +170,7 @@ def _describe(model: nn.Module) -> ModelParts:
         _CONTEXT_PROBLEMS[model] = _context_problem(model, chain, checked)
         select = _fixed(chain.graphs)
     else:
+        _EXPORTED[model] = str(fx_failed)
         _CONTEXT_PROBLEMS[model] = (
             "its forward was read with torch.export (torch.fx cannot trace it), and context "
             "parallelism runs only where fx reads the blocks' attention and the positions")
@@ -246,6 +251,13 @@ def context_problem(model: nn.Module) -> str | None:
     ``None`` where it can (``Family.context_problem`` of the generic family)."""
     found = describe(model)
     return found if isinstance(found, str) else _CONTEXT_PROBLEMS.get(model)
+
+
+def read_by_export(model: nn.Module) -> str | None:
+    """Why torch.fx could not trace ``model``'s forward where its chain was read with
+    torch.export (whose graphs tensor parallelism cannot rewrite); ``None`` otherwise."""
+    describe(model)
+    return _EXPORTED.get(model)
 
 
 def is_block(module: nn.Module) -> bool:
@@ -422,7 +434,8 @@ def _embedding(model: nn.Module, embed: GraphModule) -> str:
     for user in users:
         if user.op == "call_function" and user.target in _MOVES:  # ``tokens.to(device)``
             users.extend(user.users)
-        elif user.op == "call_module":
+            continue
+        if user.op == "call_module":
             path = str(user.target)
         elif user.target is _aten.embedding.default and user.args[0].op == "get_attr":
             path = str(user.args[0].target).rpartition(".")[0]

@@ -305,14 +305,19 @@ def _aliases(model: nn.Module) -> dict[str, tuple[str, ...]]:
 
 
 def _alias(names: tuple[str, ...], user_path: str) -> str:
-    """The name of a tensor under the module that reads it (the deepest owner containing
-    ``user_path``); its first name where none does."""
-    def owner(name: str) -> str:
-        return name.rpartition(".")[0]
+    """The name a stage reads a tensor by: the model's own (first) name where its module holds
+    the module reading it at ``user_path`` (BERT's head bias, ``cls.predictions.bias``, read
+    in ``cls.predictions.decoder``), else the name under the reading module (a head tied to
+    the embedding reads ``lm_head.weight``); its first name where no module holds the
+    reader."""
+    def holds(name: str) -> bool:
+        owner = name.rpartition(".")[0]
+        return not owner or user_path == owner or user_path.startswith(owner + ".")
 
-    inside = [n for n in names if not owner(n) or user_path == owner(n)
-              or user_path.startswith(owner(n) + ".")]
-    return max(inside, key=lambda n: len(owner(n))) if inside else names[0]
+    inside = [n for n in names if holds(n)]
+    if not inside or names[0] in inside:
+        return names[0]
+    return max(inside, key=lambda n: n.count("."))
 
 
 def _stack(node: Node) -> list[str]:
