@@ -139,9 +139,11 @@ class ModelParts:
     finish: Callable[[nn.Module, torch.Tensor], torch.Tensor]
     """(root, last block's output) -> logits."""
     block_args: Callable[[nn.Module, torch.Tensor, int], tuple] = no_block_args
-    """(root, activations, seq_len) -> the extra arguments every block takes."""
+    """(root, activations, seq_len) -> the extra arguments the blocks take, which the stage
+    hands ``call_block`` as they are (a generic decoder's: each module's own, by module)."""
     call_block: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor] = call_positional
-    """(block, x, extra) -> the block's output."""
+    """(block, x, extra) -> the block's output; the stage calls the modules of the block
+    container that are no repeated blocks (``models.blocks.BlockSpan``) by it too."""
     shared: tuple[str, ...] = ()
     """Modules every stage keeps (rotary tables)."""
     sequence_parallel_styles: Callable[[], dict[str, ParallelStyle]] = no_styles
