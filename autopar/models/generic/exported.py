@@ -14,14 +14,17 @@ blocks as leaves. ``export_chain`` makes that graph from an exported program:
 2. ``collapse`` rewrites the flat ATen graph: the nodes inside a container module are dropped
    and one ``call_module`` with the recorded ``(args, kwargs)`` stands for them (its outputs
    read by ``getitem`` where it returns a tuple); every other node is kept, with each
-   parameter or buffer read as a ``get_attr`` of the model by name -- the name of the module
-   that reads it, for a tied weight (the embedding reads ``model.embed_tokens.weight``, the
-   head ``lm_head.weight``) -- and each ``device='meta'`` the trace baked in (``arange(...,
-   device=...)``) read off the tokens, so the graph runs wherever the stage runs. The output is
+   parameter or buffer read as a ``get_attr`` of the model by name -- for a tied weight the
+   name under the module that reads it (the embedding reads ``model.embed_tokens.weight``, the
+   head ``lm_head.weight``: ``_alias``) -- and each ``device='meta'`` the trace baked in
+   (``arange(..., device=...)``) read off the tokens, so the graph runs wherever the stage
+   runs. A ``.to()`` that changes nothing inside a module returns its input, which a later
+   module is passed under the ``to``'s name (Llama 4's rotary table): it is read as the
+   input. The output is
    the forward's ``logits``: a soft-capped or scaled head (Gemma 2, Cohere, Granite) is what
    the model computes, since the graph after the blocks is the model's own code.
 
-**What export fixes that fx would not.** An exported graph is specialized: the dtypes of its
+**What an exported graph holds for.** It is specialized: the dtypes of its
 casts and constants (a mask's ``finfo(dtype).min``, ``cos.to(x.dtype)``) are those of the
 trace, and sizes may be guarded (``Specialization``: the batch and sequence lengths its
 graphs are valid for, read from the program's range constraints). ``describe.py`` runs the
@@ -176,12 +179,10 @@ def collapse(program: torch.export.ExportedProgram, template: nn.Module,
     env: dict[str, object] = {}
     pending: dict[str, tuple[Node, int | None]] = {}
     attrs: dict[str, Node] = {}
-    inside = {leaf: [] for leaf in leaves}
-    owner: dict[str, str] = {}
+    owner: dict[str, str] = {}  # node -> the container module whose code it is
     for node in program.graph.nodes:
         leaf = _leaf_of(node, leaves)
         if leaf is not None:
-            inside[leaf].append(node)
             owner[node.name] = leaf
     called: set[str] = set()
     nodes = {n.name: n for n in program.graph.nodes}
