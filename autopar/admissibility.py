@@ -90,7 +90,8 @@ class ModelFacts:
     no load-balancing loss in the loss), so context parallelism leaves the routing unchanged."""
     unsplittable: str | None = None
     """Why the execution passes cannot cut the model into pipeline stages (no registered
-    family describes its embedding, blocks, final norm and head: ``models.family_of``);
+    family describes its embedding, blocks, final norm and head: ``models.family_of``; or
+    other layers follow its repeated blocks in their container: ``models.blocks.BlockSpan``);
     ``None`` where they can, or where only a traced graph is known."""
     layers: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     """Module name -> (``linear`` | ``embedding``, weight shape) of every layer a
@@ -167,6 +168,7 @@ def facts_of(model: object) -> ModelFacts:
     found["vocab_size"] = vocab_of(model)
     (found["context_attention"], found["context_refused"], found["token_routing"],
      found["unsplittable"], found["unsplittable_tp"], layout) = _family_facts(model)
+    found["unsplittable"] = found["unsplittable"] or _span_problem(model)
     if layout is not None and layout.heads is not None and found["num_heads"] is None:
         found["num_heads"], found["num_kv_heads"] = layout.heads
     expert_layers = _expert_layers(model)
@@ -178,6 +180,20 @@ def facts_of(model: object) -> ModelFacts:
     found["cross_stage_loss"] = router_loss_reason(config)
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), tensor_layout=layout, **found)
+
+
+def _span_problem(model: object) -> str | None:
+    """Why pipeline stages cannot cut ``model``'s repeated blocks out of the container its
+    family names (layers after them: ``models.blocks.BlockSpan.problem``); ``None`` where they
+    can, or where no family describes it."""
+    from autopar.models.blocks import block_span
+    from autopar.models.family import family_of
+
+    try:
+        parts = family_of(model).parts_of(model)  # type: ignore[arg-type]
+    except AutoparError:
+        return None
+    return block_span(model, parts.blocks).problem()  # type: ignore[arg-type]
 
 
 def _expert_layers(model: object) -> list:

@@ -56,7 +56,8 @@ from autopar.passes.mesh import check_executable, dp_rank
 from autopar.passes.model_parts import ModelParts, model_family, parts_or_none
 from autopar.passes.async_tp import apply_async_tp
 from autopar.passes.pipeline import StageShapes, build_schedule
-from autopar.passes.stage import StageModule, build_stages, stage_blocks, stage_layout, stage_of
+from autopar.passes.stage import (StageModule, build_stages, end_stage_names, model_blocks,
+                                  stage_blocks, stage_layout, stage_of)
 from autopar.passes.whole_model import checkpoint_blocks, whole_model_blocks
 from autopar.feed import logits_of
 from autopar.training import loss_of
@@ -258,10 +259,10 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     # Fusion after the cast (the fused modules hold the cast weights) and before the split
     # and sharding, which find the fused modules under the model's names.
     apply_fusions(model, plan.config.fusions, tp=plan.config.tp)
-    tied_names = _tied_across_stages(model, plan)
+    tied_across = _tied_across_stages(model, parts, plan)
     pp_rank = mesh.get_local_rank(MeshAxis.PP.value)
     stages = build_stages(model, parts, plan, pp_rank)
-    num_stages = len(stage_layout(plan, len(model.get_submodule(parts.blocks))))
+    num_stages = len(stage_layout(plan, model_blocks(model, parts).count))
     experts_mesh = expert_mesh(plan, mesh) if plan.config.ep > 1 else None
     for _, stage in stages:
         if cp > 1:
@@ -276,7 +277,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
         keep_fused_head_gathered(stage, parts.head)
     held = {n: p for _, stage in stages for n, p in stage.named_parameters(
         remove_duplicate=False)}
-    tied = _tied_weights(mesh, plan, tied_names, held)
+    tied = _tied_weights(mesh, plan, tied_across, held)
     program = ParallelProgram(plan, mesh, parts, stages, num_stages, device, tied,
                               scaler=grad_scaler(plan.train, device))
     if plan.config.pp > 1:
@@ -326,21 +327,25 @@ def _move(model: nn.Module, device: torch.device, dtype: torch.dtype | None) -> 
         model.to(dtype)
 
 
-def _tied_across_stages(model: nn.Module, plan: Plan) -> list[str]:
-    """Every name of each weight the model holds under several names (a tied embedding and
-    head), when pipelining may put them on different stages."""
-    if plan.config.pp == 1:
+def _tied_across_stages(model: nn.Module, parts: ModelParts, plan: Plan) -> list[list[str]]:
+    """The names of each weight the model holds under several names (a tied embedding and
+    head) that both the first and the last pipeline stage hold, when there are stages."""
+    groups = tied_groups(model) if plan.config.pp > 1 else []
+    if not groups:
         return []
-    return [n for group in tied_groups(model) for n in group]
+    first, last = end_stage_names(model, parts, plan)
+    return [list(g) for g in groups if set(g) & first and set(g) & last]
 
 
-def _tied_weights(mesh: DeviceMesh, plan: Plan, names: list[str],
+def _tied_weights(mesh: DeviceMesh, plan: Plan, groups: list[list[str]],
                   held: dict[str, nn.Parameter]) -> TiedWeights:
-    """This rank's tied weights (of ``names``, those in ``held``) and one process group per
-    (dp, tp) position joining the first and last pipeline ranks; every rank creates every
-    group, in the same order (``new_group``'s contract), even one holding no tied weight."""
+    """This rank's copy of each tied weight of ``groups`` (those the first and the last stage
+    both hold: an embedding tied to the head; a tie inside one stage, BERT's head bias, syncs
+    nothing), and one process group per (dp, tp) position joining the first and last pipeline
+    ranks; every rank creates every group, in the same order (``new_group``'s contract), even
+    one holding no tied weight."""
     pp = plan.config.pp
-    if not names:
+    if not groups:
         return TiedWeights([], None)
     # init_device_mesh lays the ranks out row-major over AXES, pp outermost
     # (passes/mesh.py): the rank at (stage, col) is stage * per_stage + col. Computed, not read
@@ -352,5 +357,6 @@ def _tied_weights(mesh: DeviceMesh, plan: Plan, names: list[str],
         group = dist.new_group(members)
         if dist.get_rank() in members:
             mine = group
-    params = [held[n] for n in names if n in held]
+    params = [next(held[n] for n in group if n in held) for group in groups
+              if any(n in held for n in group)]
     return TiedWeights(params if mine is not None else [], mine)

@@ -4,8 +4,15 @@ A ``StageModule`` holds the model's submodules that its stage runs *under their 
 names* (``tok_emb``, ``layers.3.attn.q_proj``, ``norm_f``...), so state-dict keys, and so
 ``torch.distributed.checkpoint`` files, are the same under every plan, which is what lets a
 checkpoint saved under one plan load under another. Blocks are kept in an ``nn.ModuleDict``
-keyed by their index in the model. The stage runs its blocks one by one, each under the
-activation-checkpoint policy the plan gives it (``passes/checkpointing.py``).
+keyed by their index in the model's block container. The stage runs its blocks one by one, each
+under the activation-checkpoint policy the plan gives it (``passes/checkpointing.py``).
+
+The plan's blocks are the model's repeated ones (``models.blocks.BlockSpan``); a container that
+also holds other modules -- DeepSeek-V3's dense first layers, Qwen2-MoE's ``mlp_only_layers``
+-- has them run, called as the blocks are and without checkpointing, by the first stage after
+the embedding (those before the blocks) or by the last before the head (those after, pp = 1
+only: ``admissibility``). The cost model prices them the same way, in the layers before and
+after the blocks.
 
 Stage ``i`` of ``n`` gets the blocks of ``stage_layout(plan)[i]``: the plan's ``stage_blocks``
 for GPipe and 1F1B (one stage per pipeline rank); for the interleaved schedule the blocks are
@@ -23,6 +30,7 @@ from autopar.core.specs import Checkpoint, Schedule
 from autopar.core.stages import chunk_sizes
 from autopar.core.plan import Plan
 from autopar.passes.checkpointing import run_block
+from autopar.models.blocks import BlockSpan, block_span
 from autopar.models.parts import STAGE_ATTR, StageInfo, stage_info
 from autopar.passes.model_parts import ModelParts
 
@@ -36,16 +44,22 @@ class StageModule(nn.Module):
     table ``positions``."""
 
     def __init__(self, model: nn.Module, parts: ModelParts, blocks: range, *, first: bool,
-                 last: bool, seq_len: int, policies: dict[int, Checkpoint]) -> None:
+                 last: bool, seq_len: int, policies: dict[int, Checkpoint],
+                 span: BlockSpan | None = None) -> None:
+        """``blocks``: the plan's blocks it runs (indices among the repeated ones);
+        ``policies``: block index -> its checkpoint policy; ``span``: where the blocks sit in
+        their container (``model_blocks``, read off the model where not given)."""
         super().__init__()
         if hasattr(model, STAGE_ATTR):
             raise AutoparError(f"the model has an attribute {STAGE_ATTR!r}, the name a "
                                "pipeline stage keeps its own state under",
                                where=f"{type(model).__name__}.{STAGE_ATTR}",
                                fix="rename that attribute of the model")
+        span = span or model_blocks(model, parts)
         self.__dict__[STAGE_ATTR] = StageInfo(
             parts=parts, first=first, last=last, seq_len=seq_len, block_ids=tuple(blocks),
-            policies=policies, config=getattr(model, "config", None))
+            policies={span.lead + i: p for i, p in policies.items()}, lead=span.lead,
+            config=getattr(model, "config", None))
         keep = [*parts.shared, *(parts.first if first else ()), *(parts.last if last else ())]
         own = dict(model.named_parameters(recurse=False))
         for path in keep:
@@ -61,7 +75,9 @@ class StageModule(nn.Module):
                                "stage would hold them", where=f"{type(model).__name__}",
                                fix="plan pp = 1 for this model, or hold them in a module")
         layers = model.get_submodule(parts.blocks)
-        _attach(self, parts.blocks, nn.ModuleDict({str(i): layers[i] for i in blocks}))
+        held = [*(range(span.lead) if first else ()), *(span.lead + i for i in blocks),
+                *(range(span.lead + span.count, span.size) if last else ())]
+        _attach(self, parts.blocks, nn.ModuleDict({str(i): layers[i] for i in held}))
         for name, buf in model.named_buffers(recurse=False):  # tables every stage may read
             persistent = name not in model._non_persistent_buffers_set
             self.register_buffer(name, buf, persistent=persistent)
@@ -73,7 +89,8 @@ class StageModule(nn.Module):
             x = p.embed(self, x)
         extra = p.block_args(self, x, info.seq_len)
         for key, block in stage_blocks(self).items():
-            x = run_block(p.call_block, block, x, extra, info.policies[int(key)])
+            x = run_block(p.call_block, block, x, extra,
+                          info.policies.get(int(key), Checkpoint.NONE))
         if info.last:
             x = p.finish(self, x)
         return x
@@ -88,8 +105,15 @@ def stage_of(stage: nn.Module) -> StageInfo:
 
 
 def stage_blocks(stage: nn.Module) -> nn.ModuleDict:
-    """The blocks ``stage`` runs, keyed by their index in the model's block list."""
+    """The modules of the block container ``stage`` runs, keyed by their index in it: its
+    blocks, and on the first (last) stage the modules before (after) the blocks."""
     return stage.get_submodule(stage_of(stage).parts.blocks)  # type: ignore[return-value]
+
+
+def model_blocks(model: nn.Module, parts: ModelParts) -> BlockSpan:
+    """Where ``model``'s repeated blocks sit in its container ``parts.blocks``
+    (``models.blocks.block_span``): the plan's blocks are those."""
+    return block_span(model, parts.blocks)
 
 
 def held_blocks(module: nn.Module) -> int:
@@ -146,10 +170,24 @@ def stages_of_rank(num_stages: int, pp: int, pp_rank: int) -> list[int]:
 def build_stages(model: nn.Module, parts: ModelParts, plan: Plan, pp_rank: int
                  ) -> list[tuple[int, StageModule]]:
     """This pipeline rank's stages, as (stage index, module)."""
-    layers = model.get_submodule(parts.blocks)
-    layout = stage_layout(plan, len(layers))
-    policies = dict(enumerate(plan.config.checkpoint_of(len(layers))))
-    n = len(layout)
-    return [(i, StageModule(model, parts, layout[i], first=i == 0, last=i == n - 1,
-                            seq_len=plan.train.seq_len, policies=policies))
-            for i in stages_of_rank(n, plan.config.pp, pp_rank)]
+    n = len(stage_layout(plan, model_blocks(model, parts).count))
+    return [(i, _stage(model, parts, plan, i)) for i in stages_of_rank(n, plan.config.pp, pp_rank)]
+
+
+def end_stage_names(model: nn.Module, parts: ModelParts, plan: Plan
+                    ) -> tuple[set[str], set[str]]:
+    """The parameter names (every name of a tied one) the first and the last stage hold, on
+    any rank: which of a model's tied weights the two stages share."""
+    n = len(stage_layout(plan, model_blocks(model, parts).count))
+    return tuple({name for name, _ in _stage(model, parts, plan, i).named_parameters(
+        remove_duplicate=False)} for i in (0, n - 1))  # type: ignore[return-value]
+
+
+def _stage(model: nn.Module, parts: ModelParts, plan: Plan, index: int) -> StageModule:
+    """Stage ``index`` of the plan (its modules are the model's own, not copies)."""
+    span = model_blocks(model, parts)
+    layout = stage_layout(plan, span.count)
+    policies = dict(enumerate(plan.config.checkpoint_of(span.count)))
+    return StageModule(model, parts, layout[index], first=index == 0,
+                       last=index == len(layout) - 1, seq_len=plan.train.seq_len,
+                       policies=policies, span=span)

@@ -175,8 +175,14 @@ def loss_is_vocab_parallel(plan: Plan) -> bool:
     return plan.config.tp > 1 and dict(plan.module_strategies).get(LOSS) == Style.VOCAB
 
 
-def _pattern(name: str, parts: ModelParts) -> str:
-    return re.sub(rf"^{re.escape(parts.blocks)}\.\d+(?=\.|$)", f"{parts.blocks}.*", name)
+def _pattern(name: str, parts: ModelParts, blocks: frozenset[str]) -> str:
+    """The plan's name of module ``name``: ``<blocks>.*.<path>`` inside a block (``blocks``:
+    the stage's block keys); its own name elsewhere, in the container's modules before or
+    after the blocks included (the plan names them so: ``module_strategies``)."""
+    match = re.match(rf"^{re.escape(parts.blocks)}\.(\d+)(?=\.|$)", name)
+    if match is None or match.group(1) not in blocks:
+        return name
+    return f"{parts.blocks}.*{name[match.end():]}"
 
 
 def _style(name: str, style: Style, plan: Plan, parts: ModelParts, sections: int = 1,
@@ -225,14 +231,18 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
             v == Style.SEQUENCE and any(k == e or k.startswith(e + ".") for e in ends))}
     tied = _tied_pairs(stage)
     in_block = block_styles(plan.module_strategies, parts.blocks)
+    info = stage_info(stage)
+    keys = frozenset(str(info.lead + b) for b in info.block_ids) if info is not None else \
+        frozenset(k for k, _ in stage.get_submodule(parts.blocks).named_children())
     sections: dict[str, int] = {}
     for key, block in stage.get_submodule(parts.blocks).named_children():
-        found = parts.shard_block(block, in_block, tp_mesh.size())
-        sections.update({f"{parts.blocks}.{key}.{path}": n for path, n in found.items()})
+        if key in keys:
+            found = parts.shard_block(block, in_block, tp_mesh.size())
+            sections.update({f"{parts.blocks}.{key}.{path}": n for path, n in found.items()})
     layout: dict[str, ParallelStyle] = {}
     gathered = None
     for name, _ in stage.named_modules():
-        style = styles.get(_pattern(name, parts))
+        style = styles.get(_pattern(name, parts, keys))
         if style is not None:
             chosen = _style(name, style, plan, parts, sections.get(name, 1), whole_ends)
             if chosen is not None:
@@ -244,16 +254,17 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         extra = parts.sequence_parallel_styles()
         if not parts.embedding_in_shards:
             # the embedding step runs whole; the first block's input is sliced to the shards
-            keys = [int(k) for k, _ in stage.get_submodule(parts.blocks).named_children()]
-            info = stage_info(stage)
-            if info is not None and info.first and keys:
+            held = [int(k) for k, _ in stage.get_submodule(parts.blocks).named_children()]
+            if info is not None and info.first and 0 in info.block_ids:
                 # whole on every tp rank -> the rank's sequence shard: a slice, no collective
-                extra[f"{parts.blocks}.{min(keys)}"] = PrepareBlockInput(
+                # (at block 0: the container's modules before it run whole, as priced)
+                extra[f"{parts.blocks}.{info.lead}"] = PrepareBlockInput(
                     Replicate(), desired=Shard(1), use_local_output=True)
-            if info is not None and info.last and keys:
-                # and back: the finish runs on the whole sequence (a one-block stage's block
-                # takes both, so this one is applied on its own below)
-                gathered = f"{parts.blocks}.{max(keys)}"
+            if info is not None and info.last and held:
+                # and back after the container's last module: the finish runs on the whole
+                # sequence (a one-block stage's block takes both, so this one is applied on
+                # its own below)
+                gathered = f"{parts.blocks}.{max(held)}"
         elif styles.get(parts.embedding, Style.REPLICATED) == Style.REPLICATED:
             # a whole table's output is sliced to the blocks' sequence shards (no collective)
             extra[parts.embedding] = PrepareModuleOutput(output_layouts=Replicate(),

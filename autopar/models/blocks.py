@@ -11,6 +11,17 @@ still counts.
 It reads the module tree only, so the tracer (``autopar.tracing_blocks``, which also marks each
 traced node with its instance), the admissibility facts and the generic decoder family
 (``models/generic``) share it.
+
+A group need not fill its container: DeepSeek-V3's first ``first_k_dense_replace`` layers and
+Qwen2-MoE's ``mlp_only_layers`` are dense layers of the same ``model.layers`` as the sparse ones
+the group repeats. ``block_span`` says where the group sits in the container a family names
+(``ModelParts.blocks``): ``lead`` modules before it, which the first pipeline stage runs after
+the embedding and the cost model prices with it (they are no block of the trace, so they fall
+in its ``pre`` layer), and ``trail`` modules after it, which the last stage runs before the
+head. The plan's blocks are the group's, so the count a plan places is the count the engine
+cuts. A container that is not "leading modules + one repeated run" (dense and sparse layers
+alternating) has trailing modules, and pipelining it is refused (``BlockSpan.problem``): its
+blocks would not be the model's repeated layers.
 """
 
 from __future__ import annotations
@@ -38,6 +49,40 @@ class BlockGroup:
     def count(self) -> int:
         return len(self.instances)
 
+
+@dataclass(frozen=True)
+class BlockSpan:
+    """Where the repeated blocks sit in their container (``model.layers``): ``lead`` modules,
+    then ``count`` blocks, then the rest (``trail``), ``size`` in all."""
+
+    path: str
+    """Qualified name of the container (a family's ``ModelParts.blocks``)."""
+    lead: int
+    count: int
+    size: int
+
+    @property
+    def trail(self) -> int:
+        """Modules after the blocks (the container's last ``trail``)."""
+        return self.size - self.lead - self.count
+
+    @property
+    def blocks(self) -> range:
+        """The blocks' indices in the container."""
+        return range(self.lead, self.lead + self.count)
+
+    def problem(self) -> str | None:
+        """Why pipeline stages cannot cut the blocks (modules after them: the container is
+        not "leading modules + one repeated run"); ``None`` where they can."""
+        if not self.trail:
+            return None
+        last = self.lead + self.count - 1
+        run = (f"{self.path}.{self.lead}" if not last - self.lead
+               else f"{self.path}.{self.lead}..{last}")
+        return (f"its layers {self.path} are not leading layers followed by one run of "
+                f"identical blocks: {run} repeat, and {self.trail} different layer(s) follow "
+                "(dense and sparse layers alternating, say); pipeline stages cut only such a "
+                "run")
 
 
 _Signature = tuple[type, tuple[tuple[str, tuple[int, ...], torch.dtype], ...]]
@@ -89,3 +134,17 @@ def find_block_group(model: nn.Module) -> BlockGroup | None:
     if best is not None:
         return best[2]
     return best_single[1] if best_single is not None else None
+
+
+def block_span(model: nn.Module, container: str) -> BlockSpan:
+    """Where ``model``'s block group (``find_block_group``) sits in the ``nn.ModuleList`` at
+    ``container``; the whole container where the group is elsewhere (a family whose blocks the
+    tree search does not pick: every module of the container is then a block)."""
+    modules = model.get_submodule(container)
+    size = len(modules)
+    group = find_block_group(model)
+    if group is None or group.path != container:
+        return BlockSpan(container, 0, size, size)
+    lead = [f"{container}.{name}" if container else name
+            for name, _ in modules.named_children()].index(group.instances[0])
+    return BlockSpan(container, lead, group.count, size)

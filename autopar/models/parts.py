@@ -42,9 +42,14 @@ class StageInfo:
     seq_len: int
     """The sequence length of the plan (under context parallelism, of the whole sequence)."""
     block_ids: tuple[int, ...]
-    """The indices, in the model's block list, of the blocks it runs."""
+    """The indices, among the model's repeated blocks, of the blocks it runs (the plan's)."""
     policies: Mapping[int, object]
-    """Block index -> its activation-checkpoint policy (``core.specs.Checkpoint``)."""
+    """Container index (the module's key in ``ModelParts.blocks``) of each block -> its
+    activation-checkpoint policy (``core.specs.Checkpoint``); the container's other modules,
+    which the first or the last stage runs (``models.blocks.BlockSpan``), run without."""
+    lead: int = 0
+    """The container index of block 0: the modules before it are no repeated blocks
+    (``models.blocks.BlockSpan.lead``), which the first stage runs after the embedding."""
     config: object | None = None
     """The model's config object (the families read it, e.g. the attention kernel)."""
     positions: Callable[[int, torch.device], torch.Tensor] | None = None
@@ -136,9 +141,11 @@ class ModelParts:
     finish: Callable[[nn.Module, torch.Tensor], torch.Tensor]
     """(root, last block's output) -> logits."""
     block_args: Callable[[nn.Module, torch.Tensor, int], tuple] = no_block_args
-    """(root, activations, seq_len) -> the extra arguments every block takes."""
+    """(root, activations, seq_len) -> the extra arguments the blocks take, which the stage
+    hands ``call_block`` as they are (a generic decoder's: each module's own, by module)."""
     call_block: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor] = call_positional
-    """(block, x, extra) -> the block's output."""
+    """(block, x, extra) -> the block's output; the stage calls the modules of the block
+    container that are no repeated blocks (``models.blocks.BlockSpan``) by it too."""
     shared: tuple[str, ...] = ()
     """Modules every stage keeps (rotary tables)."""
     sequence_parallel_styles: Callable[[], dict[str, ParallelStyle]] = no_styles

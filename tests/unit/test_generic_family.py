@@ -142,3 +142,29 @@ def test_a_model_whose_blocks_are_self_blocks_or_table_self_positions_runs_in_st
         == {n for n, _ in model.named_parameters()}
     tokens = torch.randint(0, 256, (2, 32))
     torch.testing.assert_close(last(first(tokens)), model(tokens), rtol=0, atol=0)
+
+
+def test_a_first_layer_of_another_shape_runs_on_the_first_stage_before_the_blocks() -> None:
+    """A dense first layer in the blocks' list (DeepSeek-V3's first_k_dense_replace): no
+    block of the plan, run by the first stage after the embedding."""
+    from torch import nn
+
+    from autopar.models.blocks import block_span
+
+    torch.manual_seed(0)
+    model = ModelSpec.parse(f"{DECODERS}:make_llama").build("cpu", 0)
+    lead = type(model.blocks[0])()
+    lead.mlp = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    model.blocks.insert(0, lead)
+    parts = family_of(model).parts_of(model)
+    span = block_span(model, parts.blocks)
+    assert (parts.blocks, span.lead, span.count) == ("blocks", 1, 2)
+    assert facts_of(model).num_blocks == 2
+    policies = dict.fromkeys(range(2), Checkpoint.FULL)
+    first = StageModule(model, parts, range(0, 1), first=True, last=False, seq_len=32,
+                        policies=policies)
+    last = StageModule(model, parts, range(1, 2), first=False, last=True, seq_len=32,
+                       policies=policies)
+    assert sorted(first.blocks) == ["0", "1"] and sorted(last.blocks) == ["2"]
+    tokens = torch.randint(0, 256, (2, 32))
+    torch.testing.assert_close(last(first(tokens)), model(tokens), rtol=0, atol=0)

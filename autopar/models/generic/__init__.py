@@ -3,19 +3,23 @@ blocks -> final norm and head, described from its module tree and its traced for
 (``describe.py``), with no code of its own model.
 
 It is the fallback family (``Family.fallback``): tried only when no family of its own
-recognises a model -- a user's ``FILE.py:FACTORY`` model. Its models run every plan but:
+recognises a model -- a user's ``FILE.py:FACTORY`` model, a transformers decoder of an
+architecture no family names (Gemma 2, GPT-NeoX, Falcon, BERT...), whose forward torch.fx
+cannot trace and torch.export reads (``exported.py``). Its models run every plan but:
 
 * tensor parallelism where its blocks' attention and MLP cannot run on a rank's shards: their
   code is read from a trace (``tensor_parallel.py``: which linears split by columns and rows,
   how the code cuts the features into heads, q, k and v sections) and rewritten to a rank's
   sizes; what it cannot map (a norm over the split features, the features' size read back) is
-  refused with the reason (``Family.tensor_layout``).
+  refused with the reason (``Family.tensor_layout``); so is any model read with torch.export,
+  whose blocks' code fx cannot trace.
 * context parallelism where its blocks' attention is anything but causal
   ``F.scaled_dot_product_attention`` with no mask, or its positions anything but
   ``torch.arange`` over the sequence length (a hand-written masked softmax attention, a
   registered mask or position buffer): refused with the reason (``Family.context_problem``,
   ``context.py``). Otherwise each block takes the context-parallel hook and runs its SDPA
-  calls by it, and the positions are the rank's global ones.
+  calls by it, and the positions are the rank's global ones. A model read with torch.export
+  is refused too (the positions and attention are read off fx graphs).
 * mixture of experts: a hand-written layer -- a router ``nn.Linear(h, E)`` beside an
   ``nn.ModuleList`` of E experts, run on the rows its own code routes to each
   (``experts.py``) -- is priced on static shapes, and split over the ep ranks with the user's
@@ -40,7 +44,8 @@ from typing import TYPE_CHECKING
 from autopar.core.errors import AutoparError
 from autopar.models.family import Family, register
 from autopar.models.generic import experts
-from autopar.models.generic.describe import context_problem, describe, is_block
+from autopar.models.generic.describe import (context_problem, describe, is_block,
+                                             read_by_export)
 from autopar.models.generic.tensor_parallel import ModelLayout, model_layout
 
 if TYPE_CHECKING:
@@ -65,6 +70,10 @@ def tensor_layout(model: nn.Module) -> ModelLayout | str:
     found = describe(model)
     if isinstance(found, str):
         return f"the generic decoder description does not apply: {found}"
+    fx_failed = read_by_export(model)
+    if fx_failed is not None:
+        return ("its forward was read with torch.export, and tensor parallelism rewrites the "
+                f"blocks' attention and MLP from their torch.fx graphs ({fx_failed})")
     moe = experts.tensor_parallel_problem(model)
     if moe is not None:
         return moe

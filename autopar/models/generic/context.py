@@ -48,7 +48,7 @@ from torch.fx import GraphModule, Node
 from torch.overrides import TorchFunctionMode
 
 from autopar.core.errors import AutoparError
-from autopar.models.generic.module_graph import trace_module
+from autopar.models.generic.module_graph import failure, trace_module
 from autopar.models.generic.experts import listed_moe
 
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
@@ -235,9 +235,8 @@ def block_problem(block: nn.Module, name: str, args: tuple, kwargs: dict) -> str
     try:
         graph = trace_module(block, args, kwargs, leaves=routed)
     except Exception as err:  # noqa: BLE001 - any fx failure is the reason given
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         return (f"torch.fx cannot trace its block {name} to find its attention "
-                f"({type(err).__name__}: {first[:160]})")
+                f"({failure(err, 160)})")
     attention = 0
     for node in graph.nodes:
         what = _mixing(block, node)

@@ -11,6 +11,8 @@ at the value the call passes, as fx's ``concrete_args``.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.fx
@@ -54,9 +56,23 @@ def trace_module(module: nn.Module, args: tuple, kwargs: dict,
     values = call_values(module, (None, *args), kwargs)
     concrete = {name: value for name, value in zip(params[1:], values[1:])
                 if not isinstance(value, (Node, torch.Tensor))}
+    with training(module):
+        return _Tracer(leaves).trace(module, concrete_args=concrete or None)
+
+
+@contextmanager
+def training(module: nn.Module) -> Iterator[None]:
+    """``module`` in training mode (what is traced is the training forward: dropout on), its
+    mode restored after."""
     was_training = module.training
     module.train()
     try:
-        return _Tracer(leaves).trace(module, concrete_args=concrete or None)
+        yield
     finally:
         module.train(was_training)
+
+
+def failure(err: BaseException, limit: int = 200) -> str:
+    """``Type: first line`` of an exception a tracer raised, for a reason a person reads."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return f"{type(err).__name__}: {first[:limit]}"

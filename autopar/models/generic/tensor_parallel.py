@@ -50,6 +50,7 @@ from torch.fx import GraphModule, Node
 
 from autopar.core.errors import AutoparError
 from autopar.core.layout import Style
+from autopar.models.blocks import block_span
 from autopar.models.generic.feature_split import (
     VALUE,
     Region,
@@ -57,7 +58,7 @@ from autopar.models.generic.feature_split import (
     Unmappable,
     propagate,
 )
-from autopar.models.generic.module_graph import call_values, trace_module
+from autopar.models.generic.module_graph import call_values, failure, trace_module
 
 
 # ---- 1. the regions of block 0, traced with their values --------------------------------------
@@ -77,7 +78,7 @@ def regions(model: nn.Module, blocks: str, seq_len: int) -> dict[str, Region] | 
     cannot be read: the model's forward is run on fake tokens of ``seq_len`` to capture them."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    block = model.get_submodule(blocks)[0]
+    block = model.get_submodule(blocks)[block_span(model, blocks).lead]  # the first block
     holders = {name: m for name, m in block.named_modules()
                if name and any(isinstance(c, nn.Linear) for c in m.children())}
     holders = {n: m for n, m in holders.items()
@@ -115,9 +116,8 @@ def regions(model: nn.Module, blocks: str, seq_len: int) -> dict[str, Region] | 
                                 and isinstance(module.get_submodule(str(n.target)), nn.Linear))
                 found[name] = Region(name, gm, linears)
     except Exception as err:  # noqa: BLE001 - any failure of the fake run is the reason given
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         return (f"its attention and MLP could not be traced on fake tensors to find how they "
-                f"read their features ({type(err).__name__}: {first[:200]})")
+                f"read their features ({failure(err)})")
     finally:
         for h in hooks:
             h.remove()

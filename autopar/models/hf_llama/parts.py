@@ -37,15 +37,30 @@ BLOCK_CHILDREN = frozenset({"self_attn", "mlp", "input_layernorm", "post_attenti
 norms around the MLP are another layout, which the sequence-parallel styles do not cover)."""
 
 
+SCALINGS = {"final_logit_softcapping": ("soft-caps the logits", None),
+            "logits_scaling": ("divides the logits by a factor", 1),
+            "logit_scale": ("scales the logits", 1),
+            "embedding_multiplier": ("scales the embeddings", 1)}
+"""Config fields with which a transformers forward changes the embeddings or the logits
+outside the modules of ``LAYOUT`` (Gemma 2's soft cap, Granite's multipliers, Cohere's logit
+scale), each with what it does and its value that changes nothing."""
+
+
 def root_mismatch(model: nn.Module) -> str | None:
-    """What ``model`` lacks of ``LAYOUT``, or a head whose logits its forward soft-caps (which a
-    pipeline stage's head does not); ``None`` where neither: the check every transformers
-    family laid out like Llama (``hf_moe``, ``hf_phi3``) starts with."""
+    """What ``model`` lacks of ``LAYOUT``, or an embedding or logits its forward scales or
+    soft-caps outside those modules (``SCALINGS``, which a pipeline stage's embedding step and
+    head, calling the modules, would not); ``None`` where neither: the check every
+    transformers family laid out like Llama (``hf_moe``, ``hf_phi3``) starts with. Such a
+    model is the generic family's, read off its forward."""
     missing = [path for path in LAYOUT if submodule(model, path) is None]
     if missing:
         return f"it has no {', '.join(missing)}"
-    if getattr(getattr(model, "config", None), "final_logit_softcapping", None) is not None:
-        return "its forward soft-caps the logits, which a pipeline stage's head does not"
+    config = getattr(model, "config", None)
+    for name, (what, neutral) in SCALINGS.items():
+        value = getattr(config, name, None)
+        if value is not None and value != neutral:
+            return (f"its forward {what} ({name}={value}), which a pipeline stage calling "
+                    "its modules would not")
     return None
 
 

@@ -6,7 +6,10 @@ experts plus a sigmoid-gated shared expert, dense ``mlp_only_layers`` allowed),
 ``Qwen3MoeForCausalLM`` and ``MixtralForCausalLM`` -- Llama-style attention and a sparse MoE
 block whose ``experts`` are transformers' stacked ``gate_up_proj``/``down_proj`` called as
 ``experts(hidden, top_k_index, top_k_weights)`` (dropless). Pipeline stages call the blocks
-as ``hf_llama`` does (its ``ModelParts``, imported); tensor parallelism splits attention and
+as ``hf_llama`` does (its ``ModelParts``, imported); the plan's blocks are the repeated sparse
+layers, a dense layer before them (``mlp_only_layers=[0]``) runs on the first stage, and dense
+and sparse layers alternating (``decoder_sparse_step=2``) plan pp = 1 only
+(``models.blocks.BlockSpan``); tensor parallelism splits attention and
 the dense and shared-expert MLPs as there, and keeps the router and the experts whole on every
 tp rank; expert parallelism shards the stacked weights over the ep ranks and routes through
 the one all-to-all dispatch (``experts.py``, ``passes/expert_parallel.py``). Context
