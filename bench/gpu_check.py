@@ -175,8 +175,8 @@ class Check:
         passes; then it is killed with every process it started (its own session: a rank
         left holding the GPU would spoil the parts after it). Its whole output goes to the
         log."""
-        left = self.deadline - time.monotonic()
-        timeout = max(1.0, min(left, limit_s or left))
+        left = min(self.deadline - time.monotonic(), limit_s or float("inf"))
+        timeout = None if left == float("inf") else max(1.0, left)  # no deadline: none set
         began = time.monotonic()
         try:
             proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=subprocess.PIPE,
