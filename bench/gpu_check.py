@@ -164,6 +164,7 @@ class Check:
         self.gpu_tests = True
         """Whether part 1 runs ``tests/gpu`` (not in a rerun of other parts: ``--only``)."""
         self.head: dict[str, object] = {}
+        self.n = 0  # commands started: their output files' numbers
 
     def installed_env(self) -> None:
         """Later commands import autopar (and the carried wheels) from ``site`` only."""
@@ -171,34 +172,50 @@ class Check:
             [str(self.site), *filter(None, [os.environ.get("PYTHONPATH")])])
 
     def run(self, argv: list[str], limit_s: float | None = None) -> Command:
-        """Run ``argv`` in the repository until it ends or the part's deadline (or ``limit_s``)
-        passes; then it is killed with every process it started (its own session: a rank
-        left holding the GPU would spoil the parts after it). Its whole output goes to the
-        log."""
+        """``run_all`` of one command."""
+        return self.run_all([argv], limit_s)[0]
+
+    def run_all(self, argvs: list[list[str]], limit_s: float | None = None) -> list[Command]:
+        """Run ``argvs`` side by side in the repository until each ends or the part's deadline
+        (or ``limit_s``) passes; then it is killed with every process it started (its own
+        session: a rank left holding the GPU would spoil the parts after it). Their output
+        goes to files (no pipe to fill while another is waited for), then to the log."""
         left = min(self.deadline - time.monotonic(), limit_s or float("inf"))
-        timeout = None if left == float("inf") else max(1.0, left)  # no deadline: none set
+        end = None if left == float("inf") else time.monotonic() + max(1.0, left)
         began = time.monotonic()
-        try:
-            proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, errors="replace",
-                                    start_new_session=True)
-        except OSError as err:
-            cmd = Command(argv, 127, 0.0, "", f"could not start: {err}")
-        else:
-            try:
-                out, err = proc.communicate(timeout=timeout)
-                rc: int | None = proc.returncode
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                out, err = proc.communicate()
-                rc, err = None, f"{err}\nkilled after {timeout:.0f} s (the part's time budget)"
-            cmd = Command(argv, rc, time.monotonic() - began, out, err)
-        self.log.write(f"$ {' '.join(argv)}\n# exit {cmd.rc}, {cmd.seconds:.1f} s\n"
-                       f"{cmd.stdout}\n{cmd.stderr}\n\n")
-        self.log.flush()
-        self.commands.append(cmd)
-        return cmd
+        started = []
+        for argv in argvs:
+            self.n += 1
+            out, err = self.work / f"command{self.n}.out", self.work / f"command{self.n}.err"
+            with open(out, "w") as o, open(err, "w") as e:
+                try:
+                    proc: subprocess.Popen | OSError = subprocess.Popen(
+                        argv, cwd=REPO, env=self.env, stdout=o, stderr=e,
+                        start_new_session=True)
+                except OSError as error:
+                    proc = error
+            started.append((argv, proc, out, err))
+        commands = []
+        for argv, proc, out, err in started:
+            rc: int | None = 127
+            note = f"could not start: {proc}" if isinstance(proc, OSError) else ""
+            if isinstance(proc, subprocess.Popen):
+                try:
+                    rc = proc.wait(None if end is None else max(0.1, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    rc, note = None, f"killed after {left:.0f} s (the part's time budget)"
+            cmd = Command(argv, rc, time.monotonic() - began,
+                          out.read_text(errors="replace"),
+                          (err.read_text(errors="replace") + "\n" + note).strip())
+            self.log.write(f"$ {' '.join(argv)}\n# exit {cmd.rc}, {cmd.seconds:.1f} s\n"
+                           f"{cmd.stdout}\n{cmd.stderr}\n\n")
+            self.log.flush()
+            self.commands.append(cmd)
+            commands.append(cmd)
+        return commands
 
     def python(self, *args: str, limit_s: float | None = None) -> Command:
         return self.run([sys.executable, *args], limit_s)
@@ -446,9 +463,13 @@ def part_step(check: Check) -> Result:
 
 
 def part_program(check: Check) -> Result:
+    """The three cases one after the other on the GPU; side by side with ``--dry``, where
+    each only builds its plan and refuses."""
     lines, data, statuses = [], {}, []
-    for name, args in PART5_CASES.items():
-        cmd = check.python("-m", "autopar", "verify", *PART5_MODEL, *args, "--timeout", "60")
+    argvs = [[sys.executable, "-m", "autopar", "verify", *PART5_MODEL, *args, "--timeout", "60"]
+             for args in PART5_CASES.values()]
+    commands = check.run_all(argvs) if check.dry else (check.run(a) for a in argvs)
+    for name, cmd in zip(PART5_CASES, commands):
         if check.dry:
             r = dry_refusal(cmd, REFUSAL["verify"], f"autopar verify --device cuda ({name})")
             statuses.append(r.status)
