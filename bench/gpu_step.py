@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from autopar.core.model_spec import ModelSpec
+from autopar.costmodel.cluster import DEFAULT_HBM_RESERVED_BYTES
 from autopar.core.specs import Checkpoint, ParallelConfig, Precision, TrainSpec
 
 MODEL = ModelSpec("llama", {"num_layers": 16, "hidden_size": 2048, "num_heads": 32,
@@ -291,6 +292,15 @@ def markdown(doc: dict) -> list[str]:
                      f"{_pct(est, alloc)} | {_gib(dry)} | {_pct(dry, alloc)} | "
                      f"{_gib(reserved)} | {_gib(frag)} | "
                      f"{_gib(ms.get('outside_allocator_bytes'))} |")
+    measured = [r["measured"] for r in doc["rows"] if "measured" in r]
+    if measured:
+        worst = max(m["max_reserved_bytes"] - m["max_allocated_bytes"]
+                    + m["outside_allocator_bytes"] for m in measured)
+        lines += ["", f"Derived: fragmentation plus what lives outside the allocator, at most "
+                      f"{_gib(worst)} GiB over the policies, against the "
+                      f"{_gib(DEFAULT_HBM_RESERVED_BYTES)} GiB the cost model sets aside for "
+                      f"them (`ClusterSpec.hbm_reserved_bytes`, with NCCL's buffers and the "
+                      f"driver's share; one rank here, so NCCL's are a one-rank group's)."]
     errors = [(r["precision"], r["policy"], k, v) for r in doc["rows"] for k, v in r.items()
               if k.endswith("_error")]
     if errors:
