@@ -4,8 +4,8 @@ as a result, the run call the docs give.
 
 The dry run builds autopar's wheel offline, so it needs setuptools >= 70.1 (the test extras'),
 and no network: the pinned wheels are checked by their list where ``.whl/`` is not fetched.
-About 50 s on 2 shared cores, most of it the predictions of part 4 (four dry runs of a 1.5 B model)
-and the interpreters each command starts.
+About 50 s on 2 shared cores, most of it the predictions of part 4 (four dry runs of a 1.5 B
+model) and the interpreters each command starts.
 """
 
 from __future__ import annotations
