@@ -28,7 +28,8 @@ def add_profile_parsers(sub: argparse._SubParsersAction,
     p.add_argument("--out", required=True, metavar="FILE", help="the profile to write (JSON)")
     p.add_argument("--nproc", type=int, default=4, metavar="N", help="processes (default 4)")
     p.add_argument("--quick", action="store_true",
-                   help="fewer sizes (about a minute with 4 CPU processes)")
+                   help="fewer sizes (about a minute with 4 CPU processes); without it, the "
+                        "full grid of the device (GPU-sized on CUDA: autopar.profiling.GPU)")
     p.add_argument("--precision", default=None, help="fp32 | bf16 | fp16 (default: bf16 on "
                                                      "GPUs, fp32 on CPUs)")
     p.add_argument("--device", default=None, choices=("cpu", "cuda"),
@@ -50,11 +51,11 @@ def add_profile_parsers(sub: argparse._SubParsersAction,
 
 def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from autopar.costmodel.cluster import profile_cluster
-    from autopar.profiling import FULL, QUICK, profile
+    from autopar.profiling import QUICK, profile
 
     _check_writable(args.out, "--out")
     with progress_bar(f"profiling with {args.nproc} processes") as update:
-        prof = profile(args.nproc, grid=QUICK if args.quick else FULL, precision=args.precision,
+        prof = profile(args.nproc, grid=QUICK if args.quick else None, precision=args.precision,
                        device=args.device, progress=update)
     prof.save(args.out)
     table = Table(title=f"Profile written to {args.out}", show_header=False)

@@ -1,4 +1,4 @@
-"""``autopar verify``: run a plan on CPU processes and compare it with one process.
+"""``autopar verify``: run a plan on CPU processes (or GPUs) and compare it with one process.
 
 The plan comes from ``--plan plan.json`` or from ParallelConfig flags (``--dp 2 --tp 2 ...``),
 which ``autopar.plan_for`` turns into a plan priced on a one-node cluster of ``--nproc`` GPUs
@@ -44,6 +44,9 @@ def add_verify_parser(sub: argparse._SubParsersAction, parents: list,
     g.add_argument("--precision", default=None, help="fp32 (default) | bf16 | fp16 | bf16-pure")
     g.add_argument("--priced-on", default=None, metavar="PRESET",
                    help="cluster preset a flags plan is priced on (default hgx-h100-80g)")
+    g.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where the ranks run: CPU processes with gloo (default), or one CUDA "
+                        "GPU each with NCCL; the reference runs on the CPU either way")
     g.add_argument("--timeout", type=positive, default=300, metavar="S")
     g.add_argument("--logs", default=None, metavar="DIR",
                    help="keep the ranks' logs and results in DIR")
@@ -78,7 +81,7 @@ _FLAGS_PLAN_ONLY = (("global_batch", "--global-batch"), ("seq_len", "--seq-len")
 
 
 def cmd_verify(args: argparse.Namespace, console: Console, given_fields) -> int:
-    from autopar.verify import verify
+    from autopar.verify import check_device, verify
 
     fields = given_fields(args)
     if args.plan:
@@ -108,12 +111,14 @@ def cmd_verify(args: argparse.Namespace, console: Console, given_fields) -> int:
         spec = model_spec(args)
         with console.status("planning..."):
             plan = _plan_from_flags(args, fields, spec, spec.build("meta"), console)
-    console.print(f"verifying {plan.summary()} on {plan.config.world_size} CPU processes, "
+    check_device(args.device, plan.config.world_size)  # before the message that it starts
+    where = "CPU processes" if args.device == "cpu" else "CUDA GPUs"
+    console.print(f"verifying {plan.summary()} on {plan.config.world_size} {where}, "
                   f"{args.steps} steps, batch {plan.train.global_batch} x "
                   f"{plan.train.seq_len} tokens ({plan.train.precision.value})")
     with console.status("running the sharded program and the reference..."):
         result = verify(spec, plan, steps=args.steps, seed=args.seed,
-                        timeout_s=args.timeout, folder=args.logs)
+                        timeout_s=args.timeout, folder=args.logs, device=args.device)
     console.file.write(result.table())
     return 0 if result.passed else 1
 

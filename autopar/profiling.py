@@ -10,7 +10,9 @@ torchrun gives) running ``autopar.profiling_worker``, which measures, all ranks 
   mean time keyed by their mean bytes read and written;
 * an AdamW step over ``optimizer_params`` fp32 parameters;
 * all-reduce, all-gather, reduce-scatter and all-to-all over ``collective_bytes`` on the whole
-  world and on pairs of ranks (both pairs at once), and send-recv between pairs.
+  world and on pairs of ranks (both pairs at once), and send-recv between pairs -- with more than
+  one process (one process has no collective to measure: its profile has no collective table,
+  and the estimate prices collectives analytically).
 
 Every number is the median of repetitions, the slowest rank's; the result is a
 ``costmodel.profile.Profile`` (versioned JSON with device, dtype, torch and CUDA versions and
@@ -37,7 +39,7 @@ from autopar.costmodel.profile import Curve, GemmGrid, Profile, collective_key
 from autopar.costmodel.step import COMPUTE_DTYPE
 from autopar.core.specs import Precision
 from autopar.profiling_worker import DTYPES, KINDS, groups_of
-from autopar.verify import start_ranks, wait_ranks
+from autopar.verify import check_device, start_ranks, wait_ranks
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -67,6 +69,17 @@ FULL = Grid(gemm_sizes=(32, 128, 512, 2048, 4096), attention_seq=(32, 64, 128, 2
             collective_bytes=tuple(4**i for i in range(5, 14)))
 """GEMM sides 32-4096, attention to 1024 tokens, 4 KiB-64 MiB messages: the shapes of models
 of hidden 256-4096 at micro-batches of a few thousand tokens."""
+GPU = Grid(gemm_sizes=(128, 512, 2048, 8192, 32768), attention_seq=(128, 512, 2048, 8192),
+           memory_elements=tuple(4**i for i in range(8, 15)),
+           optimizer_params=tuple(4**i for i in range(8, 15)),
+           collective_bytes=tuple(4**i for i in range(6, 15)),
+           attention_heads=32, attention_head_dim=64)
+"""``FULL`` at a GPU's scale, the default on CUDA: GEMM sides 128-32768 (a micro-batch of up
+to 32768 tokens by hidden and FFN sizes to 32768; a vocabulary of 128K is past it and priced
+analytically), causal attention of 32 heads of 64 (Llama 3.2 1B's) to 8192 tokens,
+memory-bound kernels and AdamW up to 2^28 elements and parameters, 4 KiB-256 MiB messages.
+The largest GEMM is 70 TFLOP (about 0.1 s on an H100), the largest tensors 2 GiB; the whole
+grid takes well under a minute on one H100 (``bench/gpu_check.py`` gives it 90 s)."""
 
 
 def device_name(device: str, nproc: int) -> str:
@@ -90,32 +103,25 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def profile(nproc: int = 4, *, grid: Grid = QUICK, precision: str | None = None,
+def profile(nproc: int = 4, *, grid: Grid | None = None, precision: str | None = None,
             device: str | None = None, progress: ProgressFn | None = None,
             timeout_s: float = 600.0, min_s: float = 0.05, max_reps: int = 20) -> Profile:
     """Measure this machine with ``nproc`` processes (see the module docstring). ``device``
     defaults to ``cuda`` when there is a GPU per process, else ``cpu``; ``precision`` to bf16
-    on GPUs and fp32 on CPUs."""
+    on GPUs and fp32 on CPUs; ``grid`` to ``GPU`` on GPUs and ``FULL`` on CPUs."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise AutoparError(f"nproc must be a positive integer, got {nproc!r}", where="--nproc",
                            fix="pass e.g. --nproc 4")
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= nproc \
             else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise AutoparError(f"unknown device {device!r}", where="--device", fix="cpu or cuda")
-    if device == "cuda" and torch.cuda.device_count() < nproc:
-        have = torch.cuda.device_count()
-        raise AutoparError(
-            f"--device cuda with {nproc} processes needs a GPU each; "
-            + ("this machine has no CUDA GPU" if not torch.cuda.is_available()
-               else f"this machine has {have}")
-            + f" (torch {torch.__version__}, CUDA {torch.version.cuda or 'none'})",
-            where="--device", fix="profile with --device cpu (the default here), or "
-                                  f"--nproc {have} on this machine" if have else
-                                  "profile with --device cpu (the default here), or run "
-                                  "it on a GPU machine")
+    have = torch.cuda.device_count()
+    check_device(device, nproc, what="the profile's",
+                 fix=f"profile with --device cpu (the default here), or --nproc {have} on this "
+                     "machine" if have else "profile with --device cpu (the default here), or "
+                                            "run it on a GPU machine")
     precision = precision or ("bf16" if device == "cuda" else "fp32")
+    grid = grid or (GPU if device == "cuda" else FULL)
     if precision not in DTYPES:
         raise AutoparError(f"cannot profile precision {precision!r}", where="--precision",
                            fix=f"use one of {', '.join(DTYPES)}")

@@ -90,7 +90,10 @@ def point_count(job: dict, world: int) -> int:
 
 
 def groups_of(world: int) -> list[int]:
-    """Group sizes measured: the whole world, and pairs when there are more than two ranks."""
+    """Group sizes measured: the whole world, and pairs when there are more than two ranks;
+    none for one rank (a "collective" of one moves nothing)."""
+    if world == 1:
+        return []
     return [world] + ([2] if world > 2 and world % 2 == 0 else [])
 
 
@@ -102,10 +105,12 @@ def run(job: dict) -> dict:
     world, rank = dist.get_world_size(), dist.get_rank()
     dev, dtype = torch.device(job["device"]), DTYPES[job["precision"]]
     pts = _Points(job, point_count(job, world))
-    gen = torch.Generator(device="cpu").manual_seed(rank)
+    # drawn where they are used: a GPU grid's largest operands (2^30 elements) would take
+    # seconds each to draw on one CPU thread
+    gen = torch.Generator(device=dev).manual_seed(rank)
 
     def rand(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
-        return (torch.rand(*shape, generator=gen) - 0.5).to(dev, dt)
+        return (torch.rand(*shape, generator=gen, device=dev) - 0.5).to(dt)
 
     sizes = job["gemm_sizes"]
     for m in sizes:

@@ -1,7 +1,8 @@
 """``autopar verify``: prove that a plan's sharded program computes what the model computes.
 
-Starts ``nproc`` CPU processes with gloo (``autopar.verify_worker``; the same environment
-protocol as ``torchrun``), trains ``steps`` steps of the plan from the same seed, weights and
+Starts ``nproc`` processes (``autopar.verify_worker``; the same environment protocol as
+``torchrun``) -- CPU ranks with gloo, or with ``device="cuda"`` one GPU per rank with NCCL --,
+trains ``steps`` steps of the plan from the same seed, weights and
 tokens as one plain process doing the same steps (``autopar.verify_reference``), and compares
 the loss of every step, every gradient of the last step and every parameter after the last
 optimizer step, each against a written bound (``autopar.verify_measures``, which explains the
@@ -124,26 +125,58 @@ def _raise_failure(folder: Path, nproc: int, errors: list[Path], timeout_s: floa
                            "re-plan it")
 
 
+DEVICES = ("cpu", "cuda")
+"""Where the ranks run: CPU processes with gloo, or one CUDA GPU per rank with NCCL."""
+
+
+def check_device(device: str, nproc: int, *, what: str = "the plan's",
+                 fix: str = "verify on CPU processes (--device cpu, the default), or on a "
+                            "machine with a GPU per rank") -> None:
+    """Refuse (``AutoparError``, with ``fix``) a ``device`` that ``nproc`` processes started by
+    ``start_ranks`` cannot run on: not one of ``DEVICES``, or ``cuda`` with fewer GPUs than
+    processes. ``what`` names whose processes they are (``autopar profile`` says its own)."""
+    if device not in DEVICES:
+        raise AutoparError(f"unknown device {device!r}", where="--device",
+                           fix=f"use one of {', '.join(DEVICES)}")
+    if device == "cuda" and torch.cuda.device_count() < nproc:
+        have = torch.cuda.device_count()
+        raise AutoparError(
+            (f"{what} {nproc} ranks on CUDA need a GPU each; " if nproc > 1
+             else f"{what} one rank on CUDA needs a GPU; ")
+            + (f"this machine has {have}" if have else "this machine has no CUDA GPU")
+            + f" (torch {torch.__version__}, CUDA {torch.version.cuda or 'none'})",
+            where="--device cuda", fix=fix)
+
+
 def verify(spec: ModelSpec | None, plan: Plan, *, steps: int = 3, seed: int = 0,
-           timeout_s: float = 300.0, folder: str | os.PathLike[str] | None = None
-           ) -> VerifyResult:
-    """Run ``plan`` on ``plan.config.world_size`` CPU processes and one reference process;
+           timeout_s: float = 300.0, folder: str | os.PathLike[str] | None = None,
+           device: str = "cpu") -> VerifyResult:
+    """Run ``plan`` on ``plan.config.world_size`` processes and one reference process;
     compare (see the module docstring). ``spec`` defaults to the model the plan records
     (``Plan.spec_for``). Everything that can be checked is checked before a process starts:
     the model builds and the plan is admissible for it and executable
-    (``passes.mesh.check_executable``). Both sides run with the model's dropout switched off
-    (``autopar.verify_dropout``; the result lists what was)."""
+    (``passes.mesh.check_executable``), and ``device="cuda"`` finds a GPU per rank. Both sides
+    run with the model's dropout switched off (``autopar.verify_dropout``; the result lists
+    what was).
+
+    ``device`` is where the ranks run; the reference is the model run eagerly in this process
+    on the CPU either way, so a GPU program is held to the same written bounds against the
+    same one-process answer (in low precision those bounds are ratios to the one-process
+    rounding error, which the GPU's own kernels -- flash attention, cuBLAS -- err by about as
+    much as the CPU's; ``verify_measures``)."""
     if steps < 1:
         raise AutoparError(f"steps={steps}", where="--steps", fix="run at least one step")
-    spec, dropout_off = without_dropout(executable_spec(plan, spec))
     nproc = plan.config.world_size
+    check_device(device, nproc)
+    spec, dropout_off = without_dropout(executable_spec(plan, spec))
     start = time.monotonic()
     keep = folder is not None
     work = Path(folder) if keep else Path(tempfile.mkdtemp(prefix="autopar-verify-"))
     work.mkdir(parents=True, exist_ok=True)
-    job = {"plan": plan.to_dict(), "model": spec.to_dict(), "steps": steps, "seed": seed}
-    interpret = plan.config.fusions and not torch.cuda.is_available()
-    # the fused kernels' CPU interpreter where there is no GPU
+    job = {"plan": plan.to_dict(), "model": spec.to_dict(), "steps": steps, "seed": seed,
+           "device": device, "backend": "nccl" if device == "cuda" else "gloo"}
+    # CPU ranks run the fused kernels in Triton's CPU interpreter (also on a GPU machine)
+    interpret = plan.config.fusions and device == "cpu"
     procs = start_ranks(job, nproc, work, env={"TRITON_INTERPRET": "1"} if interpret else None)
     precision = plan.train.precision
     try:

@@ -45,12 +45,24 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
 
 
-def sharded_program(model: nn.Module, plan: Plan, spec: ModelSpec, seed: int
-                    ) -> ParallelProgram:
+def sharded_program(model: nn.Module, plan: Plan, spec: ModelSpec, seed: int,
+                    device: str = "cpu") -> ParallelProgram:
     """This rank's program, as an exported ``train.py`` starts it: ``model`` (``spec``'s, built
-    on the meta device) parallelized under ``plan`` on the CPU, then only this rank's shards
-    drawn from ``seed`` -- which must equal the one-process build's (verify_reference.py)."""
-    return materialize(parallelize(model, plan, device_mesh(plan, "cpu"), "cpu"), spec, seed)
+    on the meta device) parallelized under ``plan`` on ``device`` (``cpu``, or ``cuda``: this
+    rank's GPU, ``rank_device``), then only this rank's shards drawn from ``seed`` -- which
+    must equal the one-process build's (verify_reference.py)."""
+    where = rank_device(device)  # before the mesh, which NCCL binds to the current GPU
+    return materialize(parallelize(model, plan, device_mesh(plan, device), where), spec, seed)
+
+
+def rank_device(device: str) -> torch.device:
+    """This rank's device of type ``device``: for ``cuda`` its GPU (the local rank's, made the
+    current one, as torchrun's ranks pick theirs)."""
+    if device != "cuda":
+        return torch.device(device)
+    index = dist.get_rank() % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def run(job: dict) -> dict:
@@ -58,7 +70,7 @@ def run(job: dict) -> dict:
     spec = ModelSpec.from_dict(job["model"])
     steps, seed = int(job["steps"]), int(job["seed"])
     model = spec.build("meta")
-    program = sharded_program(model, plan, spec, seed)
+    program = sharded_program(model, plan, spec, seed, job.get("device", "cpu"))
     mesh = program.mesh
     opt = optimizer(program.parameters())
     train, c = plan.train, plan.config

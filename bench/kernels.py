@@ -44,6 +44,9 @@ COPY_BYTES = 2**30
 BANDWIDTH_TARGET = 0.85
 BANDWIDTH_TARGET_OPS = ("rms_norm", "swiglu", "rope")
 MEMORY_TARGET = 1 / 8
+OPS = ("rms_norm", "layer_norm", "swiglu", "gelu", "rope", "linear_cross_entropy")
+"""The ops ``cases`` times, in its order: what ``--only`` may name (checked before the GPU is,
+so that a wrong name is told on any machine)."""
 
 
 @dataclass
@@ -259,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="shapes 16 times smaller, to check the script itself")
     args = parser.parse_args(argv)
+    wanted = set(args.only.split(",")) if args.only else set(OPS)
+    if wanted - set(OPS):
+        parser.error(f"unknown ops {sorted(wanted - set(OPS))}; the ops are {', '.join(OPS)}")
     if not torch.cuda.is_available():
         print("bench/kernels.py needs a CUDA GPU: none is visible here "
               "(torch.cuda.is_available() is False).", file=sys.stderr)
@@ -268,13 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import triton
 
-    selected = cases(args.quick)
-    if args.only:
-        wanted = set(args.only.split(","))
-        unknown = wanted - {c.op for c in selected}
-        if unknown:
-            parser.error(f"unknown ops {sorted(unknown)}")
-        selected = [c for c in selected if c.op in wanted]
+    selected = [c for c in cases(args.quick) if c.op in wanted]
     gpu = torch.cuda.get_device_name()
     copy_rate = copy_bandwidth_bytes_per_s()
     rows = [row for case in selected for row in time_case(case, copy_rate)]

@@ -22,6 +22,12 @@ def test_bench_without_a_gpu_exits_2_with_a_message_not_a_traceback():
     assert "needs a CUDA GPU" in run.stderr and "Traceback" not in run.stderr
 
 
+def test_bench_refuses_an_op_it_does_not_time_on_any_machine():
+    run = subprocess.run([sys.executable, str(BENCH_SCRIPT), "--only", "rms_norm,softmax"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 2 and "unknown ops ['softmax']" in run.stderr
+
+
 def test_bench_markdown_judges_the_targets():
     bench = bench_module()
     rows = [

@@ -159,4 +159,4 @@ def test_profiling_cuda_without_a_gpu_says_so_before_starting_processes(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     _refused(["profile", "--device", "cuda", "--quick", "--out", "/dev/null"], capsys,
-             "--device cuda with 4 processes needs a GPU each; this machine has no CUDA GPU")
+             "the profile's 4 ranks on CUDA need a GPU each; this machine has no CUDA GPU")

@@ -158,3 +158,18 @@ def test_closed_loop_bench_plans_cover_the_issue_and_are_priced_from_its_profile
     assert {str(c.checkpoint) for c in configs} >= {"none", "full", "selective"}
     for plan in plans.values():
         assert plan.estimate.measured["gemm"] == 1.0
+
+
+def test_one_process_measures_no_collective_and_a_gpu_takes_the_gpu_grid():
+    from autopar.profiling import FULL, GPU
+    from autopar.profiling_worker import groups_of, point_count
+
+    job = {k: list(v) if isinstance(v, tuple) else v for k, v in GPU.__dict__.items()}
+    grid_points = (len(GPU.gemm_sizes) ** 3 + 2 * len(GPU.attention_seq)
+                   + len(GPU.memory_elements) + len(GPU.optimizer_params))
+    assert groups_of(1) == [] and point_count(job, 1) == grid_points
+    assert groups_of(4) == [4, 2]
+    assert point_count(job, 4) == grid_points + len(GPU.collective_bytes) * (4 * 2 + 1)
+    # the GPU grid covers a 1B-class model's GEMMs (8192 tokens x hidden 2048 x FFN 8192),
+    # which the CPU grid does not
+    assert max(GPU.gemm_sizes) >= 8192 > max(FULL.gemm_sizes)

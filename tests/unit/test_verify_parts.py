@@ -78,6 +78,18 @@ def test_verify_errors_exit_2(tmp_path, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_verify_on_cuda_without_a_gpu_is_refused_before_any_process_starts(tmp_path):
+    from autopar.core.errors import AutoparError
+    from autopar.verify import verify
+
+    with pytest.raises(AutoparError, match="one rank on CUDA needs a GPU; this machine has no"):
+        verify(None, _plan("tiny-llama", dp=1), device="cuda", folder=tmp_path)
+    assert not any(tmp_path.iterdir())  # no job written, no rank started
+    with pytest.raises(AutoparError, match="unknown device 'tpu'"):
+        verify(None, _plan("tiny-llama", dp=1), device="tpu")
+
+
 def test_plan_json_keeps_module_strategies():
     plan = _plan("tiny-llama", tp=2)
     again = autopar.Plan.from_json(plan.to_json())

@@ -1,0 +1,328 @@
+"""A real training step on one GPU against autopar's predictions (issue 35, part 4 of the GPU check).
+
+    python bench/gpu_step.py --out step.json --markdown step.md [--profile profile.json]
+    python bench/gpu_step.py --out step.json --markdown step.md --dry     # predictions only
+
+``bench/gpu_check.py`` runs it as its part 4; it runs alone as well. The model is ``MODEL``, a
+1B-class Llama 3 (Llama 3.2 1B's shape, head untied: 1.50 B parameters), trained on ``TRAIN``
+(8 sequences of 2048 tokens in two micro-batches of 4) on one GPU: the plan dp = 1 of every
+checkpoint policy (``Checkpoint``: none, selective, matmuls, full) in every precision of
+``PRECISIONS``. For each, three figures and their sources:
+
+* **predicted**: ``autopar.plan_for`` on the one-GPU cluster of the preset matching the card
+  (``PRESETS``; ``plan.estimate``'s step time and peak memory), again with the profile part 3
+  measured on this GPU (``ClusterSpec.with_profile``: the terms it covers are measured times),
+  and ``autopar.dry_run`` of the plan (the emitted program's tensors on fake tensors, its peak);
+* **measured**: the same plan's program (``verify_worker.sharded_program`` on CUDA under a
+  one-rank NCCL group, as an exported ``train.py`` builds it) trained ``WARMUP`` steps and then
+  ``STEPS`` timed ones (CUDA events around each step, forward, backward and AdamW; the median),
+  with ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over the timed steps
+  (any step after the first, as the dry run accounts one);
+* **derived**: the allocator's fragmentation, ``max_memory_reserved - max_memory_allocated``,
+  and what lives outside PyTorch's allocator -- the CUDA context, NCCL, the driver's share --,
+  the card's used memory less ``memory_reserved`` after the steps. Their sum is what
+  ``ClusterSpec.hbm_reserved_bytes`` (``costmodel/cluster.py:DEFAULT_HBM_RESERVED_BYTES``,
+  4 GiB, never measured before) stands for.
+
+The dry run needs no GPU, so ``--dry`` computes every prediction on a CPU machine; the measured
+columns then say why they are missing. Every policy is measured in this one process, one after
+the other, the allocator emptied between them (``torch.cuda.empty_cache``) so that each starts
+from a clean cache; a policy that fails (out of memory, say) is a result and the next runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from autopar.core.model_spec import ModelSpec
+from autopar.costmodel.cluster import DEFAULT_HBM_RESERVED_BYTES
+from autopar.core.specs import Checkpoint, ParallelConfig, Precision, TrainSpec
+
+MODEL = ModelSpec("llama", {"num_layers": 16, "hidden_size": 2048, "num_heads": 32,
+                            "num_kv_heads": 8, "ffn_hidden_size": 8192, "vocab_size": 128256,
+                            "seq_len": 2048, "rope_theta": 500000.0})
+"""Llama 3.2 1B's shape (meta-llama/Llama-3.2-1B config.json: 16 layers, hidden 2048, 32 query
+and 8 key-value heads, FFN 8192, vocabulary 128256, RoPE theta 500000) with the zoo's untied
+head: 1.50 B parameters, 1.24 B of them in the blocks and the embedding."""
+MICRO_BATCH = 4
+GLOBAL_BATCH = 8
+SEQ_LEN = 2048
+PRECISIONS = ("bf16", "fp8")
+"""The precisions the step is run in, each under every checkpoint policy. One that autopar's
+``Precision`` does not name is skipped with the reason in ``NOT_YET``; FP8 training is issue
+31's, and when it adds ``Precision("fp8")`` its rows are predicted and measured here with no
+other change (a different spelling is changed here, in this one place)."""
+NOT_YET = {"fp8": "autopar has no FP8 training yet (issue 31): Precision has no 'fp8'"}
+POLICIES = tuple(c.value for c in Checkpoint)
+WARMUP, STEPS = 2, 5
+PRESETS = {"H200": "hgx-h200", "H100": "hgx-h100-80g"}
+"""The cluster preset whose GPU is the card (the first name found in the card's name)."""
+DEFAULT_PRESET = "hgx-h100-80g"
+GiB = 2**30
+
+
+def preset_of(gpu_name: str | None) -> str:
+    """The preset of the card named ``gpu_name`` (``torch.cuda.get_device_name``); the H100's
+    for another card or none (``--dry``), which the results then say."""
+    for key, preset in PRESETS.items():
+        if gpu_name and key in gpu_name:
+            return preset
+    return DEFAULT_PRESET
+
+
+def train_of(precision: str) -> TrainSpec:
+    return TrainSpec(global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, precision=precision)
+
+
+def runnable_precisions() -> tuple[list[str], dict[str, str]]:
+    """(the ``PRECISIONS`` autopar names, {the others: why they are skipped})."""
+    known = {p.value for p in Precision}
+    run = [p for p in PRECISIONS if p in known]
+    return run, {p: NOT_YET.get(p, f"autopar's Precision has no {p!r}")
+                 for p in PRECISIONS if p not in known}
+
+
+def plan_of(precision: str, policy: str, cluster):
+    import autopar
+
+    config = ParallelConfig(dp=1, micro_batch=MICRO_BATCH, checkpoint=policy)
+    return autopar.plan_for(MODEL.build("meta"), cluster, train_of(precision), config,
+                            model_spec=MODEL, name=f"{precision} {policy}")
+
+
+def predict(precision: str, policy: str, preset: str, profile_path: str | None) -> dict:
+    """The estimate (analytical, and with the profile when given) and the dry run of one
+    plan; each failure is recorded as the text of its error, and the others still run."""
+    from autopar.costmodel.cluster import process_cluster
+    from autopar.dry_run import dry_run
+
+    cluster = process_cluster(1, preset)
+    out: dict = {"preset": preset}
+    plan = None
+    try:
+        plan = plan_of(precision, policy, cluster)
+        e = plan.estimate
+        out["estimate"] = {"step_time_s": e.step_time_s, "peak_bytes": e.peak_memory_bytes,
+                           "memory_breakdown": dict(e.memory_breakdown),
+                           "time_breakdown": dict(e.time_breakdown),
+                           "usable_bytes": e.usable_memory_bytes,
+                           "model_flops_per_step": e.model_flops_per_step,
+                           "peak_flop_per_s": cluster.gpu.peak_flop_per_s.get("bf16")}
+    except Exception as err:  # noqa: BLE001 -- a result: the others still run
+        out["estimate_error"] = _error(err)
+    if profile_path and plan is not None:
+        try:
+            from autopar.costmodel.profile import Profile
+
+            prof = Profile.load(profile_path)
+            e = plan_of(precision, policy, cluster.with_profile(prof)).estimate
+            out["estimate_profiled"] = {"step_time_s": e.step_time_s,
+                                        "measured": dict(e.measured)}
+        except Exception as err:  # noqa: BLE001
+            out["estimate_profiled_error"] = _error(err)
+    if plan is not None:
+        try:
+            run = dry_run(plan, workers=1)
+            out["dry_run"] = {"peak_bytes": run.peak_bytes,
+                              "peak_breakdown": dict(run.roles[0].peak_breakdown),
+                              "seconds": run.wall_s, "torch": torch.__version__}
+        except Exception as err:  # noqa: BLE001
+            out["dry_run_error"] = _error(err)
+    return out
+
+
+def _error(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}".strip()[:2000]
+
+
+def _one_rank_group() -> None:
+    """A process group of this one process on NCCL (a plan's program runs on a mesh)."""
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                       ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", str(port))):
+        os.environ.setdefault(key, value)
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl")
+
+
+def _train_step(program, opt: torch.optim.Optimizer, tokens: torch.Tensor,
+                targets: torch.Tensor) -> torch.Tensor:
+    """One training step as ``train.py`` takes it: forward, backward, AdamW; the loss."""
+    loss = program.step(tokens, targets)
+    program.optimizer_step([opt])
+    return loss
+
+
+def measure(precision: str, policy: str) -> dict:
+    """Time ``STEPS`` steps of the plan's program on this GPU after ``WARMUP`` (see the module
+    docstring); the memory figures are over the timed steps."""
+    from autopar.costmodel.cluster import process_cluster
+    from autopar.training import optimizer, synthetic_inputs
+    from autopar.verify_worker import sharded_program
+
+    plan = plan_of(precision, policy, process_cluster(1, DEFAULT_PRESET))  # the program only
+    model = MODEL.build("meta")
+    began = time.perf_counter()
+    program = sharded_program(model, plan, MODEL, 0, "cuda")
+    opt = optimizer(program.parameters())
+    built_s = time.perf_counter() - began
+    tokens, targets = synthetic_inputs(model, 0, GLOBAL_BATCH, SEQ_LEN)
+    losses: list[float] = []
+    for _ in range(WARMUP):
+        losses.append(float(_train_step(program, opt, tokens, targets)))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(STEPS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss = _train_step(program, opt, tokens, targets)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+        losses.append(float(loss))  # read after the step's end is recorded
+    free, total = torch.cuda.mem_get_info()
+    result = {"step_s": statistics.median(times), "steps_s": times, "losses": losses,
+              "max_allocated_bytes": torch.cuda.max_memory_allocated(),
+              "max_reserved_bytes": torch.cuda.max_memory_reserved(),
+              "reserved_bytes": torch.cuda.memory_reserved(),
+              "outside_allocator_bytes": (total - free) - torch.cuda.memory_reserved(),
+              "total_bytes": total, "build_s": built_s}
+    del program, opt
+    gc.collect()
+    torch.cuda.empty_cache()
+    result["left_allocated_bytes"] = torch.cuda.memory_allocated()
+    return result
+
+
+def run(dry: bool, profile_path: str | None) -> dict:
+    """Every (precision, policy): predictions, then (on a GPU) the measurements."""
+    precisions, skipped = runnable_precisions()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    preset = preset_of(gpu)
+    rows = [{"precision": p, "policy": c} for p in precisions for c in POLICIES]
+    for row in rows:
+        row.update(predict(row["precision"], row["policy"], preset, profile_path))
+    doc = {"model": MODEL.to_dict(), "global_batch": GLOBAL_BATCH, "micro_batch": MICRO_BATCH,
+           "seq_len": SEQ_LEN, "warmup": WARMUP, "steps": STEPS, "gpu": gpu,
+           "preset": preset, "torch": torch.__version__, "skipped_precisions": skipped,
+           "rows": rows}
+    why = ("--dry: predictions only" if dry else
+           None if torch.cuda.is_available() else "no CUDA GPU here")
+    if why is None:
+        try:
+            _one_rank_group()
+        except Exception as err:  # noqa: BLE001
+            why = f"the one-rank NCCL group did not start: {_error(err)}"
+    doc["measured_skipped"] = why
+    for row in rows if why is None else ():
+        try:
+            row["measured"] = measure(row["precision"], row["policy"])
+        except Exception as err:  # noqa: BLE001 -- out of memory is a finding
+            row["measured_error"] = _error(err)
+            traceback.print_exc()
+            gc.collect()
+            torch.cuda.empty_cache()
+    return doc
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / GiB:.2f}"
+
+
+def _pct(pred: float | None, meas: float | None) -> str:
+    if pred is None or not meas:
+        return "-"
+    return f"{(pred - meas) / meas:+.1%}"
+
+
+def markdown(doc: dict) -> list[str]:
+    """The part's tables: time, memory, and the derived terms (see the module docstring)."""
+    m = doc["model"]["overrides"] if "overrides" in doc["model"] else doc["model"]
+    lines = [f"Model: `llama` {json.dumps(m, sort_keys=True)}; batch {doc['global_batch']} x "
+             f"{doc['seq_len']} tokens in micro-batches of {doc['micro_batch']}; dp = 1 on one "
+             f"GPU; predicted on preset `{doc['preset']}`"
+             + ("" if doc["gpu"] else " (no GPU here: the H100's)") + f", torch {doc['torch']}; "
+             f"measured: median of {doc['steps']} steps after {doc['warmup']}.", ""]
+    for p, why in doc["skipped_precisions"].items():
+        lines.append(f"- {p}: skipped -- {why}")
+    if doc["measured_skipped"]:
+        lines.append(f"- measured: skipped -- {doc['measured_skipped']}")
+    lines += ["", "| precision | policy | step s measured | estimate s | error | estimate with "
+              "profile s | error | MFU measured |", "|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        meas = r.get("measured", {}).get("step_s")
+        est = r.get("estimate", {}).get("step_time_s")
+        prof = r.get("estimate_profiled", {}).get("step_time_s")
+        flops = r.get("estimate", {}).get("model_flops_per_step")
+        peak = r.get("estimate", {}).get("peak_flop_per_s")
+        mfu = f"{flops / meas / peak:.1%}" if meas and flops and peak else "-"
+        lines.append(f"| {r['precision']} | {r['policy']} | "
+                     f"{'-' if meas is None else f'{meas:.4f}'} | "
+                     f"{'-' if est is None else f'{est:.4f}'} | {_pct(est, meas)} | "
+                     f"{'-' if prof is None else f'{prof:.4f}'} | {_pct(prof, meas)} | {mfu} |")
+    lines += ["", "Memory, GiB (binary): the tensors' peak measured (`max_memory_allocated`) "
+              "against the estimate and the dry run; the allocator's reserve "
+              "(`max_memory_reserved`) and what it and the CUDA context add:", "",
+              "| precision | policy | allocated | estimate | error | dry run | error | reserved "
+              "| fragmentation | outside allocator |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        ms = r.get("measured", {})
+        alloc, reserved = ms.get("max_allocated_bytes"), ms.get("max_reserved_bytes")
+        est = r.get("estimate", {}).get("peak_bytes")
+        dry = r.get("dry_run", {}).get("peak_bytes")
+        frag = None if alloc is None else reserved - alloc
+        lines.append(f"| {r['precision']} | {r['policy']} | {_gib(alloc)} | {_gib(est)} | "
+                     f"{_pct(est, alloc)} | {_gib(dry)} | {_pct(dry, alloc)} | "
+                     f"{_gib(reserved)} | {_gib(frag)} | "
+                     f"{_gib(ms.get('outside_allocator_bytes'))} |")
+    measured = [r["measured"] for r in doc["rows"] if "measured" in r]
+    if measured:
+        worst = max(m["max_reserved_bytes"] - m["max_allocated_bytes"]
+                    + m["outside_allocator_bytes"] for m in measured)
+        lines += ["", f"Derived: fragmentation plus what lives outside the allocator, at most "
+                      f"{_gib(worst)} GiB over the policies, against the "
+                      f"{_gib(DEFAULT_HBM_RESERVED_BYTES)} GiB the cost model sets aside for "
+                      f"them (`ClusterSpec.hbm_reserved_bytes`, with NCCL's buffers and the "
+                      f"driver's share; one rank here, so NCCL's are a one-rank group's)."]
+    errors = [(r["precision"], r["policy"], k, v) for r in doc["rows"] for k, v in r.items()
+              if k.endswith("_error")]
+    if errors:
+        lines += ["", "Errors:", ""]
+        lines += [f"- {p} {c} {k[:-6]}: `{v.splitlines()[0][:300]}`" for p, c, k, v in errors]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="the part's results (JSON)")
+    parser.add_argument("--markdown", help="the part's tables (markdown)")
+    parser.add_argument("--profile", help="a profile of this GPU (autopar profile)")
+    parser.add_argument("--dry", action="store_true", help="predictions only (no GPU needed)")
+    args = parser.parse_args(argv)
+    doc = run(args.dry, args.profile if args.profile and Path(args.profile).exists() else None)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(markdown(doc)) + "\n")
+    failed = any(k.endswith("_error") for r in doc["rows"] for k in r)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
