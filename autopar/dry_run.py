@@ -352,7 +352,7 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
               step: bool = True) -> RoleRun | None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from autopar.passes import device_mesh, parallelize
-    from autopar.feed import feed_of
+    from autopar.models.feed import feed_of
     from autopar.passes.stage import held_blocks
     from autopar.training import optimizer
 

@@ -2,7 +2,7 @@
 
 Steps, each a function below:
 
-1. ``feed.feed_of``: how to call the forward (``autopar/feed.py``, shared with verify and the
+1. ``feed.feed_of``: how to call the forward (``autopar/models/feed.py``, shared with verify and the
    engine): token ids and targets, int64 zeros of (batch, seq_len) -- an encoder-decoder's
    decoder input the token ids shifted right -- or an image model's images of its config's size
    and class labels, on the model's device (meta for big models); ``use_cache=False`` for a
@@ -49,14 +49,20 @@ from torch.utils import _pytree as pytree
 from autopar.admissibility import layers_of
 from autopar.core.errors import AutoparError
 from autopar.core.specs import TrainSpec
-from autopar.feed import Feed, FeedKind, check_seq_len, feed_of, fixed_seq_len
+from autopar.models.feed import (
+    Feed,
+    FeedKind,
+    check_seq_len,
+    feed_of,
+    fixed_seq_len,
+    no_token_input_error,
+)
 from autopar.graph import GraphIR, NodeInfo, TensorMeta
 from autopar.models.blocks import find_block_group
 from autopar.models.generic.experts import static_experts
 from autopar.tracing_blocks import assign_blocks
 from autopar.tracing_errors import (
     ModuleStack,
-    no_token_input_error,
     not_a_module_error,
     opaque_op_error,
     data_dependent_shape_error,

@@ -221,20 +221,6 @@ def not_a_module_error(obj: object) -> AutoparError:
     )
 
 
-def no_token_input_error(model: nn.Module, detail: str) -> AutoparError:
-    """The error for a forward that has no token-id input autopar can feed."""
-    cls = type(model).__name__
-    return AutoparError(
-        f"cannot feed {cls}.forward: {detail}",
-        where=f"{type(model).__module__}.{cls}.forward",
-        fix="give the model forward(tokens, targets=None) returning the loss for integer token "
-            "ids of shape (batch, seq), or forward(input_ids=..., labels=...) returning an "
-            "output with .loss (transformers causal LMs and encoder-decoders), or "
-            "forward(pixel_values=..., labels=...) with num_channels, image_size and patch_size "
-            "in its config (transformers image classifiers); other inputs need defaults",
-    )
-
-
 def opaque_op_error(op: str, target: str, module: str, line: str, params: tuple[str, ...]
                     ) -> AutoparError:
     """The error for an op that reads parameters, that no op family owns and whose FLOPs torch

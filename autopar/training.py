@@ -58,7 +58,7 @@ def synthetic_inputs(model: nn.Module, step: int, rows: int, seq_len: int, seed:
     model's ``synthetic_batch`` over its vocabulary; an image model's standard-normal images of
     its config's size (in fp32: the reference and the ranks cast with the model) and uniform
     class labels, one per image, drawn from the same (seed, step) stream."""
-    from autopar.feed import FeedKind, feed_of
+    from autopar.models.feed import FeedKind, feed_of
 
     feed = feed_of(model)
     if feed.kind is FeedKind.TOKENS:

@@ -23,7 +23,7 @@ from autopar.core.model_spec import ModelSpec
 from autopar.models import prepare_training, set_aux_loss_grad_scale
 from autopar.passes.data_parallel import COMPUTE_DTYPE
 from autopar.core.plan import Plan
-from autopar.feed import logits_of
+from autopar.models.feed import logits_of
 from autopar.training import LOSS_SCALING, loss_of, optimizer, synthetic_inputs
 
 @dataclass(frozen=True)

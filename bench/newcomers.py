@@ -42,7 +42,7 @@ from autopar import AutoparError, ParallelConfig, TrainSpec  # noqa: E402
 from autopar.admissibility import check, facts_of  # noqa: E402
 from autopar.core.model_spec import ModelSpec  # noqa: E402
 from autopar.costmodel.cluster import ClusterSpec, process_cluster  # noqa: E402
-from autopar.feed import fixed_seq_len  # noqa: E402
+from autopar.models.feed import fixed_seq_len  # noqa: E402
 from autopar.verify_models import (ARCHITECTURES, DECODER_STYLES, Shape,  # noqa: E402
                                    decoder_spec, transformers_spec)
 

@@ -59,7 +59,7 @@ from autopar.passes.pipeline import StageShapes, build_schedule
 from autopar.passes.stage import (StageModule, build_stages, end_stage_names, model_blocks,
                                   stage_blocks, stage_layout, stage_of)
 from autopar.passes.whole_model import checkpoint_blocks, whole_model_blocks
-from autopar.feed import logits_of
+from autopar.models.feed import logits_of
 from autopar.training import loss_of
 from autopar.passes.tensor_parallel import (
     apply_tensor_parallel,

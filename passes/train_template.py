@@ -81,7 +81,7 @@ from autopar.passes.materialize import for_load, for_save, materialize
 from autopar.core.errors import AutoparError
 from autopar.core.mesh import DATA_PARALLEL, MeshAxis
 from autopar.models.init import tied_groups
-from autopar.feed import FeedKind, feed_of
+from autopar.models.feed import FeedKind, feed_of
 from autopar.training import ModelSpec, end_rank, optimizer, synthetic_inputs, vocab_size
 
 HERE = Path(__file__).resolve().parent

@@ -34,7 +34,7 @@ from autopar import AutoparError, ParallelConfig, TrainSpec
 from autopar.costmodel.cluster import process_cluster
 from autopar.models.hf_llama import HF_LLAMA_TINY
 from autopar.passes.materialize import check_checkpoint
-from autopar.feed import logits_of
+from autopar.models.feed import logits_of
 from autopar.training import ModelSpec, synthetic_batch
 from autopar.verify import reference
 

@@ -1,5 +1,5 @@
 """``autopar verify --dp 2`` of the transformers models issue 28 found fed wrongly or not at
-all: the one-process reference and the ranks call them through one ``autopar.feed`` (a T5's
+all: the one-process reference and the ranks call them through one ``autopar.models.feed`` (a T5's
 decoder fed the tokens shifted right, GraniteMoE's cache off through ``**kwargs``, a ViT fed
 images and class labels), and the sharded run matches the reference."""
 

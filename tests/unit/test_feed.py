@@ -1,4 +1,4 @@
-"""``autopar.feed``: one way to call a model, for the tracer, verify's reference, the engine and
+"""``autopar.models.feed``: one way to call a model, for the tracer, verify's reference, the engine and
 the dry run -- the cache off (GraniteMoE takes ``use_cache`` through ``**kwargs``), an
 encoder-decoder's decoder fed the tokens shifted right (T5), an image model fed images of its
 config's size (ViT: a token is a patch)."""
@@ -15,7 +15,7 @@ from autopar import AutoparError, TrainSpec
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import ParallelConfig
 from autopar.costmodel.cluster import process_cluster
-from autopar.feed import FeedKind, feed_of, logits_of, shift_right
+from autopar.models.feed import FeedKind, feed_of, logits_of, shift_right
 from autopar.tracing import resolve_seq_len
 from autopar.verify_models import transformers_spec
 

@@ -19,7 +19,7 @@ from autopar import kernels
 from autopar.core.errors import AutoparError
 from autopar.models.hf_llama import HF_LLAMA_TINY
 from autopar.passes.fuse import FUSIONS, LinearCrossEntropyHead, apply_fusions
-from autopar.feed import logits_of
+from autopar.models.feed import logits_of
 from autopar.training import ModelSpec, synthetic_batch, vocab_size
 
 pytestmark = pytest.mark.skipif(not kernels.available(),

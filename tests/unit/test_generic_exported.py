@@ -39,6 +39,8 @@ ARCHITECTURES = {
     # experts; its rotary table passed on by the first layer's no-op .to(); tokens.to(device)
     "Llama4ForCausalLM": {**_TINY, "head_dim": 8, "num_local_experts": 4,
                           "num_experts_per_tok": 1, "intermediate_size_mlp": 64},
+    # use_cache only through its forward's **kwargs: exported with the cache off (its config's)
+    "GraniteMoeForCausalLM": {**_TINY, "num_local_experts": 4, "num_experts_per_tok": 2},
 }
 
 

@@ -26,7 +26,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "models": ("autopar.models",),
     "kernels": ("autopar.kernels",),
     "costmodel": ("autopar.costmodel",),
-    "analysis": ("autopar.graph", "autopar.feed", "autopar.tracing", "autopar.tracing_blocks",
+    "analysis": ("autopar.graph", "autopar.tracing", "autopar.tracing_blocks",
                  "autopar.tracing_errors", "autopar.ops", "autopar.workload",
                  "autopar.admissibility", "autopar.module_strategies", "autopar.training"),
     "search": ("autopar.search",),

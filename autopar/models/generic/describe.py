@@ -270,22 +270,27 @@ def is_block(module: nn.Module) -> bool:
 
 
 def _feed(model: nn.Module) -> tuple[str, dict[str, object]]:
-    """(the forward's token argument, the values the others are fixed at: their defaults, and
-    ``use_cache=False`` for a transformers forward, which then keeps no cache)."""
+    """(the forward's token argument, the values the others are fixed at) as every caller calls
+    the model (``models.feed.feed_of``: defaults, ``use_cache=False`` for a transformers
+    forward, whether it names it or takes it through ``**kwargs``), the targets at their
+    default too, so that the forward returns the logits."""
+    from autopar.models.feed import FeedKind, feed_of
+
     try:
-        params = list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError) as err:
-        raise NotAChain(f"its forward's signature cannot be read ({err})") from None
-    named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if not named or named[0].kind not in (named[0].POSITIONAL_ONLY,
-                                          named[0].POSITIONAL_OR_KEYWORD):
-        raise NotAChain("its forward takes no positional token ids")
-    fixed = {}
-    for p in named[1:]:
-        if p.default is p.empty:
-            raise NotAChain(f"its forward's argument {p.name!r} has no default")
-        fixed[p.name] = False if p.name == "use_cache" else p.default
-    return named[0].name, fixed
+        feed = feed_of(model)
+    except AutoparError as err:
+        raise NotAChain(err.what) from None
+    if feed.kind is not FeedKind.TOKENS or feed.decoder is not None:
+        raise NotAChain("its forward reads " + ("images" if feed.kind is FeedKind.IMAGES else
+                                                "token ids in an encoder and a decoder")
+                        + ", not one chain of blocks over the tokens")
+    fixed = dict(feed.fixed)
+    if feed.target is not None:
+        target = inspect.signature(model.forward).parameters[feed.target]
+        if target.default is target.empty:
+            raise NotAChain(f"its forward's argument {feed.target!r} has no default")
+        fixed[feed.target] = target.default
+    return feed.main, fixed
 
 
 def _trace(model: nn.Module, leaves: tuple[str, ...], fixed: dict[str, object]) -> GraphModule:

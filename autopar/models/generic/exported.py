@@ -118,7 +118,7 @@ def export_chain(template: nn.Module, leaves: tuple[str, ...], token: str,
     both fixed, else both dynamic. ``ExportFailed`` with the reason where it cannot be."""
     batch, seq = sizes or (_TRACE_BATCH, min(_TRACE_SEQ, max_seq or _TRACE_SEQ))
     tokens = torch.zeros(batch, seq, dtype=torch.long, device=META)
-    kwargs = {token: tokens, **fixed}
+    kwargs = {token: tokens, **_named(template, fixed)}
     # every batch and sequence length the positions allow, where the code guards none (torch
     # checks the graph holds over the range it is given, else refuses it); else the sizes
     # the trace leaves dynamic (Dim.AUTO), else none
@@ -140,6 +140,25 @@ def export_chain(template: nn.Module, leaves: tuple[str, ...], token: str,
                                    ) from None
     gm = collapse(program, template, leaves, token)
     return Exported(gm, template, _specialization(program, token, floating_dtype(template)))
+
+
+def _named(template: nn.Module, fixed: dict[str, object]) -> dict[str, object]:
+    """``fixed`` as arguments the forward names: one its ``**kwargs`` takes (transformers 5's
+    ``use_cache``) is set on the template's config instead, whose value transformers reads where
+    the call gives none -- torch.export keys dynamic shapes by the forward's own parameters and
+    cannot match one inside ``**kwargs``. (The template is the meta copy: the model's own config
+    is not touched.)"""
+    import inspect
+
+    params = inspect.signature(template.forward).parameters
+    config = getattr(template, "config", None)
+    out = {}
+    for name, value in fixed.items():
+        if name not in params and config is not None and hasattr(config, name):
+            setattr(config, name, value)
+        else:
+            out[name] = value
+    return out
 
 
 def _specialization(program: torch.export.ExportedProgram, token: str,

@@ -42,10 +42,23 @@ import torch
 from torch import nn
 
 from autopar.core.errors import AutoparError
-from autopar.tracing_errors import no_token_input_error
 
 __all__ = ["Feed", "FeedKind", "TARGET_NAMES", "check_seq_len", "feed_of", "fixed_seq_len",
-           "logits_of", "shift_right"]
+           "logits_of", "no_token_input_error", "shift_right"]
+
+def no_token_input_error(model: nn.Module, detail: str) -> AutoparError:
+    """The error for a forward that has no token-id input autopar can feed."""
+    cls = type(model).__name__
+    return AutoparError(
+        f"cannot feed {cls}.forward: {detail}",
+        where=f"{type(model).__module__}.{cls}.forward",
+        fix="give the model forward(tokens, targets=None) returning the loss for integer token "
+            "ids of shape (batch, seq), or forward(input_ids=..., labels=...) returning an "
+            "output with .loss (transformers causal LMs and encoder-decoders), or "
+            "forward(pixel_values=..., labels=...) with num_channels, image_size and patch_size "
+            "in its config (transformers image classifiers); other inputs need defaults",
+    )
+
 
 TARGET_NAMES = ("targets", "labels", "target", "y")
 """Forward argument names that receive the targets (token ids, or class labels)."""
