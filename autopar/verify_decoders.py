@@ -11,6 +11,9 @@ GPT-style -- the learned position table is ``self.positions`` and the blocks ``s
 (the names a pipeline stage once kept for itself). ``make_mixer``: a token MLP-mixer -- each
 block mixes the tokens by a causal (lower-triangular) learned (seq, seq) matrix. ``make_conv``:
 a causal convolutional language model -- gated ``nn.Conv1d`` blocks in an ``nn.Sequential``.
+``make_encoder``: a stack of torch's own ``nn.TransformerEncoderLayer`` (pre-norm, GELU, a
+causal mask), learned positions and an untied head -- GPT's computation through a layer
+autopar's op registry does not know, which must be traced into, not priced as one opaque op.
 
 The shape is the one line of constants below: ``autopar.verify_models.decoder_file`` writes a
 copy of this file with its own values for each property case (``autopar.verify_cases``), which
@@ -213,6 +216,27 @@ class ConvLM(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+class EncoderStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(VOCAB, WIDTH), nn.Embedding(SEQ, WIDTH)
+        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(
+            WIDTH, HEADS, FFN, dropout=0.0, batch_first=True, norm_first=True,
+            activation="gelu") for _ in range(LAYERS))
+        self.norm, self.head = nn.LayerNorm(WIDTH), nn.Linear(WIDTH, VOCAB, bias=False)
+
+    def forward(self, tokens, targets=None):
+        t = tokens.shape[1]
+        x = self.emb(tokens) + self.pos(torch.arange(t, device=tokens.device))
+        mask = nn.Transformer.generate_square_subsequent_mask(t, device=tokens.device)
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, is_causal=True)
+        logits = self.head(self.norm(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
 def make_llama() -> nn.Module:
     return LlamaStyle()
 
@@ -227,3 +251,7 @@ def make_mixer() -> nn.Module:
 
 def make_conv() -> nn.Module:
     return ConvLM()
+
+
+def make_encoder() -> nn.Module:
+    return EncoderStack()

@@ -153,7 +153,7 @@ def transformers_spec(name: str, shape: Shape = Shape()) -> ModelSpec:
     return ModelSpec.transformers_config(arch.cls, config)
 
 
-DECODER_STYLES = ("llama", "positions", "mixer", "conv")
+DECODER_STYLES = ("llama", "positions", "mixer", "conv", "encoder")
 """The factories of ``autopar/verify_decoders.py`` (``make_<style>``)."""
 
 _CONSTANTS = re.compile(r"^VOCAB, SEQ, WIDTH, HEADS, KV_HEADS, FFN, LAYERS = .*$", re.MULTILINE)
@@ -176,6 +176,6 @@ def decoder_spec(style: str, shape: Shape, folder: str | Path) -> ModelSpec:
         raise ValueError("autopar/verify_decoders.py lost its line of shape constants")
     path = Path(folder) / ("decoders_" + "_".join(map(str, values)) + ".py")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
+    if not path.exists() or path.read_text(encoding="utf-8") != text:  # another version's
         path.write_text(text, encoding="utf-8")
     return ModelSpec.parse(f"{path}:make_{style}")

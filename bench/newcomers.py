@@ -3,8 +3,9 @@
     python bench/newcomers.py [--only NAME ...] [--markdown FILE] [--steps 2]
 
 For each model -- a tiny transformers config of every architecture in
-``autopar.verify_models.ARCHITECTURES``, ViT, the four hand-written decoder styles of
-``autopar/verify_decoders.py`` and a stack of torch's own ``nn.TransformerEncoderLayer`` --
+``autopar.verify_models.ARCHITECTURES``, ViT and the hand-written decoder styles of
+``autopar/verify_decoders.py`` (a stack of torch's own ``nn.TransformerEncoderLayer`` among
+them) --
 it runs what a new user runs:
 
 1. ``plan``: ``autopar.optimize`` on one ``hgx-h100-80g`` node (8 GPUs), batch 16 x 32;
@@ -53,35 +54,6 @@ TRIES = (("pp2", dict(pp=2, micro_batch=1)),
          ("dp2", dict(dp=2, micro_batch=1)))
 """The verify plans tried in order: the first the admissibility check admits runs."""
 
-ENCODER_STACK = '''
-import torch
-from torch import nn
-
-class EncoderStack(nn.Module):
-    def __init__(self, vocab=256, width=64, layers=2, heads=4, seq=64):
-        super().__init__()
-        self.emb, self.pos = nn.Embedding(vocab, width), nn.Embedding(seq, width)
-        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(
-            width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True,
-            activation="gelu") for _ in range(layers))
-        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab, bias=False)
-
-    def forward(self, tokens, targets=None):
-        t = tokens.shape[1]
-        x = self.emb(tokens) + self.pos(torch.arange(t, device=tokens.device))
-        mask = nn.Transformer.generate_square_subsequent_mask(t, device=tokens.device)
-        for layer in self.layers:
-            x = layer(x, src_mask=mask, is_causal=True)
-        logits = self.head(self.norm(x))
-        if targets is None:
-            return logits
-        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-def make():
-    return EncoderStack()
-'''
-
-
 @dataclass
 class Row:
     name: str
@@ -110,9 +82,6 @@ def catalogue(folder: Path) -> dict[str, Callable[[], ModelSpec]]:
     shape = Shape(seq=64)
     for style in DECODER_STYLES:
         models[f"hand-written {style}"] = lambda s=style: decoder_spec(s, shape, folder)
-    stack = folder / "encoder_stack.py"
-    stack.write_text(ENCODER_STACK, encoding="utf-8")
-    models["nn.TransformerEncoderLayer stack"] = lambda: ModelSpec.parse(f"{stack}:make")
     return models
 
 

@@ -10,6 +10,7 @@ import torch
 import autopar
 from autopar import AutoparError, Plan, TrainSpec
 from autopar.cli import main
+from cli_refusal import refused as _refused
 from autopar.core.model_spec import ModelSpec
 
 PLAN = ["plan", "--model", "tiny-gpt", "--global-batch", "8", "--precision", "fp32"]
@@ -17,16 +18,6 @@ ESTIMATE = ["estimate", "--model", "tiny-llama", "--cluster", "hgx-h100-80g",
             "--global-batch", "8", "--precision", "fp32"]
 
 
-def _refused(argv: list[str], capsys, *needles: str) -> str:
-    """Run the command line; it must exit 2 with one paragraph on stderr holding ``needles``."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and "Where:" in err and "What to do:" in err, err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 @pytest.fixture

@@ -10,21 +10,12 @@ import pytest
 from autopar import AutoparError, ParallelConfig, TrainSpec
 from autopar.admissibility import check, facts_of
 from autopar.cli import main
+from cli_refusal import refused as _refused
 from autopar.core.model_spec import ModelSpec
 
 TRAIN = TrainSpec(global_batch=4, seq_len=32, precision="fp32")
 
 
-def _refused(argv: list[str], capsys, *needles: str) -> str:
-    """Run the command line; it must exit 2 with one paragraph on stderr holding ``needles``."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and "Where:" in err and "What to do:" in err, err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 def test_virtual_stages_at_pp_1_are_refused_before_any_process_starts(capsys):

@@ -19,34 +19,22 @@ from autopar.ops import is_known, kind_of
 from autopar.tracing import trace
 
 
-class _Encoder(nn.Module):
-    """Issue 28's repro: a causal pre-norm ``nn.TransformerEncoderLayer`` stack (GELU MLP of
-    4h, no dropout) between an embedding with learned positions and an untied head."""
+def _encoder(vocab: int, d: int, layers: int, heads: int, seq: int, device: str = "cpu"
+             ) -> nn.Module:
+    """A stack of torch's ``nn.TransformerEncoderLayer`` (``autopar/verify_decoders.py``'s
+    newcomer style ``encoder``: pre-norm, GELU MLP of 4d, causal mask, untied head)."""
+    import tempfile
 
-    def __init__(self, vocab: int, d: int, layers: int, heads: int, seq: int) -> None:
-        super().__init__()
-        self.emb, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-        self.layers = nn.ModuleList([
-            nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True,
-                                       norm_first=True, activation="gelu")
-            for _ in range(layers)])
-        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+    from autopar.verify_models import Shape, decoder_spec
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        t = tokens.shape[1]
-        x = self.emb(tokens) + self.pos(torch.arange(t, device=tokens.device))
-        mask = nn.Transformer.generate_square_subsequent_mask(t, device=tokens.device)
-        for layer in self.layers:
-            x = layer(x, src_mask=mask, is_causal=True)
-        logits = self.head(self.norm(x))
-        if targets is None:
-            return logits
-        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    shape = Shape(layers=layers, heads=heads, kv_heads=heads, head_dim=d // heads, vocab=vocab,
+                  ffn=4 * d, seq=seq)
+    return decoder_spec("encoder", shape, tempfile.gettempdir()).build(device)
 
 
 def test_torch_nn_layer_without_a_rule_is_traced_into_and_its_gemms_counted() -> None:
     b, s, h, heads, layers = 2, 16, 32, 4, 2
-    graph = trace(_Encoder(64, h, layers, heads, s), batch=b, seq_len=s)
+    graph = trace(_encoder(64, h, layers, heads, s), batch=b, seq_len=s)
     assert not [n for n in graph.nodes if n.op == "TransformerEncoderLayer"]
     block = [n for n in graph.nodes if n.block == 0]
     # Megatron-LM's per-layer count (Narayanan et al. 2021): 24 b s h^2 for QKV, projection
@@ -68,8 +56,7 @@ def test_encoder_stack_is_priced_like_the_gpt_of_its_shape() -> None:
     optimizer state here, ~2 % of the peak). Before the fix the encoder was priced at ~1/6 of
     the gpt's step time (its layers as memory-bound leaves of 0 FLOPs)."""
     shape = dict(vocab=50304, d=2048, layers=4, heads=16, seq=2048)
-    with torch.device("meta"):
-        encoder = _Encoder(**shape)
+    encoder = _encoder(**shape, device="meta")
     gpt = autopar.models.build("gpt", num_layers=4, hidden_size=2048, num_heads=16,
                                vocab_size=50304, seq_len=2048, device="meta")
     cluster = ClusterSpec.preset("hgx-h100-80g")
