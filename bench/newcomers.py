@@ -3,7 +3,7 @@
     python bench/newcomers.py [--only NAME ...] [--markdown FILE] [--steps 2]
 
 For each model -- a tiny transformers config of every architecture in
-``autopar.verify_models.ARCHITECTURES``, ViT and the hand-written decoder styles of
+``autopar.verify_models.ARCHITECTURES``, ViT (``tests/data/vit``) and the hand-written decoder styles of
 ``autopar/verify_decoders.py`` (a stack of torch's own ``nn.TransformerEncoderLayer`` among
 them) --
 it runs what a new user runs:
@@ -70,15 +70,8 @@ def catalogue(folder: Path) -> dict[str, Callable[[], ModelSpec]]:
     models: dict[str, Callable[[], ModelSpec]] = {
         name: (lambda n=name: transformers_spec(n)) for name in ARCHITECTURES}
 
-    def vit() -> ModelSpec:
-        import transformers
-
-        config = transformers.ViTConfig(hidden_size=64, intermediate_size=128,
-                                        num_hidden_layers=2, num_attention_heads=4,
-                                        image_size=32, patch_size=8).to_dict()
-        return ModelSpec.transformers_config("ViTForImageClassification", config)
-
-    models["vit"] = vit
+    vit = Path(__file__).resolve().parents[1] / "tests" / "data" / "vit"  # a saved config
+    models["vit"] = lambda: ModelSpec.parse(str(vit))
     shape = Shape(seq=64)
     for style in DECODER_STYLES:
         models[f"hand-written {style}"] = lambda s=style: decoder_spec(s, shape, folder)
