@@ -3,10 +3,9 @@
     python bench/newcomers.py [--only NAME ...] [--markdown FILE] [--steps 2]
 
 For each model -- a tiny transformers config of every architecture in
-``autopar.verify_models.ARCHITECTURES``, ViT (``tests/data/vit``) and the hand-written decoder styles of
-``autopar/verify_decoders.py`` (a stack of torch's own ``nn.TransformerEncoderLayer`` among
-them) --
-it runs what a new user runs:
+``autopar.verify_models.ARCHITECTURES``, ViT (``tests/data/vit``) and the hand-written decoder
+styles of ``autopar/verify_decoders.py`` (a stack of torch's own ``nn.TransformerEncoderLayer``
+among them) -- it runs what a new user runs:
 
 1. ``plan``: ``autopar.optimize`` on one ``hgx-h100-80g`` node (8 GPUs), batch 16 x 32;
 2. ``plan --check``: ``autopar.check_plans`` of that plan (every rank role one step on fake
