@@ -526,6 +526,23 @@ def layer_problems(facts: ModelFacts, module_strategies: tuple[tuple[str, str], 
     return out
 
 
+def styles_problems(facts: ModelFacts, module_strategies: tuple[tuple[str, str], ...],
+                    tp: int) -> list[Problem]:
+    """Why the engine cannot run a plan's module styles: ``layer_problems``, and where the
+    model's family reads its blocks' code (``ModelFacts.tensor_layout``), what that code cannot
+    run on a rank's shards. The search drops a candidate whose solved styles have any
+    (``search.planner.Strategies``), and ``plan_problems`` refuses a plan that has."""
+    found = layer_problems(facts, module_strategies, tp)
+    if facts.tensor_layout is not None and tp > 1 and not found:
+        why = facts.tensor_layout.problem(block_styles(module_strategies,
+                                                       facts.tensor_layout.blocks), tp)
+        if why is not None:
+            found.append(Problem(f"the plan's tensor-parallel splits cannot run in this "
+                                 f"model's blocks ({why})", "plan.module_strategies",
+                                 "re-plan this model (autopar plan / plan_for), or use tp=1"))
+    return found
+
+
 def plan_problems(facts: ModelFacts, plan: Plan) -> list[Problem]:
     """``problems`` plus what a solved plan decides (see the module docstring)."""
     found = problems(facts, plan.config, plan.train)
@@ -534,16 +551,7 @@ def plan_problems(facts: ModelFacts, plan: Plan) -> list[Problem]:
             f"the plan places {sum(plan.stage_blocks)} blocks in its pipeline stages, the model "
             f"has {facts.num_blocks}", "plan.stage_blocks",
             "verify or export with the model the plan was made for, or re-plan this model"))
-    found += layer_problems(facts, plan.module_strategies, plan.config.tp)
-    if facts.tensor_layout is not None and plan.config.tp > 1 and not found:
-        why = facts.tensor_layout.problem(block_styles(plan.module_strategies,
-                                                       facts.tensor_layout.blocks),
-                                          plan.config.tp)
-        if why is not None:
-            found.append(Problem(f"the plan's tensor-parallel splits cannot run in this "
-                                 f"model's blocks ({why})", "plan.module_strategies",
-                                 "re-plan this model (autopar plan / plan_for), or use tp=1"))
-    return found
+    return found + styles_problems(facts, plan.module_strategies, plan.config.tp)
 
 
 def block_styles(module_strategies: tuple[tuple[str, str], ...], blocks: str

@@ -199,7 +199,11 @@ apply)."""
 
 
 def _under(model: nn.Module, root: str) -> list[tuple[str, nn.Module]]:
-    """(path in ``model``, module) of ``root`` and every module under it."""
+    """(path in ``model``, module) of ``root`` and every module under it; none where ``root``
+    is a parameter or buffer of the model root (``ModelParts.last`` names one that a final
+    norm written inline reads)."""
+    if root in model._parameters or root in model._buffers:
+        return []
     return [(f"{root}.{name}" if name else root, m)
             for name, m in model.get_submodule(root).named_modules()]
 

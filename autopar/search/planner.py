@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from autopar.admissibility import ModelFacts, check_plan, layer_problems
+from autopar.admissibility import ModelFacts, Problem, check_plan, styles_problems
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import Efficiency
 from autopar.core.errors import AutoparError
@@ -50,7 +50,7 @@ class Strategies:
     facts: ModelFacts | None = None
     """When given, a candidate whose solved strategies the engine cannot run is refused."""
     _styles: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
-    _problem: dict[int, str] = field(default_factory=dict)
+    _problem: dict[int, Problem | None] = field(default_factory=dict)
 
     def result(self, config: ParallelConfig) -> StrategyResult | None:
         """The solved strategies (None with tp = 1: every op runs whole on its GPU)."""
@@ -84,12 +84,11 @@ class Strategies:
             return self.solver.whole()
         if self.facts is not None:
             if id(result) not in self._problem:
-                found = layer_problems(self.facts, self.module_styles(result), config.tp)
-                self._problem[id(result)] = found[0].what if found else ""
-            if self._problem[id(result)]:
-                raise AutoparError(self._problem[id(result)], where="the strategy solve",
-                                   fix="report this plan: the solve chose a layout the engine "
-                                       "cannot run")
+                found = styles_problems(self.facts, self.module_styles(result), config.tp)
+                self._problem[id(result)] = found[0] if found else None
+            problem = self._problem[id(result)]
+            if problem is not None:
+                raise AutoparError(problem.what, where="the strategy solve", fix=problem.fix)
         return result.workload
 
 

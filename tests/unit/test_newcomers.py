@@ -151,3 +151,31 @@ def test_profiling_cuda_without_a_gpu_says_so_before_starting_processes(capsys):
         pytest.skip("this machine has a GPU")
     _refused(["profile", "--device", "cuda", "--quick", "--out", "/dev/null"], capsys,
              "the profile's 4 ranks on CUDA need a GPU each; this machine has no CUDA GPU")
+
+
+def test_fusions_of_a_model_whose_final_norm_weight_is_its_own_parameter():
+    # the generic description lists the root's norm_weight among the last stage's parts, which
+    # the fusion pass walked as a module (found by the property run: every fused plan crashed)
+    from autopar import verify_decoders
+    from autopar.passes.fuse import apply_fusions
+
+    model = ModelSpec.parse(f"{verify_decoders.__file__}:make_llama").build("cpu")
+    tokens = __import__("torch").randint(0, 256, (2, 16))
+    before = model(tokens)
+    counts = dict(apply_fusions(model, ("rms_norm", "swiglu"), tp=1))
+    # its RMSNorm is the file's own class, which no family recognises: kept; both MLPs fused
+    assert counts == {"rms_norm": 0, "swiglu": 2}
+    __import__("torch").testing.assert_close(model(tokens), before, rtol=1e-5, atol=1e-5)
+
+
+def test_tp_of_a_block_holding_its_own_q_k_v_projection_is_refused_up_front():
+    # the block itself calls qkv and proj: no attention module whose code autopar rewrites for
+    # a rank's shard (found by the property run: tp crashed in the ranks on the qkv split)
+    import autopar
+    from autopar import verify_decoders
+    from autopar.costmodel.cluster import process_cluster
+
+    spec = ModelSpec.parse(f"{verify_decoders.__file__}:make_positions")
+    with pytest.raises(AutoparError, match="qkv is split by columns, but it is the block's own"):
+        autopar.plan_for(spec.build("meta"), process_cluster(2), TRAIN, ParallelConfig(tp=2),
+                         model_spec=spec)

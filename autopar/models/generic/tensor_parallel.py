@@ -144,6 +144,36 @@ def _to_meta(gm: GraphModule) -> None:
             node.meta[VALUE] = torch.fx.node.map_aggregate(node.meta[VALUE], meta)
 
 
+_META_READS = frozenset({"shape", "size", "dtype", "device", "ndim", "dim"})
+
+
+def input_problem(region: Region, columns: frozenset[str]) -> str | None:
+    """Why the engine cannot hand ``region`` its input as it runs a split region: one
+    replicated DTensor (``passes/tensor_parallel.PrepareBlockInput``) that the column-split
+    linears read together. Anything else reading it -- a norm, a residual add: a region that is
+    the whole block (its q/k/v projections directly in it) -- would meet a DTensor its plain
+    weights cannot be mixed with; reading its shape is fine. ``None`` where only those read it."""
+    inputs = [n for n in region.graph.graph.nodes if n.op == "placeholder"]
+    if not inputs:
+        return None
+    for user in inputs[0].users:
+        if user.op == "call_module" and str(user.target) in columns:
+            continue
+        if user.op == "call_function" and user.target is getattr and \
+                user.args[1] in _META_READS:
+            continue
+        if user.op == "call_method" and user.target in _META_READS:
+            continue
+        what = (str(user.target) if user.op in ("call_module", "call_method")
+                else getattr(user.target, "__name__", str(user.target)))
+        return (f"{region.path or 'the block'} reads its input by {what} besides its column-"
+                "split linears (a norm or a residual add of the whole block: its q/k/v "
+                "projections are the block's own), which the engine does not run on the "
+                "replicated input it gives a split region; put the attention and the MLP in "
+                "modules of their own")
+    return None
+
+
 def discover(region: Region) -> RegionLayout | str:
     """The largest set of ``region``'s linears splittable by columns (see the module
     docstring), or why none is."""
@@ -158,7 +188,7 @@ def discover(region: Region) -> RegionLayout | str:
             columns = columns - (dropped or columns)
             continue
         if layout.columns:
-            return layout
+            return input_problem(region, frozenset(layout.columns)) or layout
         break
     return last or f"{region.path} splits no linear by columns and another by rows"
 
@@ -238,12 +268,22 @@ class ModelLayout:
         if set(lay.rows) != rows:
             return (f"{region.path}: the plan splits {', '.join(sorted(rows)) or 'nothing'} by "
                     f"rows, where its column splits reach {', '.join(lay.rows) or 'no linear'}")
-        why = lay.problem(tp)
+        why = lay.problem(tp) or input_problem(region, cols)
         return f"{region.path}: {why}" if why else lay
 
     def problem(self, styles: Mapping[str, str], tp: int) -> str | None:
         """Why the plan's ``styles`` (module path in the block -> style) cannot run at ``tp``;
-        ``None`` where they can."""
+        ``None`` where they can. A linear split outside every region (the block's own q/k/v
+        projections, called by the block's forward itself) is one: the rewrite reads regions
+        only."""
+        inside = [f"{r.path}." for r in self.regions.values()]
+        for path, style in styles.items():
+            if style in (Style.COLUMN, Style.ROW) and not any(path.startswith(p)
+                                                              for p in inside):
+                return (f"{path} is split by {style}s, but it is the block's own layer, in no "
+                        "module of the block's (an attention, an MLP) whose code autopar reads "
+                        "and rewrites for a rank's shard; put the attention and the MLP in "
+                        "modules of their own")
         for region in self.regions.values():
             lay = self.layout(region, styles, tp)
             if isinstance(lay, str):
