@@ -1,5 +1,5 @@
 import sys
 
-from autopar.cli import main
+from autopar.cli.main import main
 
 sys.exit(main())

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import torch.nn as nn
 
-from autopar.admissibility import ModelFacts, check, facts_of, positions_problem
+from autopar.analysis.admissibility import ModelFacts, check, facts_of, positions_problem
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.core.errors import AutoparError
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
@@ -17,18 +17,18 @@ from autopar.costmodel.memory import activation_bytes_per_element
 from autopar.core.specs import ParallelConfig, TrainSpec
 from autopar.costmodel.step import check_world, estimate_step
 from autopar.costmodel.workload import Workload
-from autopar.graph import GraphIR
+from autopar.analysis.graph import GraphIR
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.search.planner import ProgressFn, plan_config, plan_search
-from autopar.tracing import trace
-from autopar.workload import build_workload
+from autopar.analysis.tracing import trace
+from autopar.analysis.workload import build_workload
 
 
 def workload_of(model: nn.Module | GraphIR, train: TrainSpec, fusions: tuple[str, ...] = ()
                 ) -> Workload:
     """Trace ``model`` (unless given a ``GraphIR``) and build the cost model's base tables
-    (tp = 1: ``autopar.workload``); ``estimate`` prices another tp through the strategy
+    (tp = 1: ``autopar.analysis.workload``); ``estimate`` prices another tp through the strategy
     solve."""
     graph = model if isinstance(model, GraphIR) else trace(model, train)
     return build_workload(graph, activation_bytes_per_element(train.precision),
@@ -101,7 +101,7 @@ def estimate(
     ``config``'s, priced by the same path -- the per-op strategies solved for ``config.tp``
     (with ``split_weights``, ``plan_for``'s default, every linear layer the engine can split is
     split), the stages cut as the search cuts them: ``plan_for(...).estimate``. Refuses (``AutoparError``) a
-    configuration that could not run for this model (``autopar.admissibility``), or whose
+    configuration that could not run for this model (``autopar.analysis.admissibility``), or whose
     solved strategies the engine could not run.
 
     A ``Workload`` (``workload_of``) is priced as given, which holds for tp = 1 only: it records
@@ -164,7 +164,7 @@ def plan_for(
     """The ``Plan`` of one given configuration, with no search: its per-op strategies solved
     (by default every weight GEMM split, since a tp degree was asked for) and its step priced.
     What ``autopar verify`` and ``export`` run when a plan is given as flags. Refuses a
-    configuration that could not run for this model (``autopar.admissibility``)."""
+    configuration that could not run for this model (``autopar.analysis.admissibility``)."""
     cluster = as_cluster(cluster)
     config = as_config(config)
     check_world(config, cluster)

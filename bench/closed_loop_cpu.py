@@ -64,8 +64,8 @@ def _run_plans(job: dict) -> dict:
     """Rank side: every plan's program built, then the steps taken in rounds -- one step of
     each plan per round, in turn -- so that a change in the machine's other load (it is
     shared) falls on every plan alike; per plan, the slowest rank's time of each step."""
-    from autopar.training import optimizer, synthetic_batch, vocab_size
-    from autopar.verify_worker import sharded_program
+    from autopar.models.training import optimizer, synthetic_batch, vocab_size
+    from autopar.verify.worker import sharded_program
 
     spec = ModelSpec.from_dict(job["model"])
     programs = {}
@@ -95,7 +95,7 @@ def _run_plans(job: dict) -> dict:
 
 
 def measure(plans: dict[str, Plan], timeout_s: float = 1200.0) -> dict[str, list[float]]:
-    from autopar.verify import start_ranks, wait_ranks
+    from autopar.verify.launcher import start_ranks, wait_ranks
 
     folder = Path(tempfile.mkdtemp(prefix="autopar-closed-loop-"))
     job = {"plans": {n: p.to_dict() for n, p in plans.items()}, "model": MODEL.to_dict(),
@@ -135,7 +135,7 @@ def _load() -> str:
 
 
 def _print(rows, prof: Profile, path: str, wall: float, load: str, markdown: bool) -> None:
-    from autopar.report import measured_text
+    from autopar.report.text import measured_text
 
     errs = sorted(abs(r[4]) for r in rows)
     median_err = (errs[len(errs) // 2] + errs[(len(errs) - 1) // 2]) / 2
@@ -175,7 +175,7 @@ def _print(rows, prof: Profile, path: str, wall: float, load: str, markdown: boo
 
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1].endswith("job.json"):
-        from autopar.verify_worker import main as rank_main
+        from autopar.verify.worker import main as rank_main
 
         rank_main(sys.argv[1:], work=_run_plans)
     else:

@@ -30,7 +30,7 @@ import torch
 import autopar
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import ParallelConfig, TrainSpec
-from autopar.dry_run import dry_run
+from autopar.dryrun.run import dry_run
 
 from machine import machine_lines
 

@@ -1,11 +1,11 @@
-"""Property-based verification over random small models and plans (``autopar.verify_cases``).
+"""Property-based verification over random small models and plans (``autopar.verify.cases``).
 
     python bench/fuzz_verify.py [--seed 1] [--cases 160] [--steps 2] [--markdown FILE]
 
 Draws ``--cases`` cases from ``--seed`` and runs each: planned with ``autopar.plan_for`` and
-verified with ``autopar.verify`` on CPU processes, or refused before any process starts. Prints
+verified with ``autopar.verify.run`` on CPU processes, or refused before any process starts. Prints
 one line per case as it goes, then the counts by outcome, the refusals by reason, the spread
-of the verified measures by precision (what ``autopar/verify.py``'s tolerances rest on) and
+of the verified measures by precision (what ``autopar/verify/run.py``'s tolerances rest on) and
 every crash and mismatch; ``--markdown`` also writes that summary (``bench/results/
 fuzz_verify.md`` records a run). Exit status 1 when any case crashed or mismatched.
 """
@@ -23,7 +23,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from autopar.verify_cases import Outcome, Result, draw_cases, run_case  # noqa: E402
+from autopar.verify.cases import Outcome, Result, draw_cases, run_case  # noqa: E402
 
 
 def _spread(values: list[float]) -> str:
@@ -48,7 +48,7 @@ def summary(results: list[Result], seed: int, steps: int, wall_s: float) -> str:
             for k, v in r.measures.items():
                 by_precision[r.case.precision][k].append(v)
     lines += ["", "Measures of the verified cases, median / largest "
-              "(`autopar/verify_measures.py`; fp32: loss relative, gradients over each "
+              "(`autopar/verify/measures.py`; fp32: loss relative, gradients over each "
               "tensor's largest entry, parameters in optimizer moves, bounds 1e-5, 1e-3, 1e-2; "
               "bf16, fp16, bf16-pure: each over the error one process makes at that precision, "
               "bound 8):", "",

@@ -17,7 +17,7 @@ after every part, so what ran is kept even if the run call itself is cut off.
    a copy, its speed against eager and ``torch.compile``, forward and backward (in two runs,
    ``KERNEL_GROUPS``, so that a slow ``torch.compile`` costs only its group's rows).
 3. **profile** (60 s): ``autopar profile --nproc 1 --device cuda`` -- GEMMs, attention,
-   memory-bound kernels and the optimizer step on the GPU grid (``autopar.profiling.GPU``; one
+   memory-bound kernels and the optimizer step on the GPU grid (``autopar.measure.profiling.GPU``; one
    GPU, so no collectives), written as ``profile-<kind>.json``, the preset the repository keeps
    (``bench/results/``).
 4. **step** (150 s): ``bench/gpu_step.py`` -- a 1B-class Llama 3's real step under each

@@ -12,7 +12,7 @@ checkpoint policy (``Checkpoint``: none, selective, matmuls, full) in every prec
 * **predicted**: ``autopar.plan_for`` on the one-GPU cluster of the preset matching the card
   (``PRESETS``; ``plan.estimate``'s step time and peak memory), again with the profile part 3
   measured on this GPU (``ClusterSpec.with_profile``: the terms it covers are measured times),
-  and ``autopar.dry_run`` of the plan (the emitted program's tensors on fake tensors, its peak);
+  and ``autopar.dryrun.run`` of the plan (the emitted program's tensors on fake tensors, its peak);
 * **measured**: the same plan's program (``verify_worker.sharded_program`` on CUDA under a
   one-rank NCCL group, as an exported ``train.py`` builds it) trained ``WARMUP`` steps and then
   ``STEPS`` timed ones (CUDA events around each step, forward, backward and AdamW; the median),
@@ -105,7 +105,7 @@ def predict(precision: str, policy: str, preset: str, profile_path: str | None) 
     """The estimate (analytical, and with the profile when given) and the dry run of one
     plan; each failure is recorded as the text of its error, and the others still run."""
     from autopar.costmodel.cluster import process_cluster
-    from autopar.dry_run import dry_run
+    from autopar.dryrun.run import dry_run
 
     cluster = process_cluster(1, preset)
     out: dict = {"preset": preset}
@@ -173,8 +173,8 @@ def measure(precision: str, policy: str) -> dict:
     """Time ``STEPS`` steps of the plan's program on this GPU after ``WARMUP`` (see the module
     docstring); the memory figures are over the timed steps."""
     from autopar.costmodel.cluster import process_cluster
-    from autopar.training import optimizer, synthetic_inputs
-    from autopar.verify_worker import sharded_program
+    from autopar.models.training import optimizer, synthetic_inputs
+    from autopar.verify.worker import sharded_program
 
     plan = plan_of(precision, policy, process_cluster(1, DEFAULT_PRESET))  # the program only
     model = MODEL.build("meta")

@@ -4,7 +4,7 @@
 
 Each case plans one configuration (``autopar.plan_for``) at real scale -- real hidden sizes,
 sequence lengths, batch and cluster -- and runs every rank role of it for one step on fake
-tensors (``autopar.dry_run``). Where a case trims the number of layers (``layers``), each
+tensors (``autopar.dryrun.run``). Where a case trims the number of layers (``layers``), each
 stage holds fewer blocks than the full model's; per-block memory, the schedule and the model
 states per block are the full model's. Prints predicted and dry-run peak per role and the
 error; ``--markdown`` prints the table for ``bench/results/memory_grid.md``.
@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     for case in cases:
         began = time.perf_counter()
         plan = plan_of(case)
-        run = autopar.dry_run(plan)
+        run = autopar.dryrun.run(plan)
         for role in run.roles:
             err = role.error or 0.0
             worst = max(worst, abs(err))

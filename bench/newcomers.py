@@ -3,15 +3,15 @@
     python bench/newcomers.py [--only NAME ...] [--markdown FILE] [--steps 2]
 
 For each model -- a tiny transformers config of every architecture in
-``autopar.verify_models.ARCHITECTURES``, ViT (``tests/data/vit``) and the hand-written decoder
-styles of ``autopar/verify_decoders.py`` (a stack of torch's own ``nn.TransformerEncoderLayer``
+``autopar.verify.models.ARCHITECTURES``, ViT (``tests/data/vit``) and the hand-written decoder
+styles of ``autopar/verify/decoders.py`` (a stack of torch's own ``nn.TransformerEncoderLayer``
 among them) -- it runs what a new user runs:
 
 1. ``plan``: ``autopar.optimize`` on one ``hgx-h100-80g`` node (8 GPUs), batch 16 x 32;
 2. ``plan --check``: ``autopar.check_plans`` of that plan (every rank role one step on fake
    tensors);
 3. ``verify``: the first of pp 2, tp 2 (with sequence parallelism) and dp 2 the admissibility
-   check admits, on gloo CPU processes against one process (``autopar.verify``), with the
+   check admits, on gloo CPU processes against one process (``autopar.verify.run``), with the
    reasons the others were refused.
 
 Each step's outcome is one of: ok; refused (an ``AutoparError`` before any process started:
@@ -39,11 +39,11 @@ import torch  # noqa: E402
 
 import autopar  # noqa: E402
 from autopar import AutoparError, ParallelConfig, TrainSpec  # noqa: E402
-from autopar.admissibility import check, facts_of  # noqa: E402
+from autopar.analysis.admissibility import check, facts_of  # noqa: E402
 from autopar.core.model_spec import ModelSpec  # noqa: E402
 from autopar.costmodel.cluster import ClusterSpec, process_cluster  # noqa: E402
 from autopar.models.feed import fixed_seq_len  # noqa: E402
-from autopar.verify_models import (ARCHITECTURES, DECODER_STYLES, Shape,  # noqa: E402
+from autopar.verify.models import (ARCHITECTURES, DECODER_STYLES, Shape,  # noqa: E402
                                    decoder_spec, transformers_spec)
 
 TRAIN = TrainSpec(global_batch=16, seq_len=32)
@@ -82,8 +82,8 @@ def _first_line(err: BaseException) -> str:
 
 
 def run_one(name: str, make: Callable[[], ModelSpec], steps: int) -> Row:
-    from autopar.plan_check import check_plans
-    from autopar.verify import ProgramFailed, verify
+    from autopar.dryrun.plan_check import check_plans
+    from autopar.verify.run import ProgramFailed, verify
 
     row = Row(name)
     start = time.monotonic()

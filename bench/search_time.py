@@ -13,7 +13,7 @@ first, so lazy imports are not charged to the first case.
 
 Published plans (``compare_published``): each Megatron-LM run of
 ``tests/data/published_runs.json`` is planned twice, on the same inputs as
-``autopar.validation.check_megatron_row`` -- once constrained to the configuration the paper ran
+``autopar.measure.validation.check_megatron_row`` -- once constrained to the configuration the paper ran
 (its TP, PP and DP = GPUs / (TP * PP), so no context parallelism; interleaved 1F1B; full
 recomputation; no ZeRO, sequence parallelism or offload, which the 2021 runs did not use;
 micro-batch and chunk count left to the search, as validation leaves them to its own sweep), and
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also
 
 import autopar  # noqa: E402
 from autopar import ClusterSpec, Plan, TrainSpec  # noqa: E402
-from autopar.validation import MEGATRON_FUSIONS, load_published, megatron_inputs  # noqa: E402
+from autopar.measure.validation import MEGATRON_FUSIONS, load_published, megatron_inputs  # noqa: E402
 from machine import machine_lines  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -194,7 +194,7 @@ def published_section(comparisons: list[PublishedComparison]) -> str:
         "## Free plans against the published Megatron-LM configurations",
         "",
         "Each row of `tests/data/published_runs.json` (Narayanan et al., SC'21, Table 1) on "
-        "the inputs of `autopar.validation` (GPT with eager attention, dropout 0.1, the Megatron "
+        "the inputs of `autopar.measure.validation` (GPT with eager attention, dropout 0.1, the Megatron "
         "fusions; fp16 with Adam; `dgx-a100-80g`). *Published-config plan*: `autopar.optimize` "
         "constrained to the paper's TP, PP and DP (so cp 1), interleaved 1F1B, full "
         "recomputation, zero 0, no sequence parallelism, no offload; micro-batch and chunks free. "

@@ -1,4 +1,4 @@
-"""Time ``autopar.models.build`` + ``autopar.tracing.trace`` on the big zoo models (meta device).
+"""Time ``autopar.models.build`` + ``autopar.analysis.tracing.trace`` on the big zoo models (meta device).
 
 Each model runs in a fresh Python process, so the peak RSS (``ru_maxrss``) and the times are its
 own, import of torch included in the peak but not in the times. Usage::
@@ -28,7 +28,7 @@ _CHILD = r"""
 import json, resource, sys, time
 import torch
 import autopar.models as zoo
-from autopar.tracing import trace
+from autopar.analysis.tracing import trace
 name, seq = sys.argv[1], (int(sys.argv[2]) if sys.argv[2] != "-" else None)
 t0 = time.perf_counter()
 model = zoo.build(name, device="meta")

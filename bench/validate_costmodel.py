@@ -3,7 +3,7 @@ Korthikanti et al. Table 5: uncalibrated, and calibrated on its single-node 22B 
 
     python bench/validate_costmodel.py [--markdown]
 
-The same checks assert in tests/unit/test_published_runs.py; this prints the table
+The same checks assert in tests/unit/measure/test_published_runs.py; this prints the table
 (published, predicted, error) that bench/results/costmodel.md records.
 """
 
@@ -19,9 +19,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from autopar.calibration import calibrate, errors, recompute_runs
+from autopar.measure.calibration import calibrate, errors, recompute_runs
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
-from autopar.validation import check_megatron_row, load_published, zero_model_states
+from autopar.measure.validation import check_megatron_row, load_published, zero_model_states
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO / "tests" / "data" / "published_runs.json"

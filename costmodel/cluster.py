@@ -31,6 +31,7 @@ from typing import Any, Iterator, Mapping
 
 import yaml
 
+from autopar.core.collectives import Collective
 from autopar.core.errors import AutoparError
 from .hardware import (A100_SXM4_40GB, A100_SXM4_80GB, H100_SXM5_80GB, H200_SXM_141GB,
                        H800_SXM5_80GB, IB_HDR, IB_NDR, NVLINK3, NVLINK4, NVLINK4_H800, PCIE4_X16,
@@ -390,7 +391,7 @@ def profile_cluster(profile: Profile) -> ClusterSpec:
     peak = max(2 * m * n * k / g.at(m, n, k) for m in g.rows for n in g.cols for k in g.depth)
     hbm_s = max(x / s for x, s in zip(profile.memory.x, profile.memory.seconds))
     share = profile.host_memory_bytes // profile.nproc
-    link = profile.collectives.get(collective_key("send-recv", 2, 2))
+    link = profile.collectives.get(collective_key(Collective.SEND_RECV, 2, 2))
     if link is not None:
         bandwidth, latency = link.x[-1] / link.seconds[-1], link.seconds[0]
     else:  # one process: no link to measure; the memory stands in for it

@@ -18,19 +18,12 @@ measured takes the measured time (``profile.Profile.collective_s``); the rest is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
+
+from autopar.core.collectives import Collective
 
 from .cluster import ClusterSpec
 from .efficiency import Efficiency
 from .profile import note
-
-
-class Collective(StrEnum):
-    ALL_REDUCE = "all-reduce"
-    ALL_GATHER = "all-gather"
-    REDUCE_SCATTER = "reduce-scatter"
-    ALL_TO_ALL = "all-to-all"
-    SEND_RECV = "send-recv"
 
 
 @dataclass(frozen=True)

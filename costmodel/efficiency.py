@@ -2,7 +2,7 @@
 
 No per-run knobs: the same constants price every model on every cluster. Each one states what it
 stands for and why it has its value; ``bench/validate_costmodel.py`` and
-``tests/unit/test_published_runs.py`` hold the model to published runs with them.
+``tests/unit/measure/test_published_runs.py`` hold the model to published runs with them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Efficiency:
     (a linear layer priced with ``Split.seq_len``): the rate before tile and wave quantisation
     and the epilogue, which ``compute.gemm_efficiency`` takes off by shape. Fitted, like
     ``matmul``, as one value for all ten rows of Megatron-LM's Table 1 with the shape model on
-    (``autopar.calibration.calibrate`` on the ten rows, least squares of the log step time,
+    (``autopar.measure.calibration.calibrate`` on the ten rows, least squares of the log step time,
     each row at the micro-batch and chunks its authors' script ran: 0.709, kept to two places;
     refitted 2026-11-24 when the GEMMs took their weights' own shapes and the rows their
     scripts' configurations; bench/results/costmodel.md: errors -5.4 % .. +4.7 %). 0.71 of
@@ -80,7 +80,7 @@ class Efficiency:
     3 70B, FSDP 32 x TP 8, full AC, local batch 16, bf16: 597.3 -> 652.4 tokens/s per GPU,
     1.09x); the ideal overlap (1.0) predicts 1.27x there. Fitted on that row only; its other
     row (Llama 3 8B, 64 H100, FSDP 8 x TP 8, 1.10x) is predicted, in
-    ``tests/unit/test_published_runs.py``. The gap to the ideal: the decomposed GEMMs run
+    ``tests/unit/measure/test_published_runs.py``. The gap to the ideal: the decomposed GEMMs run
     slower than the whole one, and not every collective of a block finds a GEMM to fuse with."""
     moe_load_imbalance: float = 1.10
     """A dropless MoE layer's busiest expert-parallel rank receives this multiple of the mean

@@ -40,7 +40,7 @@ hidden, a buffer per micro-batch in flight whatever its size), instead of the ea
 log-probabilities (tokens x vocab); while it runs the eager loss also holds their gradient and
 the logits' (8 bytes per logit, ``transient_bytes``), the fused one a chunk of logits.
 
-``tests/unit/test_saved_activations.py`` holds these, fused or not, against the bytes the
+``tests/unit/analysis/test_saved_activations.py`` holds these, fused or not, against the bytes the
 executed program keeps for tiny models.
 """
 

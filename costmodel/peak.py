@@ -3,7 +3,7 @@
 A sum of each kind's largest size is not the peak: FSDP2 (``passes/data_parallel.py``) frees
 and re-gathers parameters, turns gradients into fp32 accumulators and reduced shards, at
 different moments than the activations come and go. The dry run of the emitted program
-(``autopar.dry_run``, ``bench/results/memory_grid.md``) shows where each rank peaks; these are
+(``autopar.dryrun.run``, ``bench/results/memory_grid.md``) shows where each rank peaks; these are
 the moments priced here, each with what the engine holds then:
 
 * ``backward start``: the backward of a micro-batch begins (on the last stage, the loss's

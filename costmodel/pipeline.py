@@ -100,7 +100,7 @@ def bubble_fraction(schedule: Schedule, pp: int, m: int, v: int) -> float:
     ``m // max(1, m // pp)``): at each of the ``v - 1`` changes of chunk the first rank waits
     ``pp - m`` chunk-times for the round's first micro-batch to come back through the other
     stages. ``costmodel/schedule_slots.py`` lays the schedule out slot by slot and
-    ``tests/unit/test_schedule_slots.py`` holds the two equal."""
+    ``tests/unit/costmodel/test_schedule_slots.py`` holds the two equal."""
     chunks = v if schedule is Schedule.INTERLEAVED else 1
     return ((pp - 1) + (chunks - 1) * max(0, pp - m)) / (chunks * m)
 
@@ -117,7 +117,7 @@ def pipeline_s(schedule: Schedule, pp: int, m: int, v: int,
     ``bubble_fraction`` of ``m`` of their mean in general). With equal stages that is
     ``bubble_fraction * m`` stage times; with a heavy last stage (the head) or uneven blocks
     (126 layers on 16 stages) it is less, as ``costmodel/schedule_slots.py``'s slot-by-slot
-    layout of the schedule has it (``tests/unit/test_schedule_slots.py`` holds them within
+    layout of the schedule has it (``tests/unit/costmodel/test_schedule_slots.py`` holds them within
     2 % on such stages; the slowest-stage bubble was up to 3 % long there). Under the
     interleaved schedule the head runs in the last rank's last chunk only, yet that rank runs
     it once per micro-batch whatever the order, between the fill and the drain: ``m`` times its

@@ -1,6 +1,6 @@
 """A measured profile of one machine: what its operators and collectives take, and lookups in it.
 
-``autopar profile`` (``autopar/profiling.py``) measures, with the machine's own software stack,
+``autopar profile`` (``autopar/measure/profiling.py``) measures, with the machine's own software stack,
 the work the cost model prices: GEMMs over a grid of shapes, attention forward and backward
 (``scaled_dot_product_attention``), memory-bound kernels, the optimizer step, and each collective
 over message sizes on each group layout it could form. This module holds the result (a frozen
@@ -34,13 +34,15 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autopar.core.collectives import Collective
 from autopar.core.errors import AutoparError, read_json
 
 FORMAT_VERSION = 1
 """Version of the profile file layout; a file of another version is refused, not guessed at."""
 
-TERMS = ("gemm", "attention", "memory-bound", "optimizer", "all-reduce", "all-gather",
-         "reduce-scatter", "all-to-all", "send-recv")
+TERMS = ("gemm", "attention", "memory-bound", "optimizer", Collective.ALL_REDUCE,
+         Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL,
+         Collective.SEND_RECV)
 """The priced terms a profile can supply, in report order."""
 
 

@@ -18,7 +18,7 @@ no slot-by-slot timeline. This module is the one place that lays one out, from t
   (the cost model adds them to the stage time, ``comm_pp``).
 
 With equal stages the idle time of a rank is the cost model's bubble:
-``(pp - 1) / v`` micro-batch stage times (``tests/unit/test_schedule_slots.py``).
+``(pp - 1) / v`` micro-batch stage times (``tests/unit/costmodel/test_schedule_slots.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The cost model's view of a model: per-layer tables of work, saved activations and communication.
 
-``autopar.workload.build_workload`` derives a ``Workload`` from a traced ``GraphIR``; the cost
+``autopar.analysis.workload.build_workload`` derives a ``Workload`` from a traced ``GraphIR``; the cost
 model reads nothing else of the model. Every quantity is for ONE sequence at the traced sequence
 length on ONE unsharded replica; the cost model scales by micro-batch and divides by the parallel
 degrees according to each entry's ``Shard`` class. Bytes of activations are in the training
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from enum import Enum
 
+from autopar.core.collectives import Collective
 from autopar.core.layout import Shard
 from autopar.core.roofline import OpKind
 
@@ -121,7 +122,7 @@ class TPCollective:
     """A tensor-parallel collective over ``elements`` activations per sequence (the full tensor,
     before any split by tp).
 
-    ``kind`` is a ``costmodel.collectives.Collective`` value: the collective the resharding of
+    ``kind`` is a ``core.collectives.Collective`` value: the collective the resharding of
     the strategies chosen by the solve needs (all-reduce, all-gather, reduce-scatter,
     all-to-all; ``autopar.search.reshard``).
     """
@@ -129,7 +130,7 @@ class TPCollective:
     name: str
     elements: float
     phase: Phase
-    kind: str = "all-reduce"
+    kind: str = Collective.ALL_REDUCE
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class Workload:
     tp: int = 1
     """The tensor-parallel degree whose per-op strategies the entries record (their ``Shard``,
     ``params_tp``, ``tp_collectives``; ``autopar.search.tp_solve``). The base workload
-    (``autopar.workload.build_workload``) has 1: nothing divides by tp and no tp collective
+    (``autopar.analysis.workload.build_workload``) has 1: nothing divides by tp and no tp collective
     runs. ``costmodel.step.estimate_step`` prices a workload only at its own degree."""
 
     @property

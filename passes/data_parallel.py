@@ -1,7 +1,7 @@
 """Data parallelism by ZeRO stage, and mixed precision, on FSDP2 ``fully_shard``.
 
 Every block is one FSDP unit, then the stage root (torchtitan's wrapping). What the engine runs
-for each ZeRO stage (``autopar.execution.ENGINE_ZERO`` says it in the plan's report):
+for each ZeRO stage (``autopar.report.execution.ENGINE_ZERO`` says it in the plan's report):
 
 Under context parallelism the cp ranks join the dp ranks in every one of these (they hold the
 same weights, other tokens of the sequences): ``passes/mesh.py:data_parallel_mesh``.

@@ -62,7 +62,7 @@ from autopar.core.errors import AutoparError
 from autopar.core.mesh import DATA_PARALLEL, MeshAxis
 from autopar.core.plan import Plan
 from autopar.models.expert_layers import ExpertLayer
-from autopar.models.moe.model import (
+from autopar.models.routing import (
     capacity_slots,
     combine_capacity,
     combine_dropless,

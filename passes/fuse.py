@@ -54,7 +54,7 @@ from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 from autopar import kernels
 from autopar.core.errors import AutoparError
 from autopar.core.specs import ENGINE_FUSIONS
-from autopar.ops import PATTERNS
+from autopar.analysis.ops import PATTERNS
 from autopar.models.family import Family
 from autopar.models.parts import stage_info
 from autopar.passes.model_parts import ModelParts, model_family

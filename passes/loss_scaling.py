@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from autopar.core.specs import Precision, TrainSpec
-from autopar.training import LOSS_SCALING
+from autopar.models.training import LOSS_SCALING
 
 
 def grad_scaler(train: TrainSpec, device: torch.device) -> ShardedGradScaler | None:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from autopar.admissibility import ModelFacts, check_plan, facts_of, microbatch_problem
+from autopar.analysis.admissibility import ModelFacts, check_plan, facts_of, microbatch_problem
 from autopar.core.errors import AutoparError
 from autopar.core.mesh import DATA_PARALLEL, ORDER, MeshAxis, mesh_sizes
 from autopar.core.model_spec import ModelSpec
@@ -23,7 +23,7 @@ AXES: tuple[MeshAxis, ...] = ORDER
 
 def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
     """Refuse, with what to do, a plan this version cannot run: the admissibility check for the
-    model of ``facts`` (``autopar.admissibility.check_plan``; without ``facts``, the checks that
+    model of ``facts`` (``autopar.analysis.admissibility.check_plan``; without ``facts``, the checks that
     need no model), then the passes' own limits -- fused kernels that exist (and
     ``linear_cross_entropy`` at tp 1). Context and expert parallelism run
     (``passes/context_parallel.py``, ``passes/expert_parallel.py``); the admissibility check

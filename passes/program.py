@@ -40,7 +40,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from autopar.admissibility import facts_of
+from autopar.analysis.admissibility import facts_of
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Precision
 from autopar.core.plan import Plan
@@ -60,7 +60,7 @@ from autopar.passes.stage import (StageModule, build_stages, end_stage_names, mo
                                   stage_blocks, stage_layout, stage_of)
 from autopar.passes.whole_model import checkpoint_blocks, whole_model_blocks
 from autopar.models.feed import logits_of
-from autopar.training import loss_of
+from autopar.models.training import loss_of
 from autopar.passes.tensor_parallel import (
     apply_tensor_parallel,
     loss_is_vocab_parallel,

@@ -21,7 +21,7 @@ turns each into the engine's parallel style and calls ``parallelize_module`` onc
 ==============  ==================================================================
 
 ``parallelize`` checks the styles against the model before this pass runs
-(``autopar.admissibility.layer_problems``): each split applies to its kind of layer and tp
+(``autopar.analysis.admissibility.layer_problems``): each split applies to its kind of layer and tp
 divides the dimension it splits, and column splits are closed by row splits inside one module.
 
 The modules holding column splits (attention, MLP) get ``PrepareBlockInput``: their activation
@@ -53,11 +53,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from autopar.admissibility import block_styles
+from autopar.analysis.admissibility import block_styles
 from autopar.core.layout import Style
 from autopar.core.plan import Plan
 from autopar.models.parts import stage_info
-from autopar.module_strategies import LOSS
+from autopar.analysis.module_strategies import LOSS
 from autopar.passes.model_parts import ModelParts
 
 
@@ -189,7 +189,7 @@ def _style(name: str, style: Style, plan: Plan, parts: ModelParts, sections: int
            whole_ends: bool = False) -> ParallelStyle | None:
     """The engine's style for one module: the one translation of the plan's ``Style`` to
     DTensor. ``parallelize`` has checked the plan's styles against the model first
-    (``autopar.admissibility.layer_problems``: module kinds, divisible dimensions, column
+    (``autopar.analysis.admissibility.layer_problems``: module kinds, divisible dimensions, column
     splits closed by row splits). ``whole_ends``: the finish step reads the whole sequence
     (``GatherBlockOutput``), so the head's input is replicated."""
     if style == Style.REPLICATED:

@@ -3,9 +3,9 @@
 Three words, each owned here and used everywhere else:
 
 * ``Layout``: how one activation lies over the ``tp`` ranks (the solve's edges, ``search.reshard``).
-* ``Style``: the name of a strategy an op runs by (``autopar.ops`` rules, the plan's
+* ``Style``: the name of a strategy an op runs by (``autopar.analysis.ops`` rules, the plan's
   ``block_strategies``) and of the style a module is applied with (the plan's
-  ``module_strategies``, ``autopar.module_strategies``; ``passes/tensor_parallel.py`` turns each
+  ``module_strategies``, ``autopar.analysis.module_strategies``; ``passes/tensor_parallel.py`` turns each
   into the engine's ``ParallelStyle``, its one translation to DTensor).
 * ``Shard``: how an entry of the cost model's tables divides (``costmodel.workload``).
 

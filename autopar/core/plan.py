@@ -1,8 +1,8 @@
 """``Plan``: what the search decided, what it predicts, and what came second.
 
 A frozen dataclass that validates in ``__post_init__`` and round-trips to JSON byte for byte. It
-is data: its ``report``/``explain`` live in ``autopar.report`` and its ``export`` in
-``autopar.passes.export`` (``VIEWS``), so every layer can depend on it.
+is data: its ``report``/``explain`` live in ``autopar.report.text`` and its ``export`` in
+``autopar.exports.folder`` (``VIEWS``), so every layer can depend on it.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Plan:
     """(op, strategy) for the ops of one block, tied across the repeated blocks."""
     module_strategies: tuple[tuple[str, str], ...] = ()
     """(module, style) that the tensor-parallel pass applies, folded from the per-op strategies
-    (see ``autopar.module_strategies``): ``layers.*.attn.q_proj`` -> ``column``..."""
+    (see ``autopar.analysis.module_strategies``): ``layers.*.attn.q_proj`` -> ``column``..."""
     ops_without_rules: tuple[str, ...] = ()
     """Ops the strategy registry had no rule for: run replicated."""
     model_spec: ModelSpec | None = None
@@ -197,12 +197,12 @@ class Plan:
 
     def report(self, width: int = 110) -> str:
         """The plan as tables under its title: configuration, memory per stage, time, notes,
-        what runs, runner-ups (``autopar.report.plan_report``)."""
+        what runs, runner-ups (``autopar.report.text.plan_report``)."""
         return _view("report")(self, width=width)
 
     def explain(self) -> str:
         """Why this plan and not each runner-up: the deltas that decide it
-        (``autopar.report.plan_explain``)."""
+        (``autopar.report.text.plan_explain``)."""
         return _view("explain")(self)
 
     def spec_for(self, given: ModelSpec | None = None) -> ModelSpec:
@@ -232,7 +232,7 @@ class Plan:
     def export(self, folder: str | os.PathLike[str], model: ModelSpec | None = None, *,
                overwrite: bool = False) -> Path:
         """Write a runnable training folder for this plan (``plan.json``, ``model.json``,
-        ``train.py``, ``launch.sh``, ``README.md``; ``autopar.passes.export.export_plan``).
+        ``train.py``, ``launch.sh``, ``README.md``; ``autopar.exports.folder.export_plan``).
         ``model`` defaults to the recorded one (``spec_for``)."""
         return _view("export")(self, folder, model, overwrite=overwrite)
 

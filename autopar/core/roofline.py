@@ -1,4 +1,4 @@
-"""Which roofline an op runs on: the word the op registry (``autopar.ops``) gives each op and the
+"""Which roofline an op runs on: the word the op registry (``autopar.analysis.ops``) gives each op and the
 cost model (``costmodel.compute``) prices it by."""
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class Checkpoint(StrEnum):
     for memory-bound recompute and the forward's tp collectives issued again; ``selective``
     wins under tp + SP, where matmuls' partial sums stay full-size. The memory model's bytes
     per layer, in units of s*b*h, GPT-175B block (h = 12288, a = 96, s = 2048, b = 1, fp16,
-    dropout 0.1; ``tests/unit/test_activation_memory.py``):
+    dropout 0.1; ``tests/unit/costmodel/test_activation_memory.py``):
 
     ==================  ======  =========  =======  ====
     attention, split    none    selective  matmuls  full
@@ -140,7 +140,7 @@ GEMM (PyTorch's micro-pipeline TP over symmetric memory, ``passes/async_tp.py``;
 ``costmodel/step.py:tp_comm_s``). Needs tp > 1 with sequence parallelism."""
 ENGINE_FUSIONS: tuple[str, ...] = (ASYNC_TP,)
 """Fusions the engine makes of collectives and GEMMs (no kernel of ``autopar.kernels``, no op
-pattern of ``autopar.ops``)."""
+pattern of ``autopar.analysis.ops``)."""
 
 
 @dataclass(frozen=True)

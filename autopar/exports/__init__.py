@@ -4,7 +4,7 @@ One module per target, each turning the same ``Plan`` into an ``Export`` (files 
 how every plan field maps, ``exports.mapping``): ``megatron`` (Megatron-LM arguments),
 ``deepspeed`` (a DeepSpeed config JSON), ``torchtitan`` (a ``Trainer.Config`` function and the
 JSON its ``save_config_file`` writes), ``bridge`` (Megatron-Bridge recipe overrides). The
-``autopar`` format is autopar's own runnable torchrun folder (``autopar.passes.export``).
+``autopar`` format is autopar's own runnable torchrun folder (``autopar.exports.folder``).
 
 ``export_formats(plan, folder, formats)`` writes them: one format into ``folder``, several (or
 ``all``) each into ``folder/<format>/``. Every target's ``README.md`` lists what maps exactly,
@@ -72,7 +72,7 @@ def export_formats(plan: Plan, folder: str | os.PathLike[str],
         from autopar.passes.mesh import executable_spec
 
         executable_spec(plan, model)  # what export_plan checks, before anything is written
-    from autopar.passes.export import check_folder, export_plan
+    from autopar.exports.folder import check_folder, export_plan
 
     out = Path(folder)
     check_folder(out, overwrite)  # the autopar folder's own rule

@@ -58,7 +58,7 @@ CONFIG = "ds_config.json"
 def deepspeed_config(plan: Plan) -> tuple[dict[str, object], dict[str, Row]]:
     """(the config dict, the row of each plan field); ``AutoparError`` for a plan DeepSpeed
     cannot run (see the table in the module docstring)."""
-    from autopar.training import LOSS_SCALING
+    from autopar.models.training import LOSS_SCALING
 
     c, t = plan.config, plan.train
     m = plan.estimate.num_microbatches

@@ -84,8 +84,8 @@ def plan_rows(plan: Plan, handled: Mapping[str, Row]) -> tuple[Row, ...]:
 
 def plan_values(plan: Plan) -> dict[str, str]:
     """The plan's fields as text, by their export names (``config.tp``, ``stage_blocks``,
-    ``train.seq_len``...): ``autopar.report.config_text``'s words."""
-    from autopar.report import config_text
+    ``train.seq_len``...): ``autopar.report.text.config_text``'s words."""
+    from autopar.report.text import config_text
 
     out = {"nodes x gpus_per_node": f"{plan.nodes} x {plan.gpus_per_node}"}
     for name, value in config_text(plan).items():

@@ -58,11 +58,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autopar.core.estimate import checkpoint_text
+from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.core.specs import ASYNC_TP, Checkpoint, Optimizer, Precision, Schedule
 from autopar.core.stages import chunk_sizes
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
-from autopar.exports.shape import ModelShape, model_shape
+from autopar.models.shape import ModelShape, model_shape
 
 SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py and "
           "megatron/core/transformer/transformer_config.py at "
@@ -91,7 +92,7 @@ def megatron_items(plan: Plan) -> list[Item]:
     """The plan as Megatron config fields, one ``Item`` per plan field (see the table in the
     module docstring); ``AutoparError`` for what Megatron cannot run."""
     c, t = plan.config, plan.train
-    shape = model_shape(plan)
+    shape = model_shape(plan.model_spec or ModelSpec.zoo(plan.model))
     items = [
         Item("nodes x gpus_per_node", f"{plan.nodes} x {plan.gpus_per_node}", (), Fit.EXACT,
              "the torchrun line of the script"),
@@ -300,7 +301,7 @@ def _fusions(plan: Plan) -> Item:
 
 
 def _precision(plan: Plan) -> Item:
-    from autopar.training import LOSS_SCALING
+    from autopar.models.training import LOSS_SCALING
 
     p = plan.train.precision
     if p is Precision.BF16:

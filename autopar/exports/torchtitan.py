@@ -53,11 +53,12 @@ import json
 from dataclasses import dataclass
 
 from autopar.core.estimate import checkpoint_text
+from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.core.specs import ASYNC_TP, Checkpoint, Optimizer, Precision, Schedule
 from autopar.core.stages import chunk_sizes
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
-from autopar.exports.shape import ModelShape, model_shape
+from autopar.models.shape import ModelShape, model_shape
 
 SOURCE = ("pytorch/torchtitan torchtitan/config/configs.py, torchtitan/trainer.py, "
           "torchtitan/distributed/activation_checkpoint.py, "
@@ -208,7 +209,7 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
         "torchtitan's kernels come with its model and torch.compile (compile.enable)"
         + ("; for async_tp set parallelism.enable_async_tensor_parallel with compile.enable "
            "(the same micro-pipeline TP)" if ASYNC_TP in c.fusions else ""))
-    flavor = _flavor(model_shape(plan))
+    flavor = _flavor(model_shape(plan.model_spec or ModelSpec.zoo(plan.model)))
     label = plan.model_spec.label if plan.model_spec else plan.model
     if flavor:
         row("model", label, f'model_registry("{flavor}") of torchtitan.models.llama3',

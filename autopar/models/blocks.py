@@ -8,7 +8,7 @@ experts inside each layer never beats the list of layers that holds it. A run ne
 instances unless no container has one, in which case a single-child list (a one-layer model)
 still counts.
 
-It reads the module tree only, so the tracer (``autopar.tracing_blocks``, which also marks each
+It reads the module tree only, so the tracer (``autopar.analysis.tracing_blocks``, which also marks each
 traced node with its instance), the admissibility facts and the generic decoder family
 (``models/generic``) share it.
 

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING
 
 from autopar.core.layout import Layout, Strategy, shard_of
 from autopar.costmodel.workload import BackwardMoment, LayerCost, OpKind, SavedTensor
-from autopar.graph import GraphIR
-from autopar.ops import kind_of, storage_of
+from autopar.analysis.graph import GraphIR
+from autopar.analysis.ops import kind_of, storage_of
 
 if TYPE_CHECKING:
     from .block_tables import StrategyGraph
@@ -63,7 +63,7 @@ def saved_as_held(graph: GraphIR, sg: StrategyGraph, chosen: list[Strategy],
     ``matmuls`` keeps ``LayerCost.saved``'s entries it marks, in the producer's layout.
 
     The second value maps an op's index to the entries released once its backward ran: those
-    whose earliest saver (``SavedTensor.savers``, recorded by ``autopar.workload``) in the
+    whose earliest saver (``SavedTensor.savers``, recorded by ``autopar.analysis.workload``) in the
     forward's order it is (a tensor no node keeps, a cache of the matmuls policy, goes with
     the node its name starts with); the layer's input is never released inside the layer."""
     inside = frozenset(op.node.name for op in sg.ops if op.node is not None)

@@ -19,16 +19,17 @@ import math
 from dataclasses import dataclass, replace
 
 from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.collectives import Collective, Group
+from autopar.core.collectives import Collective
+from autopar.costmodel.collectives import Group
 from autopar.costmodel.compute import Split, estimate_op_s
 from autopar.costmodel.efficiency import Efficiency
 from autopar.costmodel.step import tp_collective_s
 from autopar.core.layout import Layout, Shard, Strategy, Style, shard_of
 from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, TPCollective
-from autopar.graph import GraphIR, NodeInfo
-from autopar.ops import kept_by_matmuls, strategies_for
-from autopar.ops.loss import LOSS_PARALLEL_TRANSIENT_BYTES
-from autopar.ops.stream import residual_stream
+from autopar.analysis.graph import GraphIR, NodeInfo
+from autopar.analysis.ops import kept_by_matmuls, strategies_for
+from autopar.analysis.ops.loss import LOSS_PARALLEL_TRANSIENT_BYTES
+from autopar.analysis.ops.stream import residual_stream
 from autopar.search.backward_walk import backward_moments, saved_as_held
 from autopar.search.ilp_types import BlockProblem, Edge, StrategyTable
 from autopar.search.reshard import conversion

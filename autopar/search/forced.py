@@ -19,8 +19,8 @@ a row split, which the engine runs inside the blocks only.
 from __future__ import annotations
 
 from autopar.core.layout import Style, splittable
-from autopar.graph import GraphIR, NodeInfo
-from autopar.ops import is_weight_gemm
+from autopar.analysis.graph import GraphIR, NodeInfo
+from autopar.analysis.ops import is_weight_gemm
 
 ROUTER_DEPTH = 3
 """How many ops after a linear a top-k makes it a router (the softmax and a view between)."""

@@ -22,7 +22,7 @@ from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import ZERO_SHARDS_FROM
 from autopar.core.specs import Checkpoint, ParallelConfig, TrainSpec
-from autopar.admissibility import (
+from autopar.analysis.admissibility import (
     ModelFacts,
     batch_problem,
     context_parallel_problem,

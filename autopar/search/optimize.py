@@ -49,7 +49,7 @@ from autopar.core.specs import ASYNC_TP, Checkpoint, ParallelConfig, Schedule, T
 from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step, tp_comm_s, tp_gemm_s
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
-from autopar.admissibility import ModelFacts
+from autopar.analysis.admissibility import ModelFacts
 from autopar.search.space import SpaceStats, outer_candidates
 
 POLICIES = (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS, Checkpoint.FULL)

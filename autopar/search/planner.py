@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from autopar.admissibility import ModelFacts, Problem, check_plan, styles_problems
+from autopar.analysis.admissibility import ModelFacts, Problem, check_plan, styles_problems
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
 from autopar.core.specs import TrainSpec
-from autopar.graph import GraphIR
+from autopar.analysis.graph import GraphIR
 from autopar.core.model_spec import ModelSpec
-from autopar.module_strategies import module_strategies
+from autopar.analysis.module_strategies import module_strategies
 from autopar.core.plan import Plan, SolverInfo
 from autopar.search.infeasible import infeasible_error
 from autopar.search.optimize import search, stage_partition
@@ -32,8 +32,8 @@ from autopar.search.block_tables import Pricing
 from autopar.search.space import check_constraints
 from autopar.search.tp_solve import StrategyResult, StrategySolver
 from autopar.core.layout import Style
-from autopar.ops import ops_without_rules
-from autopar.workload import build_workload, without_attention_core
+from autopar.analysis.ops import ops_without_rules
+from autopar.analysis.workload import build_workload, without_attention_core
 
 ProgressFn = Callable[[int, int], None]
 """Called as ``progress(done, total)`` while candidates are priced."""

@@ -30,7 +30,7 @@ shards or back (``Q``/``S``, an all-to-all). A plan needing them could not run.
 from __future__ import annotations
 
 from autopar.core.layout import Layout
-from autopar.costmodel.collectives import Collective
+from autopar.core.collectives import Collective
 
 R, S, Q, P, RP = Layout.R, Layout.S, Layout.Q, Layout.P, Layout.R_PARTIAL_GRAD
 

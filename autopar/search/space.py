@@ -22,7 +22,7 @@ Pruning rules, each with why it cannot lose the optimum under the cost model:
 Everything else here is validity, not pruning: degrees must divide the GPU count and the
 micro-batch the per-replica batch, tp = 1 with the fused loss (``linear_cross_entropy``
 computes every logit on one GPU; ``ParallelConfig`` refuses it with tp > 1), and every
-candidate must pass the one admissibility check (``autopar.admissibility.problems``: heads,
+candidate must pass the one admissibility check (``autopar.analysis.admissibility.problems``: heads,
 stages, sequence under sequence and context parallelism, experts, micro-batches against the
 schedule). Its rules are called here, not restated; the reasons of the candidates it refuses are
 counted in ``SpaceStats.refused``, so that an empty space can say why. Where sequence
@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from autopar.admissibility import (
+from autopar.analysis.admissibility import (
     ModelFacts,
     Problem,
     batch_problem,

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 
 from autopar.core.layout import Layout, Style
 from autopar.costmodel.workload import Workload
-from autopar.graph import GraphIR, NodeInfo
-from autopar.workload import layer_nodes
+from autopar.analysis.graph import GraphIR, NodeInfo
+from autopar.analysis.workload import layer_nodes
 from autopar.search.block_tables import (
     Pricing,
     SolvedLayer,
@@ -53,7 +53,7 @@ class StrategySolver:
 
     graph: GraphIR
     base: Workload
-    """The base workload (tp = 1, ``autopar.workload.build_workload``): its costs per op and
+    """The base workload (tp = 1, ``autopar.analysis.workload.build_workload``): its costs per op and
     saved tensors are re-priced under each solve's strategies."""
     act_bytes: float
     split_weights: bool = False

@@ -53,7 +53,7 @@ def train_then_resume(tmp_path: Path, spec, train, plan_a, plan_b, *, rel: float
 
     import autopar
     from autopar.costmodel.cluster import process_cluster
-    from autopar.verify import reference
+    from autopar.verify.run import reference
 
     model = spec.build("meta")
     plans = {k: autopar.plan_for(model, process_cluster(4), train, c, name=spec.label)
@@ -88,7 +88,7 @@ def resume_a_from_b(tmp_path: Path, spec, run: dict, *, rel: float) -> None:
     step-4 checkpoint and trains steps 5 and 6 on the one-process reference's losses."""
     import pytest
 
-    from autopar.verify import reference
+    from autopar.verify.run import reference
 
     log_c = tmp_path / "c.jsonl"
     _, out_c = launch(run["folders"]["a"], "--steps", "6", "--resume",

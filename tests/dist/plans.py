@@ -7,7 +7,7 @@ from __future__ import annotations
 import autopar
 from autopar import ParallelConfig, TrainSpec
 from autopar.costmodel.cluster import process_cluster
-from autopar.training import ModelSpec
+from autopar.models.training import ModelSpec
 
 
 def process_plan(spec: ModelSpec, fields: dict, batch: int, *, precision: str = "fp32",

@@ -22,12 +22,12 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import autopar
-from autopar.admissibility import facts_of
+from autopar.analysis.admissibility import facts_of
 from autopar import ParallelConfig, TrainSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.costmodel.step import cp_collectives
 from autopar.search.planner import strategies_of
-from autopar.training import ModelSpec
+from autopar.models.training import ModelSpec
 from autopar.costmodel.cluster import process_cluster
 
 KIND = {"c10d_functional.all_reduce": "all-reduce",  # CommDebugMode's names, and the ops'

@@ -22,9 +22,9 @@ from launching import events, launch, losses_of
 
 import autopar
 from autopar import ParallelConfig, TrainSpec
-from autopar.training import ModelSpec
+from autopar.models.training import ModelSpec
 from autopar.costmodel.cluster import process_cluster
-from autopar.verify import reference
+from autopar.verify.run import reference
 
 TRAIN = TrainSpec(global_batch=8, seq_len=32, precision="fp32")
 PLAN_A = ParallelConfig(dp=2, tp=2, micro_batch=2, zero=1)

@@ -20,7 +20,7 @@ import pytest
 from launching import train_then_resume
 
 from autopar import ParallelConfig, TrainSpec
-from autopar.training import ModelSpec
+from autopar.models.training import ModelSpec
 
 TRAIN = TrainSpec(global_batch=8, seq_len=32, precision="fp32")
 PLAN_A = ParallelConfig(dp=4, ep=2, zero=1, micro_batch=1)

@@ -13,7 +13,7 @@ import pytest
 from launching import launch, losses_of
 
 import autopar
-from autopar.cli import main
+from autopar.cli.main import main
 
 CLUSTER = "name: two-gpus\nbase: hgx-h100-80g\ngpus_per_node: 2\nnodes: 1\n"
 FACTORY = """
@@ -78,7 +78,7 @@ def test_an_image_model_folder_trains_on_the_images_verify_draws(tmp_path):
     from pathlib import Path
 
     from autopar.core.model_spec import ModelSpec
-    from autopar.verify_reference import reference
+    from autopar.verify.reference import reference
 
     vit = Path(__file__).resolve().parents[1] / "data" / "vit"
     losses = _plan_export_train(tmp_path, ["--model", str(vit)], ["--dp", "2"])

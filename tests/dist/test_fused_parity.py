@@ -2,7 +2,7 @@
 
 The sharded program runs the Triton kernels (in the CPU interpreter here) and the reference the
 plain, unfused model, so these compare the kernels and the fusion pass as well as the sharding,
-within the same fp32 tolerances as tests/dist/test_parity.py (``autopar.verify.TOLERANCES``).
+within the same fp32 tolerances as tests/dist/test_parity.py (``autopar.verify.run.TOLERANCES``).
 The cases cover the ways a kernel gets its inputs: plain tensors under data parallelism (ZeRO-3,
 where the fused head's weight is read after the stage's forward), local shards in attention and
 the MLP under tensor parallelism, and DTensor sequence shards in the norms under sequence
@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 from autopar import kernels
-from autopar.training import ModelSpec
-from autopar.verify import verify
+from autopar.models.training import ModelSpec
+from autopar.verify.run import verify
 from plans import process_plan
 
 pytestmark = pytest.mark.skipif(not kernels.available(),

@@ -1,5 +1,5 @@
 """A user's own decoder (``FILE.py:FACTORY``, the generic family: tests/data/nanogpt.py) under
-context parallelism, against one process (``autopar.verify``: gloo on CPU).
+context parallelism, against one process (``autopar.verify.run``: gloo on CPU).
 
 Its blocks call ``F.scaled_dot_product_attention(..., is_causal=True)``, which a cp rank runs
 over the K and V gathered from the cp group (``models/generic/context.py``: a function mode
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from autopar.core.model_spec import ModelSpec
-from autopar.verify import verify
+from autopar.verify.run import verify
 
 from plans import process_plan
 

@@ -22,7 +22,7 @@ from plans import process_plan
 
 from autopar import ParallelConfig, TrainSpec
 from autopar.core.model_spec import ModelSpec
-from autopar.verify import verify
+from autopar.verify.run import verify
 
 NANOMOE = ModelSpec.parse(f"{Path(__file__).resolve().parents[1] / 'data' / 'nanomoe.py'}:make")
 TRAIN = TrainSpec(global_batch=4, seq_len=32, precision="fp32")

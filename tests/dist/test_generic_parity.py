@@ -1,5 +1,5 @@
 """A user's own decoder (``FILE.py:FACTORY``, the generic family) and transformers GPT-2 run
-under dp 2 and pp 2 as the one-process reference does (``autopar.verify``: gloo on CPU).
+under dp 2 and pp 2 as the one-process reference does (``autopar.verify.run``: gloo on CPU).
 
 Tolerance: ``autopar verify``'s own for fp32 plans (loss relative 1e-5, gradients 1e-3 of each
 tensor's largest entry, parameters 1e-2 of lr x steps). Measured on this machine
@@ -19,7 +19,7 @@ import autopar
 from autopar import ParallelConfig, TrainSpec
 from autopar.core.model_spec import ModelSpec
 from autopar.costmodel.cluster import process_cluster
-from autopar.verify import verify
+from autopar.verify.run import verify
 
 NANOGPT = Path(__file__).resolve().parents[1] / "data" / "nanogpt.py"
 TRAIN = TrainSpec(global_batch=4, seq_len=32, precision="fp32")

@@ -1,5 +1,5 @@
 """A user's own decoder (``FILE.py:FACTORY``, the generic family: tests/data/nanogpt.py) under
-tensor parallelism, against one process (``autopar.verify``: gloo on CPU).
+tensor parallelism, against one process (``autopar.verify.run``: gloo on CPU).
 
 Its attention reads its heads with the model's own sizes -- ``c_attn(x).split(c, dim=2)``,
 ``view(b, t, n_head, c // n_head)``, ``reshape(b, t, c)`` -- which autopar rewrites to a rank's
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from autopar.core.model_spec import ModelSpec
-from autopar.verify import verify
+from autopar.verify.run import verify
 
 from plans import process_plan
 

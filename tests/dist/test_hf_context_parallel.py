@@ -1,8 +1,8 @@
 """transformers decoders (``hf-llama``, ``hf-moe``, ``hf-gpt2``) under context parallelism,
 against one process.
 
-Each case plans with ``autopar.plan_for`` and runs ``autopar.verify`` (gloo CPU processes and
-one plain process, three steps from one seed; fp32 tolerances ``autopar.verify.TOLERANCES``:
+Each case plans with ``autopar.plan_for`` and runs ``autopar.verify.run`` (gloo CPU processes and
+one plain process, three steps from one seed; fp32 tolerances ``autopar.verify.run.TOLERANCES``:
 loss 1e-5 relative, gradients 1e-3 of each tensor's largest entry, parameters 1e-2 of the
 optimizer's largest move). The attention runs autopar's context-parallel function through
 transformers' attention interface (``models/hf_llama/context.py``): the rank's queries against
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.training import ModelSpec
-from autopar.verify import verify
+from autopar.models.training import ModelSpec
+from autopar.verify.run import verify
 
 from plans import process_plan
 

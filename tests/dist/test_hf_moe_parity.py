@@ -1,7 +1,7 @@
 """transformers MoE decoders (the ``hf-moe`` family) under expert parallelism, against one process.
 
-Each case plans with ``autopar.plan_for`` and runs ``autopar.verify`` (gloo CPU processes and
-one plain process, three steps from one seed; fp32 tolerances ``autopar.verify.TOLERANCES``:
+Each case plans with ``autopar.plan_for`` and runs ``autopar.verify.run`` (gloo CPU processes and
+one plain process, three steps from one seed; fp32 tolerances ``autopar.verify.run.TOLERANCES``:
 loss 1e-5 relative, gradients 1e-3 of each tensor's largest entry, parameters 1e-2 of the
 optimizer's largest move). Measured on this machine (fp32, 3 steps) for the Qwen2-MoE cases:
 loss <= 2.2e-8 relative, gradients <= 3.3e-6 of the tensor max, parameters <= 1.9e-4 of the
@@ -13,7 +13,7 @@ The models train on the cross-entropy alone, as transformers trains them with
 ``output_router_logits`` unset (its default), except the ``aux-loss`` case: with it set,
 transformers adds ``router_aux_loss_coef * load_balancing_loss_func`` over all layers' router
 logits, which the routers' hooks give as a gradient on the ranks and in the reference alike
-(``models/hf_moe/load_balancing.py``; ``tests/unit/test_hf_moe_load_balancing.py`` holds the
+(``models/hf_moe/load_balancing.py``; ``tests/unit/models/test_hf_moe_load_balancing.py`` holds the
 hooked one-process model bit for bit to transformers' own loss). Measured, dp2 x ep2 x tp2 with
 full checkpointing: gradients 5.3e-6 of the tensor max; with the ranks' hooks taken out the
 routers' gradients are 0.99 of their max off and the case fails.
@@ -40,8 +40,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import autopar
 from autopar import ParallelConfig, TrainSpec
 from autopar.costmodel.cluster import process_cluster
-from autopar.training import ModelSpec
-from autopar.verify import verify
+from autopar.models.training import ModelSpec
+from autopar.verify.run import verify
 
 from launching import free_port
 from plans import process_plan
@@ -91,7 +91,7 @@ def test_transformers_moe_under_expert_parallelism_matches_one_process(case):
 
 def test_transformers_moe_checkpointed_in_bf16_matches_one_process():
     """Full activation checkpointing (each block recomputed, its all-to-alls again) in bf16
-    mixed precision: verify's bf16 tolerances (``autopar.verify.TOLERANCES``: each difference
+    mixed precision: verify's bf16 tolerances (``autopar.verify.run.TOLERANCES``: each difference
     over the one-process run's own bf16 error, tolerance 8 x). Measured on this machine: loss
     1.8e-3, gradients 1.24, parameters 1.25 x the one-process error."""
     fields = dict(dp=2, ep=2, micro_batch=1, checkpoint="full")
@@ -145,7 +145,7 @@ dispatch, its rows recorded by a first pass of the user's forward."""
 @pytest.mark.parametrize("model", ["qwen2-moe", "nanomoe"])
 @pytest.mark.parametrize("checkpoint", ["none", "full"])
 def test_moe_all_to_alls_match_the_plan(tmp_path, checkpoint, model):
-    from autopar.admissibility import facts_of
+    from autopar.analysis.admissibility import facts_of
     from autopar.core.specs import Checkpoint
     from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
     from autopar.costmodel.step import ep_alltoalls

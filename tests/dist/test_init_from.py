@@ -35,8 +35,8 @@ from autopar.costmodel.cluster import process_cluster
 from autopar.models.hf_llama import HF_LLAMA_TINY
 from autopar.passes.materialize import check_checkpoint
 from autopar.models.feed import logits_of
-from autopar.training import ModelSpec, synthetic_batch
-from autopar.verify import reference
+from autopar.models.training import ModelSpec, synthetic_batch
+from autopar.verify.run import reference
 
 TRAIN = TrainSpec(global_batch=8, seq_len=32, precision="fp32")
 LOSS_REL = 1e-5

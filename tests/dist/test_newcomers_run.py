@@ -1,7 +1,7 @@
 """What newcomers to autopar ran outside the zoo and saw fail (issue 28), run again: each plan,
 made with ``autopar.plan_for`` as ``autopar verify`` makes it from flags, runs on gloo CPU
-processes and matches one process (``autopar.verify``; fp32 tolerances
-``autopar.verify.TOLERANCES``: loss 1e-5 relative, gradients 1e-3 of each tensor's largest
+processes and matches one process (``autopar.verify.run``; fp32 tolerances
+``autopar.verify.run.TOLERANCES``: loss 1e-5 relative, gradients 1e-3 of each tensor's largest
 entry, parameters 1e-2 of the optimizer's largest move, 2 steps). Measured on this machine for
 these cases (2026-11-27): loss <= 4.3e-8 relative, gradients <= 6.7e-6 of the tensor max,
 parameters <= 5.8e-4 of the move -- orders of magnitude inside the tolerances, which each
@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import pytest
 
-from autopar import verify_decoders
-from autopar.training import ModelSpec
-from autopar.verify import verify
+from autopar.verify import decoders as verify_decoders
+from autopar.models.training import ModelSpec
+from autopar.verify.run import verify
 
 from plans import process_plan
 

@@ -1,12 +1,12 @@
 """Every parallel dimension and combination against the single-process reference.
 
 Each case makes a plan with ``autopar.plan_for`` (every weight GEMM split when tp > 1) and runs
-``autopar.verify``: the plan's program on gloo CPU processes and one plain process train three
+``autopar.verify.run``: the plan's program on gloo CPU processes and one plain process train three
 steps from the same seed and tokens; the losses, last gradients and final parameters must agree
-within ``autopar.verify.TOLERANCES`` (fp32: loss 1e-5 relative, gradients 1e-3 of each
+within ``autopar.verify.run.TOLERANCES`` (fp32: loss 1e-5 relative, gradients 1e-3 of each
 tensor's largest entry, parameters 1e-2 of the optimizer's largest move; bf16: each within 8
 times the error one process makes in bf16 -- the reasoning and the measured basis are in
-``autopar/verify_measures.py``). Where no cross-rank reduction happens and the micro-batches
+``autopar/verify/measures.py``). Where no cross-rank reduction happens and the micro-batches
 are the reference's batch, the program is bit-exact
 (``test_pipeline_without_microbatching_is_bit_exact``), and a program with a wrong shard fails
 in fp32 and in bf16 (``test_a_wrong_shard_is_caught_in_fp32_and_in_bf16``).
@@ -21,9 +21,9 @@ import pytest
 import autopar
 from autopar import ParallelConfig, TrainSpec
 from autopar.models.hf_llama import HF_LLAMA_TINY
-from autopar.training import ModelSpec
+from autopar.models.training import ModelSpec
 from autopar.costmodel.cluster import process_cluster
-from autopar.verify import verify
+from autopar.verify.run import verify
 from plans import process_plan
 
 LLAMA = ModelSpec("tiny-llama")

@@ -9,7 +9,7 @@ from autopar.api import estimate
 from autopar.core.specs import ParallelConfig, TrainSpec
 from autopar.costmodel.cluster import profile_cluster
 from autopar.costmodel.profile import Profile, collective_key
-from autopar.profiling import Grid, profile
+from autopar.measure.profiling import Grid, profile
 
 TINY = Grid(gemm_sizes=(16, 256), attention_seq=(16, 32), memory_elements=(2**10, 2**12),
             optimizer_params=(2**10, 2**18), collective_bytes=(2**10, 2**22),

@@ -37,8 +37,8 @@ import autopar
 from autopar import ParallelConfig, TrainSpec
 from autopar.costmodel.cluster import process_cluster
 from autopar.models.hf_llama import HF_LLAMA_TINY
-from autopar.training import ModelSpec
-from autopar.verify import start_ranks, wait_ranks
+from autopar.models.training import ModelSpec
+from autopar.verify.launcher import start_ranks, wait_ranks
 
 TRAIN = TrainSpec(global_batch=8, seq_len=32, precision="fp32")
 GPT = ModelSpec("tiny-gpt")
@@ -222,7 +222,7 @@ def _check_case(job: dict) -> dict:
 
     from autopar.core.plan import Plan
     from autopar.core.specs import Precision
-    from autopar.verify_worker import full, sharded_program
+    from autopar.verify.worker import full, sharded_program
 
     plan, spec, seed = Plan.from_dict(job["plan"]), ModelSpec.from_dict(job["model"]), job["seed"]
     reference = spec.build("cpu", seed)
@@ -267,6 +267,6 @@ def _check_cases(job: dict) -> dict:
 
 
 if __name__ == "__main__":
-    from autopar.verify_worker import main
+    from autopar.verify.worker import main
 
     main(sys.argv[1:], work=_check_cases)

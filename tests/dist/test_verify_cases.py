@@ -1,5 +1,5 @@
 """Property-based verification in CI: a fixed-seed sample of random small models and plans
-(``autopar.verify_cases``), each of which must pass ``autopar verify`` or be refused before
+(``autopar.verify.cases``), each of which must pass ``autopar verify`` or be refused before
 any process starts, with its reason. ``bench/fuzz_verify.py`` runs the longer sample recorded
 in ``bench/results/fuzz_verify.md``; this one fits the CI budget (about a minute)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from autopar import AutoparError
-from autopar.verify_cases import Outcome, draw_cases, plan_case, run_case
+from autopar.verify.cases import Outcome, draw_cases, plan_case, run_case
 
 SEED = 20261123
 CASES = draw_cases(SEED, 10)

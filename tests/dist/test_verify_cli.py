@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autopar.cli import main
+from autopar.cli.main import main
 
 
 def test_verify_flags_plan_passes(capsys):
@@ -59,7 +59,7 @@ def test_a_rank_that_fails_is_reported_and_the_others_stopped(tmp_path):
     from autopar import AutoparError, ParallelConfig, TrainSpec
     from autopar.core.model_spec import ModelSpec
     from autopar.costmodel.cluster import process_cluster
-    from autopar.verify import verify
+    from autopar.verify.run import verify
 
     (tmp_path / "flaky.py").write_text(FLAKY)
     spec = ModelSpec.parse(f"{tmp_path / 'flaky.py'}:make")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from autopar.cli import main
-from autopar.verify import verify
-from autopar.verify_models import transformers_spec
+from autopar.cli.main import main
+from autopar.verify.run import verify
+from autopar.verify.models import transformers_spec
 
 from plans import process_plan
 

@@ -10,7 +10,7 @@ import pytest
 import autopar
 from autopar.core.estimate import Estimate
 from autopar.search.infeasible import InfeasibleError, infeasible_error
-from autopar.admissibility import ModelFacts
+from autopar.analysis.admissibility import ModelFacts
 
 GIB = 2**30
 CLUSTER = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=1)  # 8 GPUs, 76 GiB usable

@@ -7,7 +7,7 @@ from autopar.api import workload_of
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.search.optimize import search
 from autopar.search.planner import strategies_of
-from autopar.admissibility import ModelFacts
+from autopar.analysis.admissibility import ModelFacts
 
 
 def _strategies(name: str, cluster: autopar.ClusterSpec, train: autopar.TrainSpec,

@@ -1,7 +1,7 @@
 """The free search beats every published Megatron-LM configuration, and fits.
 
 Each row of ``tests/data/published_runs.json`` (Narayanan et al., SC'21, Table 1) is planned
-on the inputs of ``autopar.validation`` twice (``bench/search_time.py``, ``compare_published``):
+on the inputs of ``autopar.measure.validation`` twice (``bench/search_time.py``, ``compare_published``):
 constrained to the configuration the paper ran (TP, PP, DP, interleaved 1F1B, full recomputation,
 no ZeRO, sequence parallelism or offload; micro-batch and chunks free) and free. The free search
 space contains the constrained one, so the free plan must fit and be no slower (a float tolerance
@@ -18,7 +18,7 @@ import pytest
 import autopar
 from bench_scripts import load
 from autopar.core.specs import Checkpoint, Schedule
-from autopar.validation import check_megatron_row, megatron_inputs
+from autopar.measure.validation import check_megatron_row, megatron_inputs
 
 REL = 1e-9
 

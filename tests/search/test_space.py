@@ -6,7 +6,7 @@ import pytest
 
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Schedule, TrainSpec
-from autopar.admissibility import ModelFacts
+from autopar.analysis.admissibility import ModelFacts
 from autopar.search.space import SpaceStats, outer_candidates
 
 GPT = ModelFacts(num_blocks=24, num_heads=24)

@@ -9,10 +9,10 @@ from autopar.costmodel.compute import Split
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
 from autopar.costmodel.step import estimate_step
 from autopar.costmodel.topology import mesh_groups
-from autopar.ops import ops_without_rules
+from autopar.analysis.ops import ops_without_rules
 from autopar.search.block_tables import Pricing
 from autopar.search.tp_solve import StrategySolver
-from autopar.workload import build_workload
+from autopar.analysis.workload import build_workload
 
 CLUSTER = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=1)
 TRAIN = autopar.TrainSpec(global_batch=64, seq_len=2048)

@@ -3,7 +3,7 @@ paragraph on stderr -- what, where, what to do -- never a traceback."""
 
 from __future__ import annotations
 
-from autopar.cli import main
+from autopar.cli.main import main
 
 
 def refused(argv: list[str], capsys, *needles: str) -> str:

@@ -25,7 +25,7 @@ def solved_gpt_block():
     tp ``t`` with or without sequence parallelism, every linear layer split (``split_weights``:
     Megatron's column->row pairs); at t = 1 the base workload's, its backward walked whole."""
     import autopar
-    from autopar.admissibility import facts_of
+    from autopar.analysis.admissibility import facts_of
     from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
     from autopar.search.planner import strategies_of
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from autopar import AutoparError, ParallelConfig, TrainSpec
-from autopar.admissibility import check, facts_of
-from autopar.cli import main
+from autopar.analysis.admissibility import check, facts_of
+from autopar.cli.main import main
 from cli_refusal import refused as _refused
 from autopar.core.model_spec import ModelSpec
 
@@ -156,7 +156,7 @@ def test_profiling_cuda_without_a_gpu_says_so_before_starting_processes(capsys):
 def test_fusions_of_a_model_whose_final_norm_weight_is_its_own_parameter():
     # the generic description lists the root's norm_weight among the last stage's parts, which
     # the fusion pass walked as a module (found by the property run: every fused plan crashed)
-    from autopar import verify_decoders
+    from autopar.verify import decoders as verify_decoders
     from autopar.passes.fuse import apply_fusions
 
     model = ModelSpec.parse(f"{verify_decoders.__file__}:make_llama").build("cpu")
@@ -172,7 +172,7 @@ def test_tp_of_a_block_holding_its_own_q_k_v_projection_is_refused_up_front():
     # the block itself calls qkv and proj: no attention module whose code autopar rewrites for
     # a rank's shard (found by the property run: tp crashed in the ranks on the qkv split)
     import autopar
-    from autopar import verify_decoders
+    from autopar.verify import decoders as verify_decoders
     from autopar.costmodel.cluster import process_cluster
 
     spec = ModelSpec.parse(f"{verify_decoders.__file__}:make_positions")

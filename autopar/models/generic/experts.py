@@ -49,7 +49,7 @@ from torch.overrides import TorchFunctionMode
 
 from autopar.core.errors import AutoparError
 from autopar.models.expert_layers import ExpertLayer
-from autopar.models.moe.model import dropless_rows, is_symbolic, scale_grad
+from autopar.models.routing import dropless_rows, is_symbolic, scale_grad
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -54,6 +54,8 @@ class GPTConfig:
     """Shape of a Megatron-style GPT."""
 
     family: ClassVar[str] = "gpt"
+    gated: ClassVar[bool] = False
+    """GELU MLP, LayerNorm, learned positions, biases (``autopar.models.shape``)."""
 
     num_layers: int
     """Transformer blocks (l)."""

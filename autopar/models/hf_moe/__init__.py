@@ -27,7 +27,7 @@ alone.
 
 A router with jitter noise (Mixtral's ``router_jitter_noise`` > 0) runs as the model's own
 code draws it: each rank its own noise for its own tokens, as every data-parallel process
-does (``verify`` turns it off on both sides, ``autopar/verify_dropout.py``).
+does (``verify`` turns it off on both sides, ``autopar/verify/dropout.py``).
 
 Refused, with the reason in ``family_of``'s error:
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from autopar.models.expert_layers import Dispatch, ExpertLayer
 from autopar.models.hf_moe.parts import EXPERT_WEIGHTS, sparse_blocks
-from autopar.models.moe.model import local_weight
+from autopar.models.routing import local_weight
 
 
 def expert_layers(module: nn.Module) -> list[ExpertLayer]:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from autopar.models.hf_moe.parts import sparse_blocks
+from autopar.models.routing import router_loss_reason
 
 
 class _Counts:
@@ -79,20 +80,6 @@ class _RouterHook:
         weights = _LoadBalancingGrad.apply(weights, probs.float().sum(dim=0), self.counts,
                                            self.num_experts, scale)
         return logits, weights, indices
-
-
-def router_loss_reason(config: object) -> str | None:
-    """Why a model of ``config`` trains on a loss no pipeline stage and no context-parallel
-    rank holds alone: with ``output_router_logits`` set (and a coefficient), the counts ``A``
-    and rows ``N`` are every layer's over every token of a micro-batch's forward, needed
-    before any layer's backward; ``None`` when unset. The one test of that setting, for the
-    pp rule (``admissibility``'s ``cross_stage_loss``) and for cp (``router_loss_problem``)."""
-    coef = getattr(config, "router_aux_loss_coef", 0.0)
-    if getattr(config, "output_router_logits", False) is True and coef:
-        return (f"output_router_logits: the load-balancing loss (coefficient {coef:g}) counts "
-                "the routing of every layer and every token of a micro-batch's forward before "
-                "any layer's backward")
-    return None
 
 
 def router_loss_problem(model: nn.Module) -> str | None:

@@ -39,6 +39,8 @@ class DecoderConfig:
     """Fields shared by the Llama and MoE families: a RoPE/GQA/RMSNorm decoder."""
 
     family: ClassVar[str] = ""
+    gated: ClassVar[bool] = True
+    """SwiGLU MLP, RMSNorm, RoPE, no biases (``autopar.models.shape``)."""
 
     num_layers: int
     """Transformer blocks."""
@@ -156,7 +158,7 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa broadcasts each kv head over its group of query heads (torch >= 2.5; checked
-        # on CPU and meta in tests/unit/test_models.py), so k and v are never repeated in memory.
+        # on CPU and meta in tests/unit/models/test_models.py), so k and v are never repeated in memory.
         if self.context_parallel is not None:
             out = self.context_parallel(q, k, v, enable_gqa=self.gqa)
         else:

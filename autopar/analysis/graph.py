@@ -1,0 +1,147 @@
+"""``GraphIR``: a traced training model with shapes, FLOPs and bytes per node, and its repeated blocks.
+
+``autopar.trace`` builds it (see ``autopar/analysis/tracing.py``); the workload builder
+(``autopar/analysis/workload.py``) turns it into the cost model's per-block tables. This module holds
+only the data types, so that everything else can depend on it.
+
+Conventions
+-----------
+* One ``NodeInfo`` per fx node that computes something (placeholders, ``get_attr`` and the
+  output node are not listed; parameters are referenced by name in ``NodeInfo.params``).
+* ``op`` is a canonical name shared by the torch.fx and torch.export paths (the op
+  registry's ``autopar.analysis.ops.OP_NAMES``): ``linear``, ``matmul``, ``bmm``, ``baddbmm``, ``sdpa``,
+  ``embedding``, ``layer_norm``, ``rms_norm``, ``softmax``, ``dropout``, ``gelu``, ``silu``,
+  ``relu``, ``add``, ``mul``, ``sub``, ``div``, ``neg``, ``pow``, ``mean``, ``rsqrt``, ``cat``,
+  ``masked_fill``, ``where``, ``topk``, ``cross_entropy``, ``view`` (every op that moves no data:
+  view/reshape/transpose/permute/split/chunk/unsqueeze/expand/getitem/getattr/size/contiguous of an
+  already contiguous tensor), ``contiguous`` (a copy), ``index``, ``scatter``, ``grouped_mm``
+  (MoE experts as one grouped GEMM), ``cast`` (a dtype change), ``other``...
+* FLOPs and bytes are for the traced shapes (micro-batch ``GraphIR.batch``, sequence
+  ``GraphIR.seq_len``), forward only, unfused: ``fwd_bytes`` = bytes of every tensor input read
+  plus every output written (parameters included), 0 for ``view``; ``embedding``/``index`` read
+  only the gathered rows of their table, not all of it.
+* ``inputs`` lists the names of the nodes whose outputs this node reads, in argument order
+  (activations only: not parameters, not buffers, not constants).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from autopar.models.blocks import BlockGroup
+
+__all__ = ["GraphIR", "NodeInfo", "TensorMeta"]
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape and dtype of one tensor value."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+@dataclass
+class NodeInfo:
+    """One computing node of the traced graph."""
+
+    name: str
+    """fx node name, unique in the graph."""
+    op: str
+    """Canonical op name (see the module docstring)."""
+    target: str
+    """The raw fx target, for messages (``layers.0.attn.qkv``, ``aten.mm.default``...)."""
+    inputs: tuple[str, ...]
+    """Producer node names of the activation inputs, in argument order."""
+    outputs: tuple[TensorMeta, ...]
+    """Tensor outputs (one for most ops; several for split/topk...; empty for non-tensor values)."""
+    fwd_flop: float = 0.0
+    """Forward floating-point operations (a multiply-add counts 2)."""
+    fwd_bytes: float = 0.0
+    """Forward bytes read and written, unfused."""
+    params: tuple[str, ...] = ()
+    """Qualified names of the parameters this node reads (``layers.0.attn.qkv.weight``)."""
+    param_bytes: int = 0
+    """Bytes of those parameters, in the traced dtype."""
+    module_path: str = ""
+    """Innermost owning module's qualified name ("" for the root)."""
+    block: int | None = None
+    """Index of the repeated-block instance the node belongs to, or None (embedding, head...)."""
+    scalar_args: tuple[object, ...] = ()
+    """Non-tensor arguments (dims, eps, p of dropout, ...), for rules that need them."""
+
+    @property
+    def out(self) -> TensorMeta | None:
+        return self.outputs[0] if self.outputs else None
+
+
+@dataclass
+class GraphIR:
+    """A traced model: nodes in execution order, parameters, and the repeated blocks."""
+
+    nodes: list[NodeInfo]
+    """Computing nodes in topological (execution) order."""
+    params: dict[str, TensorMeta]
+    """Every parameter by qualified name (tied parameters appear once, under their first name)."""
+    blocks: BlockGroup | None
+    """The repeated block group, or None if the model has none."""
+    batch: int
+    """Micro-batch size the graph was traced at."""
+    seq_len: int
+    """Sequence length the graph was traced at."""
+    method: str
+    """``"fx"`` (torch.fx.symbolic_trace) or ``"export"`` (torch.export)."""
+    gm: torch.fx.GraphModule | None = field(default=None, repr=False)
+    """The traced graph module (on the meta device)."""
+    model_name: str = ""
+    """Class name of the traced model, for reports."""
+    layers: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    """Module path -> (``linear`` | ``embedding``, weight shape) of the model's ``nn.Linear``
+    and ``nn.Embedding`` layers: what a tensor-parallel style can split
+    (``autopar.analysis.admissibility.layers_of``)."""
+    expert_params: frozenset[str] = frozenset()
+    """Parameters of experts held as a list of modules (a generic decoder's hand-written
+    mixture of experts, ``models/generic/experts.py``), which ep divides as it does stacked
+    (3-d) expert weights; each expert reads its rows as a slice of one dispatch buffer."""
+
+    def __post_init__(self) -> None:
+        self._by_name = {n.name: n for n in self.nodes}
+
+    def node(self, name: str) -> NodeInfo:
+        return self._by_name[name]
+
+    def has_node(self, name: str) -> bool:
+        return name in self._by_name
+
+    def block_nodes(self, instance: int = 0) -> list[NodeInfo]:
+        """The nodes of one block instance, in order."""
+        return [n for n in self.nodes if n.block == instance]
+
+    def outside_nodes(self) -> list[NodeInfo]:
+        """Nodes not in any block (embedding, final norm, head, loss)."""
+        return [n for n in self.nodes if n.block is None]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.blocks.count if self.blocks else 0
+
+    @property
+    def num_params(self) -> int:
+        return sum(t.numel for t in self.params.values())
+
+    @property
+    def fwd_flop(self) -> float:
+        return sum(n.fwd_flop for n in self.nodes)

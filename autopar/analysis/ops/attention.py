@@ -1,0 +1,60 @@
+"""Fused attention: ``sdpa`` (``F.scaled_dot_product_attention`` and its ATen kernels).
+
+* FLOPs: ``2*b*h*sq*sk*d_qk + 2*b*h*sq*sk*d_v`` (= ``4*b*h*sq*sk*d``), the *full* score matrix
+  even for causal attention, as Megatron-LM counts it (the causal mask halves the useful work,
+  but the MFU convention charges the full product; kernels skip about half of it).
+  ``FlopCounterMode`` counts zero for the CPU flash op, so attention is always counted here.
+* Saved: query, key, value, the output and the fp32 log-sum-exp per query row; the matmuls
+  policy keeps the output and log-sum-exp.
+* Strategies: replicated, or split by heads (query, key and value all split; a mask or bias
+  input is read replicated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autopar.core.layout import Layout, Strategy, Style
+from autopar.core.roofline import OpKind
+from autopar.analysis.graph import GraphIR, NodeInfo, TensorMeta
+from autopar.analysis.ops.registry import OpFamily, Saver, register
+from autopar.analysis.ops.rules import RuleContext, replicated
+
+
+def sdpa_flop(op: str, raw: str, ins: Sequence[TensorMeta], outs: Sequence[TensorMeta],
+              scalars: Sequence[object]) -> float:
+    if len(ins) < 3:
+        return 0.0
+    q, k, v = ins[0], ins[1], ins[2]
+    rows = q.numel // q.shape[-1]  # b * heads * sq
+    sk = k.shape[-2]
+    return 2.0 * rows * sk * q.shape[-1] + 2.0 * rows * sk * v.shape[-1]
+
+
+def sdpa_saves(node: NodeInfo, saver: Saver) -> None:
+    for i in node.inputs[:3]:
+        saver.keep(i)
+    saver.keep(node.name)
+    q = saver.graph.node(node.inputs[0]).out if node.inputs else None
+    if q is not None and len(q.shape) == 4:
+        saver.extra(node.name + ".lse", q.shape[0] * q.shape[1] * q.shape[2], 4.0)
+
+
+def attention_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
+    """Replicated or split by heads (see the module docstring)."""
+    heads = tuple(Layout.S if k < 3 else Layout.R for k in range(len(ctx.activation_inputs)))
+    return [replicated(node, ctx), Strategy(Style.HEADS, heads, Layout.S, divides=True)]
+
+
+def _always(node: NodeInfo, graph: GraphIR) -> bool:
+    return True
+
+
+ATTENTION = register(OpFamily(
+    "attention", ops=("sdpa",),
+    aliases={raw: "sdpa" for raw in (
+        "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math")},
+    kind=OpKind.ATTENTION, flop=sdpa_flop, saves=sdpa_saves, rule=attention_rule,
+    kept_by_matmuls=_always))

@@ -1,0 +1,155 @@
+"""``autopar models``, ``clusters``, ``estimate`` and ``plan``: the zoo and the presets listed,
+one configuration priced, and the search for the fastest plan that fits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.table import Table
+
+from autopar.cli.args import (add_model_cluster_train, add_parallel, cluster_from_args,
+                              config_from_args, efficiency_from_args, expert_dp_note,
+                              given_fields, model_from_args, nonnegative, progress_bar,
+                              train_from_args, write_text)
+from autopar.cli.dryrun import add_workers_argument
+from autopar.core.errors import AutoparError
+from autopar.core.model_spec import ModelSpec
+from autopar.core.plan import Plan
+from autopar.costmodel.cluster import ClusterSpec, preset_names
+
+
+def add_plan_parsers(sub: argparse._SubParsersAction, parents: list) -> None:
+    """The parsers of ``models``, ``clusters``, ``estimate`` and ``plan``."""
+    debug, = parents
+    sub.add_parser("models", help="list the built-in model zoo", parents=[debug])
+    sub.add_parser("clusters", help="list the cluster presets", parents=[debug])
+    est = sub.add_parser("estimate", help="predict step time and memory of one configuration",
+                         parents=[debug])
+    add_model_cluster_train(est)
+    add_parallel(est, "parallel configuration (ParallelConfig fields; dp defaults to the rest)")
+    est.add_argument("--json", default=None, metavar="F", help="also write the estimate as JSON")
+    plan = sub.add_parser("plan", help="search for the fastest plan that fits", parents=[debug],
+                          description="Search for the fastest parallel plan that fits; print "
+                                      "its report and why it beat the runner-ups.")
+    add_model_cluster_train(plan)
+    add_parallel(plan, "constraints (ParallelConfig fields the search must keep)")
+    out = plan.add_argument_group("output")
+    out.add_argument("--json", default=None, metavar="F", help="write the plan as JSON")
+    out.add_argument("--html", default=None, metavar="F", help="write the report as one self-contained HTML page (charts: memory per "
+                          "stage, pipeline schedule, time per step, runner-ups)")
+    out.add_argument("--keep", type=nonnegative, default=3, metavar="N",
+                     help="runner-up plans to keep and compare (default 3)")
+    out.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
+                     help="print why this plan and not the runner-ups (default on)")
+    check = plan.add_argument_group("dry-run check")
+    check.add_argument("--check", action="store_true",
+                       help="dry-run the plan and its runner-ups (every rank role, one step on "
+                            "fake tensors), drop those whose dry run does not fit, and print "
+                            "predicted against dry-run peak per pipeline rank")
+    add_workers_argument(check)
+
+
+def cmd_models(args: argparse.Namespace, console: Console) -> int:
+    from autopar import models
+
+    table = Table(title="Built-in models (autopar.models)")
+    for col in ("name", "family", "parameters", "description"):
+        table.add_column(col, justify="right" if col == "parameters" else "left")
+    for name in models.names():
+        d = models.describe(name)
+        table.add_row(name, str(d["family"]), f"{d['params'] / 1e9:,.2f} B", str(d["description"]))
+    console.print(table)
+    return 0
+
+
+def cmd_clusters(args: argparse.Namespace, console: Console) -> int:
+    for name in preset_names():
+        spec = ClusterSpec.preset(name)
+        table = Table(title=name, show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        for field, value in spec.describe():
+            table.add_row(field, value)
+        console.print(table)
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace, console: Console) -> int:
+    from autopar.api import estimate
+    from autopar.report.text import estimate_tables
+
+    _, model = model_from_args(args)
+    cluster = cluster_from_args(args)
+    train = train_from_args(args, model)
+    config = config_from_args(args, cluster)
+    note = expert_dp_note(given_fields(args), config)
+    if note is not None:
+        console.print(note)
+    with console.status("tracing and costing..."):
+        est = estimate(model, cluster, train, config, efficiency=efficiency_from_args(args))
+    console.print(estimate_tables(est, cluster, title=f"{args.model} on {cluster.name}"))
+    if args.json:
+        write_text(args.json, json.dumps(est.to_dict(), indent=2, default=str), "--json")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from autopar.api import optimize
+
+    spec, model = model_from_args(args)
+    cluster = cluster_from_args(args)
+    train = train_from_args(args, model)
+    constraints = given_fields(args)
+    if args.workers is not None and not args.check:
+        raise AutoparError("--workers without --check", where="--workers",
+                           fix="add --check (the dry run is what --workers runs side by side)")
+    if args.check:  # before the search, which can take a while
+        from autopar.dryrun.run import check_dry_run_call
+
+        check_dry_run_call(args.workers)
+    with _searching(f"{spec.label} on {cluster.num_gpus} GPUs") as progress:
+        plan = optimize(model, cluster, train, constraints, keep=args.keep + 1,
+                        progress=progress, name=spec.label, model_spec=spec,
+                        efficiency=efficiency_from_args(args))
+    checked = ""
+    if args.check:
+        plan, checked = _checked(plan, spec, args.workers, console)
+    text = plan.report() + (f"\n{plan.explain()}\n" if args.explain else "")
+    text += f"\n{checked}" if checked else ""
+    console.file.write(text)
+    if args.json:
+        write_text(args.json, plan.to_json(), "--json")
+    if args.html:
+        from autopar.report.html import plan_page
+
+        write_text(args.html, plan_page(plan, cluster, check=checked), "--html")
+    return 0
+
+
+def _checked(plan: Plan, spec: ModelSpec, workers: int | None, console: Console
+             ) -> tuple[Plan, str]:
+    """``plan --check``: (the checked plan, the check's text); when no plan is left, the text
+    is printed before the error is raised."""
+    from autopar.cli.dryrun import dry_run_progress
+    from autopar.report.dryrun import check_report
+    from autopar.dryrun.plan_check import PlanCheckError, check_plans
+
+    try:
+        with dry_run_progress() as progress:
+            check = check_plans(plan, spec, progress=progress, workers=workers)
+    except PlanCheckError as err:
+        console.file.write(check_report(err.checked))
+        raise
+    return check.plan, check_report(check.checked)
+
+
+@contextmanager
+def _searching(label: str) -> Iterator[Callable[[int, int], None]]:
+    """``progress_bar`` as the ``progress(done, total)`` callback of ``optimize``."""
+    with progress_bar(f"planning {label}") as update:
+        # candidates come best bound first; the bound usually ends the search before total
+        yield lambda done, total: update(done, total, f"searching {label}: candidates")

@@ -1,0 +1,135 @@
+"""The routing of a mixture-of-experts layer, whatever family wrote it: capacity and dropless
+slots, dispatch and combine, the gradient scale of a replicated expert weight, and the one test
+of a router loss that spans every layer.
+
+The zoo's ``MoELayer`` (``models/moe``), a generic decoder's expert list
+(``models/generic/experts.py``), transformers' experts (``models/hf_moe``), expert parallelism
+(``passes/expert_parallel.py``) and the workload's reading of a traced dropless layer
+(``analysis/workload.py``) all use these; none reaches into another family's folder for them.
+
+``expert_capacity`` and ``dropless_rows`` are leaves for torch.fx (``torch.fx.wrap``): traced as
+one call taking the (Proxy) token count. ``fx.wrap`` patches the globals of the module that calls
+it, so each module calling them in a traced forward wraps them again by name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+
+def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
+    """Slots per expert: ``min(T, ceil(capacity_factor * top_k * T / E))``, at least 1."""
+    return max(1, min(num_tokens, math.ceil(capacity_factor * top_k * num_tokens / num_experts)))
+
+
+# A leaf for torch.fx: traced as one call taking the (Proxy) token count, run with real ints.
+torch.fx.wrap("expert_capacity")
+
+
+def dropless_rows(num_tokens: int, num_experts: int, top_k: int) -> int:
+    """A dropless expert's mean rows, ``ceil(top_k * T / E)``: the slots the trace records
+    for a dropless layer (its node tells the workload the layer is dropless)."""
+    return expert_capacity(num_tokens, num_experts, top_k, 1.0)
+
+
+torch.fx.wrap("dropless_rows")
+DROPLESS_MARK = "dropless_rows"
+"""The name of the traced call that marks a dropless MoE layer (``autopar.analysis.workload``)."""
+
+
+def capacity_slots(top_experts: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """Each assignment's row in the (E * C + 1, h) dispatch buffer, choice-major (row j * T + t
+    is token t's j-th choice); a dropped assignment gets the last row, E * C."""
+    expert_of = top_experts.t().reshape(-1)  # (k T,)
+    onehot = F.one_hot(expert_of, num_experts)  # (k T, E) int64
+    slot_in_expert = (torch.cumsum(onehot, dim=0) * onehot).sum(dim=-1) - 1  # (k T,)
+    kept = slot_in_expert < capacity
+    return torch.where(kept, expert_of * capacity + slot_in_expert, num_experts * capacity)
+
+
+def dispatch_capacity(tokens: torch.Tensor, slot: torch.Tensor, num_experts: int,
+                      capacity: int) -> torch.Tensor:
+    """The (E, C, h) buffer of every expert's slots (empty slots zero)."""
+    h = tokens.size(-1)
+    k = slot.size(0) // tokens.size(0)
+    rows = num_experts * capacity
+    buf = tokens.new_zeros(rows + 1, h).index_add(0, slot, tokens.repeat(k, 1))
+    return buf[:rows].view(num_experts, capacity, h)
+
+
+def combine_capacity(expert_out: torch.Tensor, slot: torch.Tensor, weights: torch.Tensor
+                     ) -> torch.Tensor:
+    """Each token's kept experts' outputs (rows of the (E, C, h) ``expert_out``) summed with
+    the routing weights (T, k); a dropped assignment adds nothing."""
+    h = expert_out.size(-1)
+    num_tokens, k = weights.shape
+    gathered = torch.cat((expert_out.reshape(-1, h), expert_out.new_zeros(1, h)))[slot]
+    return (gathered.view(k, num_tokens, h) * weights.t().unsqueeze(-1)).sum(dim=0)
+
+
+def dropless_order(top_experts: torch.Tensor, num_experts: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, counts): the choice-major assignments sorted by expert (stable) and the
+    assignments of each expert (E,)."""
+    expert_of = top_experts.t().reshape(-1)
+    order = torch.argsort(expert_of, stable=True)
+    return order, torch.bincount(expert_of, minlength=num_experts)
+
+
+def combine_dropless(out_sorted: torch.Tensor, order: torch.Tensor, weights: torch.Tensor
+                     ) -> torch.Tensor:
+    """Rows sorted by expert back to their tokens, summed with the routing weights (T, k)."""
+    num_tokens, k = weights.shape
+    out = torch.empty_like(out_sorted).index_copy(0, order, out_sorted)
+    return (out.view(k, num_tokens, -1) * weights.t().unsqueeze(-1)).sum(dim=0)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity whose backward multiplies the gradient by ``scale``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x`` in the forward, its gradient multiplied by ``scale`` in the backward."""
+    return x if scale == 1.0 else _ScaleGrad.apply(x, scale)
+
+
+def local_weight(w: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
+    """A parameter's local tensor (expert parallelism makes the stacked weights DTensors),
+    its gradient scaled by ``grad_scale``."""
+    return scale_grad(w.to_local() if isinstance(w, DTensor) else w, grad_scale)
+
+
+
+def is_symbolic(x: torch.Tensor) -> bool:
+    """Whether ``x`` has no data to branch on: a ``torch.fx`` Proxy or a fake tensor."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(x, (torch.fx.Proxy, FakeTensor)) or x.is_meta
+
+
+def router_loss_reason(config: object) -> str | None:
+    """Why a model of ``config`` trains on a loss no pipeline stage and no context-parallel
+    rank holds alone: with ``output_router_logits`` set (and a coefficient), the counts ``A``
+    and rows ``N`` are every layer's over every token of a micro-batch's forward, needed
+    before any layer's backward; ``None`` when unset. The one test of that setting, for the
+    pp rule (``admissibility``'s ``cross_stage_loss``) and for cp (``router_loss_problem``)."""
+    coef = getattr(config, "router_aux_loss_coef", 0.0)
+    if getattr(config, "output_router_logits", False) is True and coef:
+        return (f"output_router_logits: the load-balancing loss (coefficient {coef:g}) counts "
+                "the routing of every layer and every token of a micro-batch's forward before "
+                "any layer's backward")
+    return None

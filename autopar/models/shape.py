@@ -1,0 +1,142 @@
+"""The model's shape facts, one owner: what every part of autopar reads of a model's size.
+
+A zoo config (``autopar.models``) and a transformers config name the same facts differently
+(``num_heads`` / ``num_attention_heads`` / ``n_head``); ``CONFIG_FIELDS`` lists the names and
+``config_value`` reads a fact under whichever the config uses. ``vocab_of`` is the token ids a
+model reads (config, else its input embedding). ``ModelShape`` is a decoder's whole shape as the
+framework exports need it (Megatron-LM and Megatron-Bridge take it as arguments; DeepSpeed and
+torchtitan name a model their own way), from a model spec: a zoo model's shape is its config, a
+transformers model's its config's fields, a factory's unknown (``None``; the exports say so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from autopar.core.model_spec import ModelSpec
+
+CONFIG_FIELDS = {
+    "num_heads": ("num_heads", "num_attention_heads", "n_head"),
+    "num_kv_heads": ("num_kv_heads", "num_key_value_heads"),
+    "num_experts": ("num_experts", "num_local_experts", "n_routed_experts"),
+    "max_positions": ("seq_len", "max_position_embeddings", "n_positions", "n_ctx"),
+}
+"""Config attribute names of each fact: the zoo's dataclasses, transformers configs."""
+
+
+def config_value(config: object, key: str) -> int | None:
+    """The fact ``key`` of ``CONFIG_FIELDS`` (``num_heads``, ``num_kv_heads``,
+    ``num_experts``, ``max_positions``) from a model config of the zoo or of transformers,
+    under whichever of its names the config uses; ``None`` where it has none."""
+    for name in CONFIG_FIELDS[key]:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def vocab_of(model: object) -> int | None:
+    """The token ids ``model`` reads: ``config.vocab_size``, else its input embedding's rows
+    (``get_input_embeddings``, else its first ``nn.Embedding``); ``None`` if it has neither."""
+    from torch import nn
+
+    value = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    if not isinstance(emb, nn.Embedding) and isinstance(model, nn.Module):
+        emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    return emb.num_embeddings if isinstance(emb, nn.Embedding) else None
+
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer's shape."""
+
+    family: str
+    """``gpt``, ``llama``, ``moe``, or a transformers architecture (``LlamaForCausalLM``)."""
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    max_positions: int
+    tied: bool
+    """The head shares the embedding's weight."""
+    gated: bool
+    """SwiGLU MLP with RMSNorm, RoPE and no biases (Llama); else GELU, LayerNorm, learned
+    positions and biases (GPT-2, Megatron-LM's GPT)."""
+    rope_theta: float = 0.0
+    num_experts: int = 0
+    top_k: int = 0
+    capacity_factor: float | None = None
+    """Slots per expert over the balanced load; ``None``: dropless (``models/moe``)."""
+    moe_ffn_hidden_size: int = 0
+    """Each expert's width where it differs from the dense MLP's (``deepseek``); else 0."""
+    shared_expert_size: int = 0
+    """Width of the shared experts every token goes through (``deepseek``); 0: none."""
+    first_k_dense: int = 0
+    """Leading layers with a dense MLP (``deepseek``)."""
+    aux_loss_coef: float = 0.0
+    """Weight of the router's load-balancing loss (``models/moe``)."""
+
+
+def model_shape(spec: ModelSpec | None) -> ModelShape | None:
+    """The shape of the model ``spec`` builds, or ``None`` for a factory's (or no spec)."""
+    if spec is None:
+        return None
+    if spec.name:
+        from autopar.models import make_config
+
+        return _zoo(make_config(spec.name, **spec.overrides))
+    if spec.transformers is not None:
+        return _transformers(spec.transformers["architecture"], spec.transformers["config"])
+    return None
+
+
+def _facts(config: Any) -> dict[str, int]:
+    """The facts zoo and transformers configs name differently, read under either name
+    (``config_value``)."""
+    heads = config_value(config, "num_heads")
+    return {"num_heads": heads, "num_kv_heads": config_value(config, "num_kv_heads") or heads,
+            "max_positions": config_value(config, "max_positions") or 0,
+            "num_experts": config_value(config, "num_experts") or 0}
+
+
+def _zoo(config: Any) -> ModelShape:
+    gated = config.gated
+    return ModelShape(
+        family=config.family, num_layers=config.num_layers, hidden_size=config.hidden_size,
+        ffn_hidden_size=config.ffn_hidden_size, vocab_size=config.vocab_size,
+        tied=config.tie_embeddings, gated=gated,
+        rope_theta=float(getattr(config, "rope_theta", 0.0)),
+        top_k=getattr(config, "top_k", 0), capacity_factor=getattr(config, "capacity_factor", None),
+        moe_ffn_hidden_size=getattr(config, "moe_ffn_hidden_size", 0),
+        shared_expert_size=getattr(config, "num_shared_experts", 0)
+        * getattr(config, "moe_ffn_hidden_size", 0),
+        first_k_dense=getattr(config, "first_k_dense", 0),
+        aux_loss_coef=float(getattr(config, "router_aux_loss_coef", 0.0)), **_facts(config))
+
+
+def _transformers(architecture: str, config: Mapping[str, Any]) -> ModelShape | None:
+    """A Llama-style transformers config (``num_hidden_layers``, ``intermediate_size``...)."""
+    try:
+        facts = _facts(SimpleNamespace(**config))
+        if facts["num_heads"] is None:
+            return None
+        return ModelShape(
+            family=architecture, num_layers=int(config["num_hidden_layers"]),
+            hidden_size=int(config["hidden_size"]),
+            ffn_hidden_size=int(config["intermediate_size"]),
+            vocab_size=int(config["vocab_size"]),
+            tied=bool(config.get("tie_word_embeddings", False)), gated=True,
+            rope_theta=float(config.get("rope_theta", 10000.0)),
+            top_k=int(config.get("num_experts_per_tok", 0) or 0), **facts)
+    except (KeyError, TypeError, ValueError):
+        return None

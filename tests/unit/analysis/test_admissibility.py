@@ -1,0 +1,186 @@
+"""The one admissibility check: its rules, every entry point calling it, and a search that
+never returns a plan it refuses (plans around a sequence or a vocabulary tp does not divide)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import autopar
+from autopar import AutoparError, ClusterSpec, ParallelConfig, TrainSpec
+from autopar.analysis.admissibility import (
+    ModelFacts,
+    check,
+    check_plan,
+    facts_of,
+    layer_problems,
+    plan_problems,
+    problems,
+)
+from autopar.costmodel.cluster import process_cluster
+
+TRAIN = TrainSpec(global_batch=8, seq_len=32, precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return autopar.models.build("tiny-llama")  # 2 blocks, 4 heads, 2 kv heads, seq 32
+
+
+@pytest.fixture(scope="module")
+def facts(llama) -> ModelFacts:
+    return facts_of(llama)
+
+
+def _what(facts: ModelFacts, train: TrainSpec = TRAIN, **fields) -> list[str]:
+    return [p.what for p in problems(facts, ParallelConfig(**fields), train)]
+
+
+def test_facts_come_from_the_config_and_the_module_tree(facts):
+    assert (facts.num_blocks, facts.num_heads, facts.num_kv_heads, facts.vocab_size,
+            facts.max_positions, facts.num_experts) == (2, 4, 2, 256, 32, None)
+    assert facts.layers["layers.1.attn.q_proj"] == ("linear", (64, 64))
+    assert facts.layers["tok_emb"] == ("embedding", (256, 64))
+
+
+@pytest.mark.parametrize("fields, train, message", [
+    (dict(tp=4), TRAIN, "tp=4 does not divide the 2 key/value heads"),
+    (dict(tp=8), TRAIN, "tp=8 does not divide the 4 attention heads"),
+    (dict(pp=4), TRAIN, "pp=4 for a model of 2 blocks"),
+    (dict(pp=2, schedule="interleaved", virtual_stages=2), TRAIN, "4 model chunks"),
+    (dict(tp=2, sequence_parallel=True), TrainSpec(global_batch=8, seq_len=31),
+     "2 does not divide 31"),
+    (dict(cp=2), TrainSpec(global_batch=8, seq_len=30), "4 does not divide 30"),
+    # 8 divides the 24 tokens, not a cp rank's 12 of them
+    (dict(cp=2, tp=8, sequence_parallel=True), TrainSpec(global_batch=8, seq_len=24),
+     "this cp rank's 12 of 24"),
+    (dict(dp=2, ep=2), TRAIN, "ep=2 for a model without experts"),
+    (dict(pp=2, micro_batch=8), TRAIN, "needs at least one micro-batch per stage"),
+    (dict(pp=2, schedule="interleaved", num_microbatches=5, micro_batch=1, dp=1),
+     TrainSpec(global_batch=5, seq_len=32), "multiple of its 2 rounds"),
+    (dict(dp=3), TRAIN, "not a multiple of dp=3"),
+    (dict(), TrainSpec(global_batch=8, seq_len=64), "64 tokens is longer than the model's 32"),
+])
+def test_each_rule_names_what_cannot_run(facts, fields, train, message):
+    found = _what(facts, train, **fields)
+    assert any(message in f for f in found), found
+
+
+def test_context_parallelism_is_refused_where_the_program_would_differ(facts):
+    # experts: routing capacity and the load-balancing loss are per call, and cp splits it
+    moe = dataclasses.replace(facts, num_experts=8)
+    assert any("mixture of experts" in f for f in _what(moe, TRAIN, cp=2))
+    # ... unless its routers route each token alone (transformers' dropless MoE, no aux loss)
+    assert _what(dataclasses.replace(moe, token_routing=True), TRAIN, cp=2) == []
+    # a hooked attention the family finds cannot run context-parallel: its reason
+    refused = dataclasses.replace(facts, context_refused="its block h.0 calls softmax")
+    assert any("its block h.0 calls softmax" in f for f in _what(refused, TRAIN, cp=2))
+    # an attention no family gives the hook (transformers', GPT's eager one)
+    unhooked = dataclasses.replace(facts, context_attention=False)
+    assert any("hook" in f for f in _what(unhooked, TRAIN, cp=2))
+    assert _what(facts, cp=2) == [] and _what(unhooked, TRAIN) == []
+
+
+def test_an_admissible_configuration_has_no_problem(facts):
+    assert _what(facts, dp=2, tp=2, sequence_parallel=True, micro_batch=2) == []
+    assert _what(facts, pp=2, schedule="interleaved", micro_batch=1) == []
+
+
+def test_every_entry_point_refuses_before_tracing(llama):
+    config = ParallelConfig(tp=8)
+    for call in (lambda: autopar.estimate(llama, process_cluster(8), TRAIN, config),
+                 lambda: autopar.plan_for(llama, process_cluster(8), TRAIN, config)):
+        with pytest.raises(AutoparError, match="tp=8 does not divide the 4 attention heads"):
+            call()
+    with pytest.raises(AutoparError, match="tp=8 does not divide the 4 attention heads"):
+        autopar.optimize(llama, process_cluster(8), TRAIN, {"tp": 8})
+
+
+def test_a_sequence_tp_does_not_divide_is_planned_without_sequence_parallelism():
+    """The issue's case at full scale: gpt-1.7b, 2047 tokens, tp 2 -- the plan it returns
+    runs (no sequence parallelism); with 2048 tokens the same search uses it."""
+    model = autopar.models.build("gpt-1.7b", seq_len=2048)
+    cluster = ClusterSpec.preset("dgx-a100-80g", nodes=4)
+    odd = autopar.optimize(model, cluster, TrainSpec(global_batch=512, seq_len=2047),
+                           {"tp": 2}, keep=2)
+    assert odd.config.tp == 2 and not odd.config.sequence_parallel
+    assert all(not a.config.sequence_parallel for a in odd.alternatives)
+    check_plan(facts_of(model), odd)
+    even = autopar.optimize(model, cluster, TrainSpec(global_batch=512, seq_len=2048),
+                            {"tp": 2}, keep=1)
+    assert even.config.sequence_parallel
+
+
+def test_a_vocabulary_tp_does_not_divide_keeps_the_head_whole():
+    model = autopar.models.build("tiny-gpt", vocab_size=251)  # tied embedding and head
+    plan = autopar.plan_for(model, process_cluster(2), TRAIN, ParallelConfig(tp=2))
+    styles = dict(plan.module_strategies)
+    assert styles["head"] == "replicated" and styles["tok_emb"] == "replicated"
+    assert styles["layers.*.mlp.fc1"] == "column" and styles["layers.*.mlp.fc2"] == "row"
+    assert plan_problems(facts_of(model), plan) == []
+
+
+def test_a_width_tp_does_not_divide_keeps_that_module_whole():
+    """ffn 30 splits over tp 2, not over tp 4: at tp 4 the MLP stays whole (a lone split could
+    not run), attention is still split."""
+    model = autopar.models.build("tiny-llama", ffn_hidden_size=30, num_kv_heads=4)
+    two = dict(autopar.plan_for(model, process_cluster(2), TRAIN,
+                                ParallelConfig(tp=2)).module_strategies)
+    assert two["layers.*.mlp.gate_proj"] == "column" and two["layers.*.mlp.down_proj"] == "row"
+    plan = autopar.plan_for(model, process_cluster(4), TRAIN, ParallelConfig(tp=4))
+    four = dict(plan.module_strategies)
+    assert four["layers.*.attn.q_proj"] == "column" and four["layers.*.attn.o_proj"] == "row"
+    assert four["layers.*.mlp.gate_proj"] == "replicated"
+    assert four["layers.*.mlp.down_proj"] == "replicated"
+    assert plan_problems(facts_of(model), plan) == []
+
+
+def test_layouts_the_engine_cannot_run_are_refused(llama, facts):
+    plan = autopar.plan_for(llama, process_cluster(2), TRAIN, ParallelConfig(tp=2))
+    styles = dict(plan.module_strategies)
+
+    def refused(changes: dict[str, str], message: str) -> None:
+        changed = tuple({**styles, **changes}.items())
+        found = [p.what for p in layer_problems(facts, changed, 2)]
+        assert any(message in f for f in found), found
+
+    refused({"head": "row"}, "without a column split before it in the model root")
+    refused({"layers.*.attn.o_proj": "replicated"}, "without a row split after it")
+    refused({"layers.*.mlp.gate_proj": "row"}, "without a column split before it")
+    refused({"layers.*.attn_norm": "mixed"}, "cannot express")
+    refused({"layers.*.attn.nowhere": "column"}, "which this model does not have")
+    assert any("no module strategies" in p.what for p in layer_problems(facts, (), 2))
+    other = autopar.models.build("tiny-llama", num_layers=3)
+    with pytest.raises(AutoparError, match="places 2 blocks in its pipeline stages, the "
+                                           "model has 3"):
+        check_plan(facts_of(other), plan)
+    with pytest.raises(AutoparError, match="tp=2 does not divide the 1 key/value heads"):
+        check(facts_of(autopar.models.build("tiny-llama", num_kv_heads=1)),
+              dataclasses.replace(plan.config), TRAIN)
+
+
+def test_a_model_no_family_can_cut_into_stages_gets_pp_1_plans_only_and_the_reason(facts):
+    """A decoder whose forward adds the embedding to every block's output (tests/data/
+    nanogpt.py's ``make_skip``) is no chain of blocks, so no family describes it: its blocks
+    are found (num_blocks 4) but the passes cannot cut it, so every plan is pp = 1, each says
+    why in its notes, and a pp = 2 plan is refused with the reason."""
+    from pathlib import Path
+
+    from autopar.core.model_spec import ModelSpec
+
+    assert facts.unsplittable is None  # the zoo's llama has its family
+    nanogpt = Path(__file__).resolve().parents[2] / "data" / "nanogpt.py"
+    skip = ModelSpec.parse(f"{nanogpt}:make_skip").build("meta")
+    skip_facts = facts_of(skip)
+    assert skip_facts.num_blocks == 4 and "SkipGPT" in skip_facts.unsplittable
+    plan = autopar.optimize(skip, process_cluster(4), TRAIN, keep=3)
+    assert [p.config.pp for p in (plan, *plan.alternatives)] == [1] * (1 + len(plan.alternatives))
+    assert any(n.startswith("pp = 1 only: the passes cannot cut this model") and
+               "does not read the output of the block before it" in n
+               for n in plan.estimate.notes), plan.estimate.notes
+    assert any(w.startswith("pp=2: the passes cannot cut this model")
+               for w in _what(skip_facts, dp=2, pp=2, micro_batch=1))
+    with pytest.raises(AutoparError, match="pp=2: the passes cannot cut this model"):
+        autopar.plan_for(skip, process_cluster(4), TRAIN,
+                         ParallelConfig(dp=2, pp=2, micro_batch=1))

@@ -1,0 +1,468 @@
+"""``autopar export --format megatron|deepspeed|torchtitan|bridge``: each target's files, field by
+field, checked against the target's own names.
+
+* Megatron-LM: the script's arguments parsed by a parser built from every option of
+  Megatron-LM's own parser (``tests/data/megatron_lm_args.json``: NVIDIA/Megatron-LM
+  ``megatron/training/arguments.py``, ``add_megatron_arguments``, at
+  d98e8a64ddf34856e74b24714e3bedb2f5a39553).
+* DeepSpeed: the JSON loaded by DeepSpeed's own ``deepspeed.runtime.config.DeepSpeedConfig``
+  (``deepspeed==0.19.8``; skipped when deepspeed is not installed).
+* torchtitan: keys against the config classes' fields (``tests/data/torchtitan_config_fields.json``:
+  pytorch/torchtitan ``torchtitan/config/configs.py``, ``torchtitan/trainer.py``,
+  ``torchtitan/distributed/activation_checkpoint.py``,
+  ``torchtitan/components/optimizer/optimizer.py``, ``torchtitan/models/llama3/__init__.py`` at
+  b5bcd76c66d0acb1a08b176d9639425bc55e0b2a), schedules against torch's own classes.
+* Megatron-Bridge: override keys against its config sections
+  (``tests/data/megatron_bridge_keys.json``: NVIDIA-NeMo/Megatron-Bridge
+  ``src/megatron/bridge/training/config.py``, ``models/gpt_provider.py``,
+  ``training/mixed_precision.py`` at 067f987df03b8355b03192d88d70f1709fedf51a, and the
+  Megatron-Core classes of its sections at the Megatron-LM commit above).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import subprocess
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+import autopar
+from autopar import AutoparError, ClusterSpec, ParallelConfig, TrainSpec
+from autopar.cli.main import main
+from autopar.core.specs import Checkpoint
+from autopar.exports import FORMATS, TARGETS, export_formats, export_target
+from autopar.exports.mapping import Fit
+from autopar.exports.megatron import layout_string
+from autopar.exports.torchtitan import LLAMA3_FLAVORS
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+H100 = "hgx-h100-80g"
+
+
+def _plan(model: str, cluster: str, nodes: int, train: TrainSpec, **config):
+    return autopar.plan_for(autopar.models.build(model), ClusterSpec.preset(cluster, nodes=nodes),
+                            train, ParallelConfig(**config), name=model)
+
+
+@pytest.fixture(scope="module")
+def llama_interleaved_fp16():
+    """Llama 3 8B: interleaved pp 2 x v 2, tp 2 with sequence parallelism, ZeRO-1, selective."""
+    return _plan("llama3-8b", H100, 2, TrainSpec(global_batch=64, seq_len=4096, precision="fp16"),
+                 dp=4, tp=2, pp=2, micro_batch=1, schedule="interleaved", virtual_stages=2,
+                 sequence_parallel=True, zero=1, checkpoint="selective")
+
+
+@pytest.fixture(scope="module")
+def gpt175b():
+    """GPT-175B on 128 DGX A100 nodes as Megatron-LM's paper ran it: tp 8, pp 8 (v 3), full."""
+    return _plan("gpt-175b", "dgx-a100-80g", 128, TrainSpec(global_batch=1536, seq_len=2048),
+                 dp=16, tp=8, pp=8, micro_batch=1, schedule="interleaved", virtual_stages=3,
+                 sequence_parallel=True, zero=1, checkpoint="full")
+
+
+@pytest.fixture(scope="module")
+def llama_zero3_offload():
+    """Llama 3 8B: ZeRO-3 over 16 GPUs, full recomputation, optimizer offload, bf16."""
+    return _plan("llama3-8b", H100, 2, TrainSpec(global_batch=64, seq_len=4096),
+                 dp=16, zero=3, checkpoint="full", offload=True)
+
+
+@pytest.fixture(scope="module")
+def llama_uneven_blocks():
+    """Llama 3 8B over pp 3 (stages of 11, 11, 10 blocks), the first 4 of each recomputed."""
+    policies = []
+    for size in (11, 11, 10):
+        policies += [Checkpoint.FULL] * 4 + [Checkpoint.NONE] * (size - 4)
+    return _plan("llama3-8b", H100, 3, TrainSpec(global_batch=48, seq_len=4096),
+                 dp=8, tp=1, pp=3, micro_batch=1, zero=1, checkpoint=tuple(policies))
+
+
+# ----- Megatron-LM -----
+
+def _megatron_parser() -> argparse.ArgumentParser:
+    """Megatron-LM's options (the fixture): switches, values, lists, choices."""
+    table = json.loads((DATA / "megatron_lm_args.json").read_text())
+    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False, add_help=False)
+    for flag, spec in table["options"].items():
+        if flag == "--help":
+            continue
+        kwargs: dict = {"dest": spec["dest"]}
+        if spec["kind"] == "switch":  # unset: None; given: what the flag stores
+            kwargs.update(action="store_const", const=spec["stores"])
+        else:
+            kwargs["nargs"] = {"list": "+", "value": None}.get(spec["kind"],
+                                                                 spec["kind"].lstrip("n"))
+            if kwargs["nargs"] not in (None, "+"):
+                kwargs["nargs"] = int(kwargs["nargs"])
+            if "choices" in spec:
+                kwargs["choices"] = spec["choices"]
+        p.add_argument(flag, **kwargs)
+    return p
+
+
+def _megatron_args(plan, tmp_path) -> argparse.Namespace:
+    """The script's MEGATRON_ARGS as bash expands them, parsed with Megatron-LM's options."""
+    folder = export_formats(plan, tmp_path / "megatron", "megatron")["megatron"]
+    script = folder / "megatron_args.sh"
+    words = subprocess.run(["bash", "-c", f'source "{script}"; printf "%s\\n" '
+                                          '"${MEGATRON_ARGS[@]}"'],
+                           capture_output=True, text=True, check=True).stdout.split("\n")[:-1]
+    args, unknown = _megatron_parser().parse_known_args(words)
+    assert not unknown, f"not Megatron-LM options: {unknown}"
+    return args
+
+
+def test_megatron_options_fixture_rejects_what_megatron_lm_does_not_take():
+    parser = _megatron_parser()
+    _, unknown = parser.parse_known_args(["--tensor-parallel-size", "2"])  # not its spelling
+    assert unknown == ["--tensor-parallel-size", "2"]
+    with pytest.raises(argparse.ArgumentError):
+        parser.parse_known_args(["--recompute-granularity", "block"])  # not one of its choices
+
+
+def test_megatron_interleaved_fp16_plan_field_by_field(llama_interleaved_fp16, tmp_path):
+    plan = llama_interleaved_fp16
+    a = _megatron_args(plan, tmp_path)
+    c = plan.config
+    assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size,
+            a.context_parallel_size, a.expert_model_parallel_size) == ("2", "2", "1", "1")
+    assert a.num_layers_per_virtual_pipeline_stage == str(32 // (c.pp * c.virtual_stages))
+    assert a.sequence_parallel and a.use_distributed_optimizer and not a.use_megatron_fsdp
+    assert a.recompute_granularity == "selective" and a.recompute_modules == ["core_attn"]
+    assert a.recompute_method is None and a.recompute_num_layers is None
+    assert (a.micro_batch_size, a.global_batch_size, a.seq_length) == ("1", "64", "4096")
+    assert a.fp16 and not a.bf16 and a.initial_loss_scale == "65536" and a.hysteresis == "1"
+    assert a.optimizer == "adam"
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads) == \
+        ("32", "4096", "14336", "32")
+    assert a.group_query_attention and a.num_query_groups == "8"
+    assert a.swiglu and a.normalization == "RMSNorm" and a.position_embedding_type == "rope"
+    assert a.untie_embeddings_and_output_weights and a.add_bias_linear is False  # no biases
+    rows = {r.field: r for r in export_target(plan, "megatron").rows}
+    assert rows["config.checkpoint"].fit is Fit.EXACT  # Korthikanti et al.'s policy itself
+    assert rows["config.virtual_stages"].fit is Fit.EXACT
+
+
+def test_matmuls_maps_close_to_megatron_selective_and_torchtitan_selective_ac(
+        llama_interleaved_fp16, tmp_path, monkeypatch):
+    plan = _plan("llama3-8b", H100, 2, TrainSpec(global_batch=64, seq_len=4096),
+                 **{**llama_interleaved_fp16.config.to_dict(), "checkpoint": "matmuls"})
+    a = _megatron_args(plan, tmp_path)
+    assert a.recompute_granularity == "selective" and a.recompute_modules == ["core_attn",
+                                                                               "layernorm"]
+    rows = {r.field: r for r in export_target(plan, "megatron").rows}
+    assert rows["config.checkpoint"].fit is Fit.CLOSE  # Megatron keeps the MLP activation
+    rows = {r.field: r for r in export_target(plan, "torchtitan").rows}
+    assert rows["config.checkpoint"].fit is Fit.CLOSE and "matmuls" in rows[
+        "config.checkpoint"].note
+    rows = {r.field: r for r in export_target(plan, "deepspeed").rows}
+    assert rows["config.checkpoint"].fit is Fit.NONE
+
+
+def test_torchtitan_selective_ac_is_another_policy_than_korthikantis(llama_interleaved_fp16):
+    bf16 = _plan("llama3-8b", H100, 2, TrainSpec(global_batch=64, seq_len=4096),
+                 **llama_interleaved_fp16.config.to_dict())
+    row = {r.field: r for r in export_target(bf16, "torchtitan").rows}["config.checkpoint"]
+    assert row.fit is Fit.CLOSE and "another policy" in row.note
+
+
+def test_megatron_gpt175b_full_recompute_and_gpt_shape(gpt175b, tmp_path):
+    a = _megatron_args(gpt175b, tmp_path)
+    assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size) == ("8", "8")
+    assert a.num_layers_per_virtual_pipeline_stage == "4"  # 96 layers / (8 x 3) chunks
+    assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == \
+        ("full", "uniform", "1")
+    assert a.bf16 and not a.fp16 and a.global_batch_size == "1536"
+    assert a.normalization == "LayerNorm" and a.position_embedding_type == "learned_absolute"
+    assert not a.swiglu and not a.untie_embeddings_and_output_weights  # GPT: tied, GELU
+    assert not a.group_query_attention
+
+
+def test_megatron_uneven_stages_are_a_layout_and_block_recompute_is_exact(
+        llama_uneven_blocks, tmp_path):
+    plan = llama_uneven_blocks
+    assert plan.stage_blocks == (11, 11, 10)
+    a = _megatron_args(plan, tmp_path)
+    layout = a.pipeline_model_parallel_layout
+    assert layout == layout_string([11, 11, 10]) == "E" + "t" * 11 + "|" + "t" * 11 + "|" + \
+        "t" * 10 + "L"
+    assert a.num_layers_per_virtual_pipeline_stage is None
+    assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == \
+        ("full", "block", "4")
+    rows = {r.field: r for r in export_target(plan, "megatron").rows}
+    assert rows["config.checkpoint"].fit is Fit.EXACT
+
+
+def test_megatron_zero3_is_megatron_fsdp_and_offload_the_cpu_optimizer(llama_zero3_offload,
+                                                                       tmp_path):
+    a = _megatron_args(llama_zero3_offload, tmp_path)
+    assert a.use_megatron_fsdp and a.data_parallel_sharding_strategy == "optim_grads_params"
+    assert a.optimizer_cpu_offload and a.use_precision_aware_optimizer
+    assert a.optimizer_offload_fraction == "1"
+
+
+def test_megatron_and_bridge_refuse_bf16_pure(llama_zero3_offload):
+    from dataclasses import replace
+
+    pure = replace(llama_zero3_offload, train=TrainSpec(global_batch=64, seq_len=4096,
+                                                        precision="bf16-pure"))
+    for target in ("megatron", "bridge"):
+        with pytest.raises(AutoparError, match="main-params-dtype"):
+            export_target(pure, target)
+
+
+# ----- DeepSpeed -----
+
+def _deepspeed_config(plan, monkeypatch):
+    """The export loaded by DeepSpeed's own parser, its data-parallel size the plan's."""
+    ds_config = pytest.importorskip(
+        "deepspeed.runtime.config",
+        reason="deepspeed is not installed (pip install deepspeed==0.19.8; DS_BUILD_OPS=0)")
+    # without a process group DeepSpeedConfig takes a world of one; the mpu gives it the
+    # plan's data-parallel size, as the engine does under model parallelism
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+
+    class Mpu:
+        def get_data_parallel_world_size(self) -> int:
+            return plan.config.dp
+
+    text = export_target(plan, "deepspeed").files["ds_config.json"]
+    return json.loads(text), ds_config.DeepSpeedConfig(json.loads(text), mpu=Mpu())
+
+
+def test_deepspeed_parser_rejects_a_wrong_key(llama_zero3_offload, monkeypatch):
+    raw, _ = _deepspeed_config(llama_zero3_offload, monkeypatch)
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    raw["zero_optimization"]["stagee"] = 1
+    with pytest.raises(Exception, match="stagee"):
+        DeepSpeedConfig(raw)
+
+
+def test_deepspeed_fp16_pipeline_plan_loads_in_deepspeeds_parser(llama_interleaved_fp16,
+                                                                   monkeypatch):
+    plan = llama_interleaved_fp16
+    raw, ds = _deepspeed_config(plan, monkeypatch)
+    m = plan.estimate.num_microbatches
+    assert (ds.train_batch_size, ds.train_micro_batch_size_per_gpu,
+            ds.gradient_accumulation_steps) == (64, 1, m)
+    assert ds.zero_optimization_stage == 1 and ds.zero_config.offload_optimizer is None
+    assert ds.float16_config.enabled and ds.float16_config.loss_scale == 0  # dynamic
+    assert ds.float16_config.initial_scale_power == 16 and not ds.bfloat16_config.enabled
+    assert ds.tensor_parallel_config.autotp_size == 2
+    assert "activation_checkpointing" not in raw  # selective: no DeepSpeed equivalent
+    rows = {r.field: r for r in export_target(plan, "deepspeed").rows}
+    assert rows["config.checkpoint"].fit is Fit.NONE
+    assert rows["config.schedule"].fit is Fit.CLOSE  # no interleaving in DeepSpeed
+    assert rows["config.pp"].target.startswith("PipelineModule(")
+
+
+def test_deepspeed_zero3_offload_and_bf16(llama_zero3_offload, monkeypatch):
+    raw, ds = _deepspeed_config(llama_zero3_offload, monkeypatch)
+    assert ds.zero_optimization_stage == 3
+    assert ds.zero_config.offload_optimizer.device == "cpu"
+    assert ds.zero_config.offload_param is None  # autopar offloads no parameters
+    assert ds.bfloat16_config.enabled and not ds.float16_config.enabled
+    assert ds.train_batch_size == 64 and ds.gradient_accumulation_steps == 4
+    assert "activation_checkpointing" in raw and "tensor_parallel" not in raw
+    assert ds.optimizer_name == "adamw"
+
+
+def test_deepspeed_gpt175b_full_recompute_under_pipelining(gpt175b, monkeypatch):
+    raw, ds = _deepspeed_config(gpt175b, monkeypatch)
+    assert ds.train_batch_size == 1536 and ds.gradient_accumulation_steps == 96
+    assert ds.pipeline["activation_checkpoint_interval"] == 1
+    assert ds.tensor_parallel_config.autotp_size == 8
+
+
+def test_deepspeed_refuses_context_parallel_and_zero3_pipelines(llama_interleaved_fp16):
+    cp = _plan("llama3-8b", H100, 1, TrainSpec(global_batch=8, seq_len=8192),
+               dp=4, cp=2, zero=1, micro_batch=1)
+    with pytest.raises(AutoparError, match="Ulysses"):
+        export_target(cp, "deepspeed")
+    pp_zero3 = _plan("llama3-8b", H100, 1, TrainSpec(global_batch=16, seq_len=4096),
+                     dp=4, pp=2, zero=3, micro_batch=1)
+    with pytest.raises(AutoparError, match="ZeRO-2 and ZeRO-3"):
+        export_target(pp_zero3, "deepspeed")
+
+
+# ----- torchtitan -----
+
+TITAN = json.loads((DATA / "torchtitan_config_fields.json").read_text())
+
+
+def _titan(plan) -> tuple[dict, ast.Module]:
+    files = export_target(plan, "torchtitan").files
+    return json.loads(files["autopar_plan_config.json"]), ast.parse(files["autopar_plan.py"])
+
+
+def _call_keywords(tree: ast.Module, name: str) -> dict[str, object]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == name:
+            return {k.arg: ast.unparse(k.value) for k in node.keywords}
+    raise AssertionError(f"no call of {name}")
+
+
+def test_torchtitan_keys_are_its_config_fields(llama_interleaved_fp16, gpt175b,
+                                               llama_zero3_offload):
+    bf16 = _plan("llama3-8b", H100, 2, TrainSpec(global_batch=64, seq_len=4096),
+                 **llama_interleaved_fp16.config.to_dict())
+    for plan in (bf16, llama_zero3_offload, gpt175b):
+        saved, tree = _titan(plan)
+        classes = TITAN["classes"]
+        assert set(saved) <= set(classes["Trainer.Config"])
+        assert set(saved["training"]) <= set(classes["TrainingConfig"])
+        assert set(saved["parallelism"]) <= set(classes["ParallelismConfig"])
+        assert set(_call_keywords(tree, "TrainingConfig")) <= set(classes["TrainingConfig"])
+        assert set(_call_keywords(tree, "ParallelismConfig")) <= \
+            set(classes["ParallelismConfig"])
+        assert set(_call_keywords(tree, "Trainer.Config")) <= set(classes["Trainer.Config"])
+        assert set(_call_keywords(tree, "ParamGroupConfig")) <= set(classes["ParamGroupConfig"])
+
+
+def test_torchtitan_pipeline_fields_and_token_counts(gpt175b):
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    saved, _ = _titan(gpt175b)
+    par, training = saved["parallelism"], saved["training"]
+    assert get_schedule_class(par["pipeline_parallel_schedule"]).__name__ == \
+        "ScheduleInterleaved1F1B"
+    parts = par["module_fqns_per_model_part"]
+    assert len(parts) == 8 * 3 and parts[0][0] == "tok_embeddings"
+    assert parts[-1][-2:] == ["norm", "lm_head"]
+    layers = [m for part in parts for m in part if m.startswith("layers.")]
+    assert layers == [f"layers.{i}" for i in range(96)]
+    assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"],
+            par["tensor_parallel_degree"], par["enable_sequence_parallel"]) == (16, 1, 8, True)
+    # torchtitan's accumulation (trainer.py): train-step tokens / (micro-batch tokens x
+    # pipeline micro-batches x dp) -- one pipeline run per step
+    accumulation = training["num_tokens_per_train_step"] // (
+        training["num_tokens_per_microbatch_per_dp_rank"] * par["num_pp_microbatches"] * 16)
+    assert accumulation == 1 and par["num_pp_microbatches"] == 96
+    assert training["max_context_length"] == 2048
+    assert training["mixed_precision_param"] == "bfloat16"
+    assert saved["activation_checkpoint"] == {"preserve_rng_state": True,
+                                              "determinism_check": "default", "debug": False}
+
+
+def test_torchtitan_zero3_offload_and_llama3_flavor(llama_zero3_offload):
+    saved, tree = _titan(llama_zero3_offload)
+    assert saved["model_spec"] == {"name": "llama3", "flavor": "8B"}
+    assert saved["parallelism"]["fsdp_reshard_after_forward"] == "always"
+    assert saved["training"]["enable_cpu_offload"] is True
+    # without pipelining torchtitan accumulates micro-batch tokens x dp up to the step
+    t = saved["training"]
+    assert t["num_tokens_per_train_step"] // (t["num_tokens_per_microbatch_per_dp_rank"] * 16) \
+        == llama_zero3_offload.estimate.num_microbatches
+    assert "FullAC" in _call_keywords(tree, "Trainer.Config")["activation_checkpoint"]
+
+
+def test_torchtitan_llama3_flavors_match_its_model_registry():
+    def ffn(dim: int, multiplier: float, multiple_of: int) -> int:  # llama3's rule
+        hidden = int(multiplier * int(2 * 4 * dim / 3))
+        return multiple_of * math.ceil(hidden / multiple_of)
+
+    source = TITAN["llama3_flavors"]
+    for flavor, f in LLAMA3_FLAVORS.items():
+        s = source["_" + flavor.lower()]
+        assert (f["num_layers"], f["hidden_size"], f["num_heads"], f["num_kv_heads"],
+                f["vocab_size"]) == (s["n_layers"], s["dim"], s["n_heads"], s["n_kv_heads"],
+                                     s["vocab_size"])
+        assert f["ffn_hidden_size"] == ffn(s["dim"], s["ffn_dim_multiplier"], s["multiple_of"])
+
+
+def test_torchtitan_refuses_fp16(llama_interleaved_fp16):
+    with pytest.raises(AutoparError, match="bfloat16 or float32"):
+        export_target(llama_interleaved_fp16, "torchtitan")
+
+
+# ----- Megatron-Bridge -----
+
+BRIDGE = json.loads((DATA / "megatron_bridge_keys.json").read_text())
+
+
+def _overrides(plan) -> dict[str, str]:
+    text = export_target(plan, "bridge").files["overrides.txt"]
+    return dict(line.split("=", 1) for line in text.splitlines())
+
+
+def test_bridge_overrides_are_fields_of_its_config_sections(llama_interleaved_fp16, gpt175b,
+                                                            llama_zero3_offload,
+                                                            llama_uneven_blocks):
+    for plan in (llama_interleaved_fp16, gpt175b, llama_zero3_offload, llama_uneven_blocks):
+        for key, value in _overrides(plan).items():
+            section, _, name = key.rpartition(".")
+            assert name in BRIDGE["sections"][section], key
+            if key == "mixed_precision":
+                assert value in BRIDGE["mixed_precision_recipes"]
+
+
+def test_bridge_values_field_by_field(llama_interleaved_fp16, gpt175b):
+    o = _overrides(llama_interleaved_fp16)
+    assert o["model.tensor_model_parallel_size"] == "2"
+    assert o["model.pipeline_model_parallel_size"] == "2"
+    assert o["model.virtual_pipeline_model_parallel_size"] == "2"
+    assert o["model.sequence_parallel"] == "true"
+    assert o["model.recompute_granularity"] == "selective"
+    assert o["model.recompute_modules"] == "[core_attn]"
+    assert o["ddp.use_distributed_optimizer"] == "true"
+    assert (o["train.micro_batch_size"], o["train.global_batch_size"]) == ("1", "64")
+    assert o["dataset.seq_length"] == o["model.seq_length"] == "4096"
+    assert o["mixed_precision"] == "fp16_mixed" and o["model.num_query_groups"] == "8"
+    g = _overrides(gpt175b)
+    assert g["model.virtual_pipeline_model_parallel_size"] == "3"
+    assert (g["model.recompute_granularity"], g["model.recompute_method"],
+            g["model.recompute_num_layers"]) == ("full", "uniform", "1")
+    assert g["mixed_precision"] == "bf16_mixed"
+    rows = {r.field: r for r in export_target(llama_interleaved_fp16, "bridge").rows}
+    assert rows["train.precision"].fit is Fit.CLOSE  # fp16_mixed starts its scale at 2^32
+
+
+# ----- every target: the table, the folder, the command line -----
+
+def test_every_plan_field_is_a_row_of_every_target(gpt175b):
+    names = {f"config.{f.name}" for f in fields(ParallelConfig)} | \
+        {f"train.{f.name}" for f in fields(TrainSpec)} | {"stage_blocks"}
+    for target in TARGETS:
+        export = export_target(gpt175b, target)
+        rows = {r.field: r for r in export.rows}
+        assert names <= set(rows), (target, names - set(rows))
+        assert all(r.note != "not carried to this target" for r in rows.values()), target
+
+
+def test_readme_lists_what_does_not_map_first(gpt175b, tmp_path):
+    out = export_formats(gpt175b, tmp_path / "ds", "deepspeed")["deepspeed"]
+    readme = (out / "README.md").read_text()
+    head, table = readme.split("## Every plan field")
+    assert "## What does not map exactly" in head
+    assert "**config.virtual_stages = 3** (no equivalent)" in head
+    assert "| config.zero | 1 | zero_optimization.stage = 1 | exact |" in table
+
+
+def test_cli_exports_all_formats_into_folders(llama_zero3_offload, tmp_path):
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(llama_zero3_offload.to_json())
+    assert main(["export", str(plan_file), str(tmp_path / "all"), "--format", "all"]) == 0
+    assert sorted(p.name for p in (tmp_path / "all").iterdir()) == sorted(FORMATS)
+    assert (tmp_path / "all" / "megatron" / "megatron_args.sh").stat().st_mode & 0o100
+    assert main(["export", str(plan_file), str(tmp_path / "one"), "--format", "bridge"]) == 0
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["README.md",
+                                                                    "overrides.txt"]
+
+
+def test_cli_refusals_and_bad_formats_exit_2_and_write_nothing(llama_interleaved_fp16,
+                                                               tmp_path, capsys):
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(llama_interleaved_fp16.to_json())  # fp16: torchtitan refuses it
+    out = tmp_path / "out"
+    assert main(["export", str(plan_file), str(out), "--format", "megatron,torchtitan"]) == 2
+    err = capsys.readouterr().err
+    assert "torchtitan export" in err and "leave torchtitan out" in err and not out.exists()
+    assert main(["export", str(plan_file), str(out), "--format", "megatron-lm"]) == 2
+    assert "unknown export format megatron-lm" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "none.json"), str(out), "--format", "deepspeed"]) == 2
