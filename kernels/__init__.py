@@ -12,6 +12,7 @@ queried at import. ``available()`` says whether the kernels can launch here.
 
 from autopar.kernels._launch import available
 from autopar.kernels.gelu import gelu, gelu_reference
+from autopar.core.specs import KERNEL_FUSIONS
 from autopar.kernels.layer_norm import layer_norm, layer_norm_reference
 from autopar.kernels.linear_cross_entropy import (
     linear_cross_entropy,
@@ -21,9 +22,9 @@ from autopar.kernels.rms_norm import rms_norm, rms_norm_reference
 from autopar.kernels.rope import rope, rope_reference
 from autopar.kernels.swiglu import swiglu, swiglu_reference
 
-KERNELS: tuple[str, ...] = ("rms_norm", "layer_norm", "swiglu", "gelu", "rope",
-                            "linear_cross_entropy")
-"""The public ops: each the name of its module, of its function and of ``torch.ops.autopar.*``."""
+KERNELS: tuple[str, ...] = KERNEL_FUSIONS
+"""The public ops: each the name of its module, of its function and of ``torch.ops.autopar.*``;
+the fusions of the same names (``autopar.core.specs.KERNEL_FUSIONS``, the one list)."""
 
 __all__ = [
     "KERNELS",

@@ -54,7 +54,7 @@ from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 from autopar import kernels
 from autopar.core.errors import AutoparError
 from autopar.core.specs import ENGINE_FUSIONS
-from autopar.analysis.ops import PATTERNS
+from autopar.core.specs import check_fusions as check_specs_fusions
 from autopar.models.family import Family
 from autopar.models.parts import stage_info
 from autopar.passes.model_parts import ModelParts, model_family
@@ -66,21 +66,15 @@ are accepted beside them and applied by their own pass."""
 
 
 def check_fusions(fusions: tuple[str, ...] | list[str], tp: int = 1) -> None:
-    """``AutoparError`` for a name without a kernel, or ``linear_cross_entropy`` with tp > 1."""
+    """``AutoparError`` for a name the vocabulary refuses (``core.specs.check_fusions``), or a
+    priced fusion no kernel here runs (Megatron's ``PRICED_FUSIONS``, an op family's own)."""
+    check_specs_fusions(fusions, tp, where="plan.config.fusions")
     for name in fusions:
-        if name in FUSIONS or name in ENGINE_FUSIONS:
-            continue
-        what = (f"fusion {name!r} is priced by the cost model but has no kernel to run"
-                if name in PATTERNS else f"unknown fusion {name!r}")
-        raise AutoparError(what, where="plan.config.fusions",
-                           fix=f"use names among {', '.join(FUSIONS + ENGINE_FUSIONS)}")
-    if "linear_cross_entropy" in fusions and tp > 1:
-        raise AutoparError(
-            f"fusion 'linear_cross_entropy' with tp={tp}: the head's weight is split by "
-            "vocabulary rows there, and the kernel computes the loss of a whole vocabulary",
-            where="plan.config.fusions",
-            fix="drop 'linear_cross_entropy' from the fusions for tp > 1 (the vocabulary-"
-                "parallel loss, loss_parallel, keeps the logits sharded instead), or plan tp=1")
+        if name not in FUSIONS and name not in ENGINE_FUSIONS:
+            raise AutoparError(
+                f"fusion {name!r} is priced by the cost model but has no kernel to run",
+                where="plan.config.fusions",
+                fix=f"use names among {', '.join(FUSIONS + ENGINE_FUSIONS)} to run the plan")
 
 
 def apply_fusions(model: nn.Module, fusions: tuple[str, ...] | list[str], tp: int = 1

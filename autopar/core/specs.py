@@ -141,6 +141,44 @@ GEMM (PyTorch's micro-pipeline TP over symmetric memory, ``passes/async_tp.py``;
 ENGINE_FUSIONS: tuple[str, ...] = (ASYNC_TP,)
 """Fusions the engine makes of collectives and GEMMs (no kernel of ``autopar.kernels``, no op
 pattern of ``autopar.analysis.ops``)."""
+KERNEL_FUSIONS: tuple[str, ...] = ("rms_norm", "layer_norm", "swiglu", "gelu", "rope",
+                                   "linear_cross_entropy")
+"""Fusions with a Triton kernel of ``autopar.kernels``, each named as its kernel and priced by
+the op pattern of that name (``autopar.analysis.ops``): planned, priced and run."""
+PRICED_FUSIONS: tuple[str, ...] = ("scale_mask_softmax", "bias_dropout_add")
+"""Megatron-LM's fused kernels, priced by op patterns (the published runs the cost model is
+validated against ran them) and run by no kernel here: a plan of them is estimated, and the
+passes refuse to execute it."""
+FUSIONS: tuple[str, ...] = KERNEL_FUSIONS + PRICED_FUSIONS + ENGINE_FUSIONS
+"""Every fusion name autopar itself knows: the vocabulary ``check_fusions`` reads, with the
+patterns an op family registered later adds (``PRICED_LATER``)."""
+PRICED_LATER: set[str] = set()
+"""Fusion patterns of op families registered after autopar's own (``autopar.analysis.ops``
+``register`` keeps it): priced, no kernel."""
+
+
+def fusion_names() -> tuple[str, ...]:
+    """``FUSIONS`` and the patterns registered later, in that order."""
+    return FUSIONS + tuple(sorted(PRICED_LATER - set(FUSIONS)))
+
+
+def check_fusions(fusions: tuple[str, ...] | list[str], tp: int = 1,
+                  where: str = "fusions") -> None:
+    """``AutoparError`` for a name outside ``FUSIONS``, or ``linear_cross_entropy`` with
+    tp > 1: every reader of fusion names (the config, the op patterns, the fusion pass) asks
+    here."""
+    known = fusion_names()
+    for name in fusions:
+        if name not in known:
+            raise AutoparError(f"unknown fusion {name!r}", where=where,
+                               fix=f"use names among {', '.join(known)}")
+    if "linear_cross_entropy" in fusions and tp > 1:
+        raise AutoparError(
+            f"fusion 'linear_cross_entropy' with tp={tp}: the fused loss computes every logit "
+            "of the vocabulary on one GPU, and tensor parallelism splits the head over the "
+            "vocabulary", where=where,
+            fix="drop 'linear_cross_entropy' for tp > 1 (the vocabulary-parallel loss keeps "
+                "the logits sharded instead), or plan tp=1")
 
 
 @dataclass(frozen=True)
@@ -207,8 +245,8 @@ class ParallelConfig:
     offload: bool = False
     """Keep optimizer states (and the fp32 master weights) in CPU memory, step on the CPU."""
     fusions: tuple[str, ...] = field(default_factory=tuple)
-    """Names of fused kernels applied (see ``autopar.kernels``), and of the engine's own
-    fusions (``ENGINE_FUSIONS``: ``"async_tp"``)."""
+    """Names among ``FUSIONS``: fused kernels (``KERNEL_FUSIONS``, ``autopar.kernels``),
+    Megatron's priced ones (``PRICED_FUSIONS``) and the engine's (``ENGINE_FUSIONS``)."""
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
@@ -223,15 +261,7 @@ class ParallelConfig:
             )
         if self.sequence_parallel and self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
-        if "linear_cross_entropy" in self.fusions and self.tp > 1:
-            raise AutoparError(
-                f"fusion 'linear_cross_entropy' with tp={self.tp}: the fused loss computes "
-                "every logit of the vocabulary on one GPU, and tensor parallelism splits the "
-                "head over the vocabulary (passes/fuse.py refuses it too)",
-                where="fusions",
-                fix="drop 'linear_cross_entropy' for tp > 1 (the vocabulary-parallel loss "
-                    "keeps the logits sharded instead), or plan tp=1",
-            )
+        check_fusions(self.fusions, self.tp)
         if ASYNC_TP in self.fusions and not self.sequence_parallel:
             raise AutoparError(
                 f"fusion 'async_tp' with tp={self.tp} and no sequence parallelism: it overlaps "

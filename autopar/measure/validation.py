@@ -31,13 +31,13 @@ from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
-from autopar.core.specs import Optimizer, ParallelConfig, Precision, TrainSpec
+from autopar.core.specs import Optimizer, PRICED_FUSIONS, ParallelConfig, Precision, TrainSpec
 from autopar.search.planner import config_estimate, strategies_of
 from autopar.analysis.graph import GraphIR
 from autopar.analysis.tracing import trace
 
 MICRO_BATCHES = (1, 2, 4, 8)
-MEGATRON_FUSIONS = ("scale_mask_softmax", "bias_dropout_add")
+MEGATRON_FUSIONS = PRICED_FUSIONS
 """The fused kernels of the Megatron-LM runs (fused scale-mask-softmax, bias-dropout-add)."""
 
 

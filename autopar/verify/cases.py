@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.core.errors import AutoparError
+from autopar.core.specs import KERNEL_FUSIONS
 from autopar.core.model_spec import ModelSpec
 from autopar.verify.models import ARCHITECTURES, DECODER_STYLES, Shape, decoder_spec, \
     transformers_spec
@@ -36,7 +37,7 @@ from autopar.verify.models import ARCHITECTURES, DECODER_STYLES, Shape, decoder_
 WORLD_SIZES = (1, 2, 2, 2, 4, 4, 4, 8)
 """Processes per case, drawn uniformly from this list (2 and 4 most often: 8 gloo processes
 take twice as long on a 2-core machine)."""
-FUSIONS = ("rms_norm", "layer_norm", "swiglu", "gelu", "rope", "linear_cross_entropy")
+FUSIONS = KERNEL_FUSIONS
 PRECISIONS = ("fp32", "fp32", "bf16", "fp16", "bf16-pure")
 
 

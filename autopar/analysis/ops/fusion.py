@@ -21,8 +21,7 @@ Narayanan et al.'s runs; the others are the kernels of ``autopar.kernels`` (name
 
 from __future__ import annotations
 
-from autopar.core.errors import AutoparError
-from autopar.core.specs import ENGINE_FUSIONS
+from autopar.core.specs import ENGINE_FUSIONS, check_fusions
 from autopar.analysis.graph import GraphIR, NodeInfo
 from autopar.analysis.ops.registry import PATTERNS, VIEW, storage_of
 
@@ -31,11 +30,8 @@ def find_fusions(graph: GraphIR, nodes: list[NodeInfo], names: tuple[str, ...]
                  ) -> list[tuple[str, list[NodeInfo]]]:
     """Non-overlapping matches of the named patterns among ``nodes``, in order; the engine's
     fusions of collectives and GEMMs (``core.specs.ENGINE_FUSIONS``) match no op pattern."""
+    check_fusions(names)
     names = tuple(n for n in names if n not in ENGINE_FUSIONS)
-    unknown = [n for n in names if n not in PATTERNS]
-    if unknown:
-        raise AutoparError(f"unknown fusion {unknown[0]!r}", where="fusions",
-                           fix=f"use names among {', '.join(sorted(PATTERNS))}")
     consumers: dict[str, list[NodeInfo]] = {}
     for n in nodes:
         for i in n.inputs:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from autopar.core.specs import FUSIONS, PRICED_LATER
 from autopar.core.layout import Strategy
 from autopar.core.roofline import OpKind
 from autopar.analysis.graph import GraphIR, NodeInfo, TensorMeta
@@ -169,6 +170,9 @@ def _rebuild() -> None:
         OP_NAMES.update(fam.aliases)
         PATTERNS.update((p.name, p) for p in fam.fusions)
     CANONICAL_OPS.update(_BY_OP)
+    # the fusion vocabulary is the core's; a later family's patterns join it, priced only
+    PRICED_LATER.clear()
+    PRICED_LATER.update(set(PATTERNS) - set(FUSIONS))
 
 
 # ----- the questions -----

@@ -168,3 +168,26 @@ def test_a_family_registered_later_is_known_everywhere(erf_family: OpFamily) -> 
     est = autopar.estimate(model, CLUSTER, TRAIN, plan.config)
     assert est.step_time_s == plan.estimate.step_time_s
     assert not any("sharding rule" in note for note in est.notes)
+
+
+def test_the_fusion_names_are_one_vocabulary() -> None:
+    """The op patterns price exactly the kernels' fusions and Megatron's priced ones, the
+    kernels are the kernel fusions, and every reader refuses an unknown name in one way."""
+    import pytest
+
+    from autopar.analysis.ops import PATTERNS
+    from autopar.core.errors import AutoparError
+    from autopar.core.specs import KERNEL_FUSIONS, PRICED_FUSIONS, ParallelConfig
+    from autopar.kernels import KERNELS
+    from autopar.passes.fuse import check_fusions
+
+    assert set(PATTERNS) == set(KERNEL_FUSIONS + PRICED_FUSIONS)
+    assert KERNELS == KERNEL_FUSIONS
+    messages = set()
+    for refuse in (lambda: ParallelConfig(fusions=("flash",)), lambda: check_fusions(("flash",))):
+        with pytest.raises(AutoparError, match="unknown fusion 'flash'") as err:
+            refuse()
+        messages.add((err.value.what, err.value.fix))
+    assert len(messages) == 1
+    with pytest.raises(AutoparError, match="priced by the cost model but has no kernel"):
+        check_fusions(PRICED_FUSIONS[:1])
