@@ -59,7 +59,7 @@ from autopar.models.feed import (
 )
 from autopar.analysis.graph import GraphIR, NodeInfo, TensorMeta
 from autopar.models.blocks import find_block_group
-from autopar.models.generic.experts import static_experts
+from autopar.models.family import trace_experts
 from autopar.analysis.tracing_blocks import assign_blocks
 from autopar.analysis.tracing_errors import (
     ModuleStack,
@@ -112,7 +112,7 @@ def trace(
     was_training = model.training
     model.train()  # the training forward: dropout active
     try:
-        with static_experts(model) as experts:
+        with trace_experts(model) as experts:
             try:
                 traced = _trace_fx(model, feed, inputs, targets)
             except Exception as fx_error:  # noqa: BLE001 - any fx failure falls back to export

@@ -15,7 +15,9 @@ test shapes after all the full-size ones).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -141,6 +143,12 @@ class Family:
     reported as the reason tp > 1 is refused); ``None``: the family's modules split as the
     plan's styles say."""
 
+    trace_experts: Callable[[nn.Module], AbstractContextManager[frozenset[str]]] | None = None
+    """model -> a context for the while of a trace, yielding the qualified names of the expert
+    parameters it makes traceable (``GraphIR.expert_params``): the generic family's routed
+    expert lists run as one static call (``models/generic/experts.py``). The tracer enters every
+    family's (``trace_experts`` below); ``None``: nothing to do."""
+
     def parts_of(self, model: nn.Module) -> ModelParts:
         """The parts of ``model``, one of this family's models."""
         if self.describe is not None:
@@ -265,6 +273,18 @@ def family_of(model: nn.Module) -> Family:
             "...) -> final norm and head (the generic decoder family), use a built-in model or "
             "a transformers causal LM of a registered family, or register a Family for it (a "
             "folder under autopar/models/); pp = 1 plans run without it")
+
+
+@contextlib.contextmanager
+def trace_experts(model: nn.Module) -> Iterator[frozenset[str]]:
+    """Every registered family's ``Family.trace_experts`` on ``model`` for the while of a
+    trace; yields the expert parameters' names they report."""
+    with contextlib.ExitStack() as stack:
+        names: set[str] = set()
+        for family in _FAMILIES.values():
+            if family.trace_experts is not None:
+                names |= stack.enter_context(family.trace_experts(model))
+        yield frozenset(names)
 
 
 def prepare_training(model: nn.Module) -> None:

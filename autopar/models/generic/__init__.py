@@ -118,6 +118,6 @@ FAMILY = register(Family(name="generic", parts=None, describe=parts, mismatch=mi
                          fallback=True, tensor_layout=tensor_layout,
                          context_attention=is_block, context_problem=context_problem,
                          expert_layers=experts.expert_layers, token_routing=True,
-                         prepare=_install_experts))
+                         prepare=_install_experts, trace_experts=experts.static_experts))
 
 __all__ = ["FAMILY", "describe", "tensor_layout"]
