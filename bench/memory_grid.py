@@ -110,7 +110,7 @@ def main(argv: list[str]) -> int:
     for case in cases:
         began = time.perf_counter()
         plan = plan_of(case)
-        run = autopar.dryrun.run(plan)
+        run = autopar.dry_run(plan)
         for role in run.roles:
             err = role.error or 0.0
             worst = max(worst, abs(err))

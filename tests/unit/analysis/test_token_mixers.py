@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import autopar
-from autopar import ClusterSpec, ParallelConfig, TrainSpec, verify_decoders
+from autopar import ClusterSpec, ParallelConfig, TrainSpec
+from autopar.verify import decoders as verify_decoders
 from autopar.core.roofline import OpKind
 from autopar.analysis.graph import TensorMeta
 from autopar.analysis.ops import forward_flop, kind_of, ops_without_rules

@@ -82,7 +82,7 @@ def test_every_role_of_a_pipelined_plan_runs_and_its_kinds_add_up() -> None:
     plan = _plan("tiny-llama", dp=2, tp=2, pp=2, zero=3, micro_batch=1,
                  sequence_parallel=True)
     seen: list[tuple[int, int]] = []
-    run = autopar.dryrun.run(plan, progress=lambda done, total, what: seen.append((done, total)))
+    run = autopar.dry_run(plan, progress=lambda done, total, what: seen.append((done, total)))
     assert [r.pp_rank for r in run.roles] == [0, 1]
     assert seen[-1] == (2, 2)
     for role in run.roles:
@@ -105,7 +105,7 @@ def test_a_stage_holds_the_receive_buffers_of_the_micro_batches_in_flight_only()
     peaks = {}
     for batch in (4, 16):
         plan = _plan("tiny-llama", batch=batch, pp=2, micro_batch=1, schedule="1f1b")
-        peaks[batch] = autopar.dryrun.run(plan, pp_ranks=[0], workers=1).roles[0].peak_bytes
+        peaks[batch] = autopar.dry_run(plan, pp_ranks=[0], workers=1).roles[0].peak_bytes
     # what does grow: the schedule's split of the batch, 32 int64 token ids per micro-batch
     assert 0 <= peaks[16] - peaks[4] <= (16 - 4) * 32 * 8
 
@@ -117,7 +117,7 @@ def test_the_last_stage_holds_no_received_activation_of_a_finished_micro_batch()
     peaks = {}
     for batch in (4, 16):
         plan = _plan("tiny-llama", batch=batch, pp=2, micro_batch=1, schedule="1f1b")
-        peaks[batch] = autopar.dryrun.run(plan, pp_ranks=[1], workers=1).roles[0].peak_bytes
+        peaks[batch] = autopar.dry_run(plan, pp_ranks=[1], workers=1).roles[0].peak_bytes
     # what does grow: the schedule's split of the targets, 32 int64 ids per micro-batch, and
     # the fp32 loss it keeps of each (48 KiB more without the detach)
     assert 0 <= peaks[16] - peaks[4] <= (16 - 4) * (32 * 8 + 4)
@@ -125,7 +125,7 @@ def test_the_last_stage_holds_no_received_activation_of_a_finished_micro_batch()
 
 def test_a_plan_without_data_parallelism_issues_no_fsdp_collectives() -> None:
     plan = _plan("tiny-gpt", tp=2, micro_batch=2, batch=4)
-    run = autopar.dryrun.run(plan)
+    run = autopar.dry_run(plan)
     (role,) = run.roles
     assert "reduce-scatter" not in role.collectives and "send-recv" not in role.collectives
     assert role.collectives.get("all-reduce", 0) > 0   # tensor parallelism's row outputs
@@ -141,7 +141,7 @@ def test_roles_run_side_by_side_give_the_figures_of_one_process() -> None:
     from autopar.passes.mesh import executable_spec
 
     plan = _plan("tiny-llama", layers=4, dp=2, pp=4, micro_batch=1)
-    alone = autopar.dryrun.run(plan, workers=1)
+    alone = autopar.dry_run(plan, workers=1)
     # every role in a spawned process (two of them: one learns the shapes before its first
     # role), none here
     runs = _RoleRuns(plan, executable_spec(plan, None), [0, 1, 2, 3], None)
@@ -152,18 +152,18 @@ def test_roles_run_side_by_side_give_the_figures_of_one_process() -> None:
 def test_the_dry_run_refuses_no_workers() -> None:
     plan = _plan("tiny-llama", dp=2, pp=2, micro_batch=1)
     with pytest.raises(AutoparError, match="workers"):
-        autopar.dryrun.run(plan, workers=0)
+        autopar.dry_run(plan, workers=0)
 
 
 def test_the_dry_run_refuses_a_role_that_does_not_exist() -> None:
     plan = _plan("tiny-llama", dp=2, pp=2, micro_batch=1)
     with pytest.raises(AutoparError, match="pipeline ranks"):
-        autopar.dryrun.run(plan, pp_ranks=[5])
+        autopar.dry_run(plan, pp_ranks=[5])
 
 
 def test_a_later_role_alone_learns_its_shapes_from_the_first_stage() -> None:
     plan = _plan("tiny-llama", dp=2, pp=2, micro_batch=1)
-    (role,) = autopar.dryrun.run(plan, pp_ranks=[1]).roles
+    (role,) = autopar.dry_run(plan, pp_ranks=[1]).roles
     assert role.pp_rank == 1 and role.peak_bytes > 0
 
 
@@ -203,6 +203,6 @@ def test_a_pipelined_model_with_a_tied_head_dry_runs_its_last_stage() -> None:
     # the first and last stages of a tied GPT share the embedding's gradient through a group
     # of their ranks, found from the mesh's layout: mesh.mesh holds no values under fake tensors
     plan = _plan("tiny-gpt", dp=2, pp=2, micro_batch=1)
-    run = autopar.dryrun.run(plan)
+    run = autopar.dry_run(plan)
     assert [r.pp_rank for r in run.roles] == [0, 1]
     assert all(role.peak_bytes > 0 for role in run.roles)

@@ -25,7 +25,7 @@ SAMPLE = ("8b-fsdp-full", "8b-zero1-matmuls", "8b-ddp-fp32", "8b-tp4-nosp-pure",
 @pytest.mark.parametrize("name", SAMPLE)
 def test_memory_model_is_within_3_percent_of_the_dry_run(name: str) -> None:
     case = next(c for c in GRID.GRID if c.name == name)
-    run = autopar.dryrun.run(GRID.plan_of(case))
+    run = autopar.dry_run(GRID.plan_of(case))
     for role in run.roles:
         assert role.error is not None and abs(role.error) <= TARGET, (
             f"{name} pp{role.pp_rank}: predicted {role.predicted_bytes / 2**30:.2f} GiB, "

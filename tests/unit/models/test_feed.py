@@ -36,7 +36,7 @@ def _dry_run_of(spec: ModelSpec, seq_len: int) -> autopar.DryRun:
     plan = autopar.plan_for(spec.build("meta"), process_cluster(2),
                             TrainSpec(global_batch=4, seq_len=seq_len),
                             ParallelConfig(dp=2), model_spec=spec)
-    return autopar.dryrun.run(plan, workers=1)
+    return autopar.dry_run(plan, workers=1)
 
 
 def test_granitemoe_takes_the_cache_switch_through_kwargs_and_traces_without_a_cache() -> None:

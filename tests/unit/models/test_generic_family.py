@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autopar import AutoparError, ParallelConfig, TrainSpec, verify_decoders
+from autopar import AutoparError, ParallelConfig, TrainSpec
+from autopar.verify import decoders as verify_decoders
 from autopar.analysis.admissibility import check, facts_of
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import Checkpoint
