@@ -44,6 +44,7 @@ gradients) and 3.8 (bf16 parameters); the swapped tp shard measures 51 (bf16), 3
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -157,12 +158,22 @@ def compare_to_precision(got: dict[str, torch.Tensor], lows: list[dict[str, torc
     for name, x in exact.items():
         if name not in got or any(name not in low for low in lows) or not x.numel():
             continue
-        error = (got[name] - x).norm().item()
-        own = max(*((low[name] - x).norm().item() for low in lows), floor[name], 1e-30)
+        error = _norm(got[name] - x)
+        own = max(*(_norm(low[name] - x) for low in lows), floor[name], 1e-30)
         max_abs = max(max_abs, (got[name] - lows[0][name]).abs().max().item())
-        if error / own > worst or where == "-":
-            worst, where = error / own, name
+        # a reference that overflowed (fp16: its loss scaler skips the step) shows that one
+        # process at this precision may: its error is unbounded, the program's within it
+        ratio = 1.0 if math.isinf(error) and math.isinf(own) else error / own
+        if ratio > worst or where == "-":
+            worst, where = ratio, name
     return Diff(max_abs, worst, where)
+
+
+def _norm(t: torch.Tensor) -> float:
+    """The norm of a difference, infinite where it holds an inf or a NaN (an overflow): a NaN
+    would compare as neither larger nor smaller than any bound."""
+    value = t.norm().item()
+    return value if math.isfinite(value) else math.inf
 
 
 def measure_run(losses: list[float], grads: dict[str, torch.Tensor],

@@ -31,6 +31,24 @@ def test_compare_is_relative_to_each_tensors_largest_entry():
     assert moves.measure == pytest.approx(40.0)
 
 
+def test_an_overflowing_low_precision_reference_bounds_nothing_and_an_overflowing_program_fails():
+    # found by the property run: a GraniteMoE fp16 case whose resampled one-process reference
+    # overflowed in the last step (its scaler skips it) measured NaN on the embedding's
+    # gradient, the first tensor, which no later tensor could beat: a false failure
+    from autopar.verify.measures import compare_to_precision
+
+    exact = {"emb": torch.tensor([1.0, 2.0]), "w": torch.tensor([3.0, 4.0])}
+    low = {"emb": torch.tensor([1.001, 2.0]), "w": torch.tensor([3.0, 4.004])}
+    overflowed = {"emb": torch.tensor([float("nan"), float("inf")]), "w": low["w"]}
+    got = {"emb": torch.tensor([1.002, 2.0]), "w": torch.tensor([3.0, 4.002])}
+    floor = dict.fromkeys(exact, 1e-6)
+    d = compare_to_precision(got, [low, overflowed], exact, floor)
+    assert d.measure == pytest.approx(0.5, rel=1e-3) and d.where == "w"   # was NaN at emb
+    broken = {**got, "w": torch.tensor([3.0, float("nan")])}
+    d = compare_to_precision(broken, [low, low], exact, floor)
+    assert d.measure == float("inf") and d.where == "w"
+
+
 def test_a_result_beyond_one_tolerance_fails():
     plan = _plan("tiny-llama", tp=2, micro_batch=2)
     tol = TOLERANCES[plan.train.precision]
