@@ -41,6 +41,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from autopar.analysis.ops.registry import matmuls_aten_ops
 from autopar.core.specs import Checkpoint
 from autopar.models.family import ATTENTION_CORE_HOOK
 from autopar.passes.regather import regathered_saves
@@ -63,16 +64,10 @@ def set_core_runners(block: nn.Module, policy: Checkpoint) -> None:
             setattr(module, CORE_HOOK, runner)
 
 
-SAVED_OPS = frozenset(op for op in (
-    aten.mm.default,
-    aten.addmm.default,
-    aten._scaled_dot_product_flash_attention.default,
-    aten._scaled_dot_product_efficient_attention.default,
-    aten._scaled_dot_product_cudnn_attention.default,
-    getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None) and
-    aten._scaled_dot_product_flash_attention_for_cpu.default,
-) if op is not None)
-"""Ops whose outputs the ``matmuls`` policy keeps."""
+SAVED_OPS = frozenset(getattr(aten, name).default for name in matmuls_aten_ops()
+                      if hasattr(aten, name))
+"""Ops whose outputs the ``matmuls`` policy keeps: the op registry's list
+(``OpFamily.kept_by_matmuls_aten``), whose ``kept_by_matmuls`` prices the same."""
 
 
 def _save_matmuls(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:

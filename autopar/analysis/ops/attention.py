@@ -57,4 +57,8 @@ ATTENTION = register(OpFamily(
         "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
         "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math")},
     kind=OpKind.ATTENTION, flop=sdpa_flop, saves=sdpa_saves, rule=attention_rule,
-    kept_by_matmuls=_always))
+    kept_by_matmuls=_always,
+    kept_by_matmuls_aten=("_scaled_dot_product_flash_attention",
+                          "_scaled_dot_product_efficient_attention",
+                          "_scaled_dot_product_cudnn_attention",
+                          "_scaled_dot_product_flash_attention_for_cpu")))

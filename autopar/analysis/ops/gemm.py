@@ -165,4 +165,4 @@ GEMM = register(OpFamily(
              # transformers' custom op for MoE experts on CPU
              "grouped_mm_fallback": "grouped_mm"},
     kind=OpKind.MATMUL, flop=gemm_flop, saves=saves_inputs, rule=gemm_rule,
-    kept_by_matmuls=is_linear, weight_op=is_weight_gemm))
+    kept_by_matmuls=is_linear, kept_by_matmuls_aten=("mm", "addmm"), weight_op=is_weight_gemm))

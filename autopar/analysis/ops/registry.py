@@ -121,6 +121,10 @@ class OpFamily:
     """The node returns its input itself (a dropout with p = 0): no kernel, no storage."""
     kept_by_matmuls: NodeTest | None = None
     """The matmuls policy caches the node's output (``passes/checkpointing.py``)."""
+    kept_by_matmuls_aten: tuple[str, ...] = ()
+    """The same at run time: the aten ops (``torch.ops.aten.<name>.default``) whose outputs the
+    matmuls policy's selective checkpoint keeps (``matmuls_aten_ops``); the one list the pass
+    and the pricing read."""
     weight_op: NodeTest | None = None
     """The node holds its module's weights: its strategy is the module's style."""
     fusions: tuple[FusionPattern, ...] = ()
@@ -176,6 +180,13 @@ def _rebuild() -> None:
 
 
 # ----- the questions -----
+def matmuls_aten_ops() -> tuple[str, ...]:
+    """Every family's ``kept_by_matmuls_aten``: what ``passes/checkpointing.py``'s matmuls
+    policy saves."""
+    return tuple(name for fam in FAMILIES.values() for name in fam.kept_by_matmuls_aten)
+
+
+
 def family_of(op: str) -> OpFamily | None:
     """The family owning the canonical ``op``; None for an op the registry does not know."""
     return _BY_OP.get(op)
