@@ -68,12 +68,13 @@ def wait_ranks(procs: list[subprocess.Popen], folder: Path, timeout_s: float) ->
             failed_at = time.monotonic()
         grace_over = failed_at is not None and time.monotonic() - failed_at > 3.0
         if grace_over or exited or time.monotonic() > deadline:
-            _kill(procs)
+            kill_ranks(procs)
             _raise_failure(folder, nproc, sorted(folder.glob("rank*.error")), timeout_s)
         time.sleep(0.05)
 
 
-def _kill(procs: list[subprocess.Popen]) -> None:
+def kill_ranks(procs: list[subprocess.Popen]) -> None:
+    """Kill the ranks still running and reap them."""
     for p in procs:
         if p.poll() is None:
             p.kill()

@@ -34,7 +34,8 @@ from autopar.verify.measures import (
     compare,
     measure_run,
 )
-from autopar.verify.launcher import ProgramFailed, check_device, start_ranks, wait_ranks
+from autopar.verify.launcher import (ProgramFailed, check_device, kill_ranks, start_ranks,
+                                     wait_ranks)
 from autopar.verify.reference import reference
 
 __all__ = ["TOLERANCES", "Diff", "ProgramFailed", "VerifyResult", "compare", "reference",
@@ -79,7 +80,7 @@ def verify(spec: ModelSpec | None, plan: Plan, *, steps: int = 3, seed: int = 0,
             exact = reference(spec, plan, steps, seed, Precision.FP32)
             refs.append(reference(spec, plan, steps, seed, resample=True))
     except BaseException:
-        _kill(procs)
+        kill_ranks(procs)
         raise
     ranks = wait_ranks(procs, work, timeout_s)
     if not keep:  # a failure raised above and left the folder for its logs
