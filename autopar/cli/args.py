@@ -7,14 +7,13 @@ import argparse
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from autopar.core.errors import AutoparError
+from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import ParallelConfig, Schedule, TrainSpec, parse_checkpoint
-from autopar.costmodel.cluster import CLUSTER_FILE_SUFFIXES, ClusterSpec, preset_names
-
-if TYPE_CHECKING:
-    from autopar.core.model_spec import ModelSpec
+from autopar.costmodel.cluster import (CLUSTER_FILE_SUFFIXES, ClusterSpec, preset_names,
+                                       profile_cluster)
+from autopar.costmodel.profile import Profile
 
 
 def parse_value(text: str) -> object:
@@ -40,11 +39,9 @@ def model_overrides(items: list[str]) -> dict[str, object]:
     return overrides
 
 
-def model_spec(args) -> "ModelSpec":
+def model_spec(args) -> ModelSpec:
     """The ``ModelSpec`` of ``--model`` and ``--model-arg`` (and, for a zoo model, ``--seq-len``
     as its ``seq_len`` unless ``--model-arg seq_len`` is given)."""
-    from autopar.core.model_spec import ModelSpec
-
     overrides = model_overrides(args.model_arg)
     spec = ModelSpec.parse(args.model, overrides)
     seq = getattr(args, "seq_len", None)
@@ -62,8 +59,6 @@ def config_from_fields(fields: dict[str, object], gpus: int | None, where: str):
     GPUs means DeepSpeed's reading -- dp expert-data-parallel replicas of ep expert shards, ep x
     dp ranks in all -- and gets it: where ``dp*tp*pp*cp`` falls short of ``gpus`` by exactly
     the factor ep, ``dp`` becomes ``dp * ep`` (``expert_dp_note`` says so)."""
-    from autopar.core.specs import ParallelConfig
-
     fields = dict(fields)
     inner = int(fields.get("tp", 1)) * int(fields.get("pp", 1)) * int(fields.get("cp", 1))
     if "dp" not in fields:
@@ -212,8 +207,6 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
     ``--nodes`` (default: the file's nodes, one node of a preset) and ``--memory-headroom``."""
     cluster = _cluster_named(args)
     if getattr(args, "profile", None):
-        from autopar.costmodel.profile import Profile
-
         cluster = cluster.with_profile(Profile.load(args.profile))
     if getattr(args, "memory_headroom", None) is None:
         return cluster
@@ -238,9 +231,6 @@ def _cluster_named(args: argparse.Namespace) -> ClusterSpec:
         cluster = ClusterSpec.from_file(path)
         return cluster.with_nodes(args.nodes) if args.nodes else cluster
     if not args.cluster and getattr(args, "profile", None):
-        from autopar.costmodel.cluster import profile_cluster
-        from autopar.costmodel.profile import Profile
-
         return profile_cluster(Profile.load(args.profile)).with_nodes(args.nodes or 1)
     if not args.cluster:
         raise AutoparError("no cluster given", where="--cluster / --cluster-file",

@@ -153,13 +153,13 @@ FUSIONS: tuple[str, ...] = KERNEL_FUSIONS + PRICED_FUSIONS + ENGINE_FUSIONS
 """Every fusion name autopar itself knows: the vocabulary ``check_fusions`` reads, with the
 patterns an op family registered later adds (``PRICED_LATER``)."""
 PRICED_LATER: set[str] = set()
-"""Fusion patterns of op families registered after autopar's own (``autopar.analysis.ops``
-``register`` keeps it): priced, no kernel."""
+"""Fusion patterns of op families registered after autopar's own, none of ``FUSIONS``
+(``autopar.analysis.ops``'s registry keeps it): priced, no kernel."""
 
 
 def fusion_names() -> tuple[str, ...]:
     """``FUSIONS`` and the patterns registered later, in that order."""
-    return FUSIONS + tuple(sorted(PRICED_LATER - set(FUSIONS)))
+    return FUSIONS + tuple(sorted(PRICED_LATER))
 
 
 def check_fusions(fusions: tuple[str, ...] | list[str], tp: int = 1,
