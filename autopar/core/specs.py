@@ -109,7 +109,7 @@ def check_field(name: str, value: object) -> object:
     """One ``ParallelConfig`` field checked on its own (``AutoparError`` naming it) and
     normalised (enums from strings, tuples from lists); the checks between fields are
     ``ParallelConfig.__post_init__``'s. Constraints on the search are checked with it too."""
-    if name in ("dp", "tp", "pp", "cp", "ep", "micro_batch", "virtual_stages") or (
+    if name in ("dp", "tp", "pp", "cp", "ep", "etp", "micro_batch", "virtual_stages") or (
             name == "num_microbatches" and value is not None):
         _positive_int(value, name)
     elif name == "zero" and (value not in (0, 1, 2, 3) or isinstance(value, bool)):
@@ -213,8 +213,13 @@ class TrainSpec:
 class ParallelConfig:
     """How the step is split over the GPUs: the decisions a plan makes.
 
-    The mesh is dp x tp x pp x cp GPUs. Expert parallelism, as in Megatron and torchtitan, is
-    carved from the dp x cp ranks: ``ep`` must divide ``dp * cp``.
+    The mesh is dp x tp x pp x cp GPUs. The experts have a mesh of their own, (expert dp, ``ep``,
+    ``etp``), folded over the same ranks of each pipeline stage (Megatron-Core's MoE Parallel
+    Folding, Liu et al., arXiv 2504.14960): over the dp x cp x tp ranks under sequence
+    parallelism, where each tp rank holds and routes its own tokens (``experts_fold_tp``), so
+    ``ep`` may span tp ranks and exceed dp x cp; over the dp x cp ranks otherwise (the tp ranks
+    hold the same tokens and every one of them runs its experts on them whole). ``etp`` is the
+    innermost of the three, then ``ep`` (``autopar.core.mesh.expert_strides``).
     """
 
     dp: int = 1
@@ -227,7 +232,12 @@ class ParallelConfig:
     """Context-parallel degree (the sequence split across ranks in 2 x cp load-balanced chunks;
     attention over all-gathered keys and values, ``passes/context_parallel.py``)."""
     ep: int = 1
-    """Expert-parallel degree (experts split across ranks of the dp x cp group)."""
+    """Expert-parallel degree: each MoE layer's experts split over ``ep`` ranks of the experts'
+    mesh (``expert_ranks``: dp x cp x tp under sequence parallelism, dp x cp without)."""
+    etp: int = 1
+    """Expert tensor-parallel degree: each expert's GEMMs split over ``etp`` ranks (a column and
+    a row split, as a dense MLP under tp); divides tp, needs sequence parallelism when above 1;
+    1 keeps every expert whole (Megatron-Core's ``--expert-tensor-parallel-size``)."""
     zero: int = 0
     """ZeRO stage: 0 replicate, 1 shard optimizer states, 2 + gradients, 3 + parameters."""
     micro_batch: int = 1
@@ -269,13 +279,46 @@ class ParallelConfig:
                 "there are none to overlap",
                 where="fusions",
                 fix="plan tp > 1 with sequence_parallel=True, or drop 'async_tp'")
-        if (self.dp * self.cp) % self.ep:
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """The experts' mesh fits the ranks it folds over (``expert_ranks``)."""
+        if self.tp % self.etp:
             raise AutoparError(
-                f"ep={self.ep} does not divide dp*cp={self.dp * self.cp}: expert parallelism "
-                "is carved from the data- and context-parallel ranks",
+                f"etp={self.etp} does not divide tp={self.tp}: expert tensor parallelism splits "
+                "each expert over ranks of the attention's tensor-parallel group",
+                where="etp", fix=f"choose etp among the divisors of tp={self.tp}")
+        if self.etp > 1 and not self.experts_fold_tp:
+            raise AutoparError(
+                f"etp={self.etp} without sequence parallelism: the tp ranks then hold the same "
+                "tokens, and the engine splits an expert over ranks that each route their own",
+                where="etp", fix="set sequence_parallel=True, or etp=1")
+        ranks = self.expert_ranks
+        if ranks % (self.ep * self.etp):
+            over = "dp*cp*tp" if self.experts_fold_tp else "dp*cp"
+            raise AutoparError(
+                f"ep={self.ep} x etp={self.etp} does not divide the {ranks} ranks ({over}) the "
+                "experts' mesh folds over",
                 where="ep",
-                fix="choose ep among the divisors of dp*cp",
-            )
+                fix=(f"choose ep x etp among the divisors of {ranks}"
+                     + ("" if self.experts_fold_tp or self.tp == 1 else
+                        ", or set sequence_parallel=True so ep may span the tp ranks too")))
+
+    @property
+    def experts_fold_tp(self) -> bool:
+        """Whether the experts' mesh spans the tp ranks: under sequence parallelism each tp rank
+        holds its own tokens (its shard of the sequence) and routes them itself."""
+        return self.tp > 1 and self.sequence_parallel
+
+    @property
+    def expert_ranks(self) -> int:
+        """Ranks of one pipeline stage the experts' mesh (expert dp x ep x etp) folds over."""
+        return self.dp * self.cp * (self.tp if self.experts_fold_tp else 1)
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: ranks holding the same expert shard."""
+        return self.expert_ranks // (self.ep * self.etp)
 
     @property
     def world_size(self) -> int:
