@@ -66,12 +66,23 @@ def model_facts(model: nn.Module | GraphIR | Workload) -> ModelFacts:
     if isinstance(model, nn.Module):
         return facts_of(model)
     if isinstance(model, GraphIR):
-        return ModelFacts(num_blocks=model.num_blocks, layers=model.layers)
+        return ModelFacts(num_blocks=model.num_blocks, layers=model.layers,
+                          num_experts=graph_experts(model))
     if isinstance(model, Workload):
         return ModelFacts(num_blocks=model.num_blocks)
     raise AutoparError(f"model must be an nn.Module, a GraphIR or a Workload, not a "
                        f"{type(model).__name__}", where="model",
                        fix="pass the model object, e.g. autopar.models.build('gpt-1.7b')")
+
+
+def graph_experts(graph: GraphIR) -> int | None:
+    """Experts per MoE layer of a traced model: the first dimension of the stacked expert
+    weights its MoE layers hold (``GraphIR.moe_modules``); ``None`` for a dense model or
+    experts kept as a list of modules."""
+    for name, meta in graph.params.items():
+        if len(meta.shape) == 3 and any(name.startswith(m + ".") for m in graph.moe_modules):
+            return int(meta.shape[0])
+    return None
 
 
 def _before_trace(model: nn.Module | GraphIR | Workload, train: TrainSpec) -> ModelFacts:

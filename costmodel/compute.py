@@ -50,6 +50,11 @@ class Split:
     """Tokens of one whole sequence (the workload's traced ``seq_len``). With it a linear layer's
     GEMMs are priced at their shape on this GPU (``linear_gemms``); ``None`` prices every GEMM
     at the whole-run rate ``Efficiency.matmul``."""
+    ep: int = 1
+    """Expert-parallel degree: the experts a GPU holds, and so the rows each of them gets."""
+    etp: int = 1
+    """Expert tensor-parallel degree: each expert's width split, its rows gathered from the
+    etp ranks (``grouped_gemms``)."""
 
     def divisor(self, shard: Shard) -> float:
         if shard is Shard.TP or (shard is Shard.SEQ and self.sequence_parallel):
@@ -115,14 +120,29 @@ def epilogue_depth(out_bytes: float, peak_flop_per_s: float, hbm_bytes_per_s: fl
     return out_bytes * peak_flop_per_s / (2.0 * hbm_bytes_per_s)
 
 
+@dataclass(frozen=True)
+class GroupedGemm:
+    """``groups`` GEMMs of one shape run as one kernel (a grouped GEMM: every local expert's
+    rows at once), each ``rows`` x ``cols`` reducing ``depth``."""
+
+    groups: int
+    gemm: Gemm
+
+    @property
+    def flop(self) -> float:
+        return self.groups * self.gemm.flop
+
+
 @lru_cache(maxsize=65536)
 def _gemm_efficiency(rows: float, cols: float, depth: float, sms: int | None,
-                     tiles: tuple[tuple[int, int], ...], k_out: float, k_partial: float) -> float:
-    useful = rows * cols * depth
+                     tiles: tuple[tuple[int, int], ...], k_out: float, k_partial: float,
+                     groups: int = 1) -> float:
+    useful = groups * rows * cols * depth
     best = 0.0
     for tm, tn in tiles:
-        n_tiles = math.ceil(rows / tm) * math.ceil(cols / tn)
-        max_split = max(1, sms // n_tiles) if sms else 1
+        n_tiles = groups * math.ceil(rows / tm) * math.ceil(cols / tn)
+        # a grouped GEMM's tiles of every group share the waves; no split-K across groups
+        max_split = max(1, sms // n_tiles) if sms and groups == 1 else 1
         for split in range(1, max_split + 1):
             slots = (math.ceil(n_tiles * split / sms) * sms) if sms else n_tiles * split
             per_block = math.ceil(depth / split) + (k_out if split == 1 else k_partial)
@@ -130,8 +150,8 @@ def _gemm_efficiency(rows: float, cols: float, depth: float, sms: int | None,
     return best
 
 
-def gemm_efficiency(gemm: Gemm, cluster: ClusterSpec, eff: Efficiency, compute_dtype: str
-                    ) -> float:
+def gemm_efficiency(gemm: Gemm, cluster: ClusterSpec, eff: Efficiency, compute_dtype: str,
+                    groups: int = 1) -> float:
     """Fraction of the main-loop rate (``Efficiency.matmul_mainloop``) a GEMM of this shape
     reaches on this GPU, the best over the tiles ``Efficiency.gemm_tiles`` and split-K.
 
@@ -146,13 +166,17 @@ def gemm_efficiency(gemm: Gemm, cluster: ClusterSpec, eff: Efficiency, compute_d
     16384-cube: 0.99 on A100); 256 tokens (a 2048-token sequence split 8 ways by cp) through a
     2304-wide layer at 0.73 on A100 and 0.47 on H100; 2048 tokens through a 2304-wide layer
     split 8 ways by tp (a reduction of 288) at 0.59 on A100.
+
+    ``groups`` GEMMs of the shape run as one grouped kernel (``GroupedGemm``): their tiles fill
+    the same waves, so 32 experts of 256 rows lose no more to wave quantisation than one GEMM
+    of 8192 rows would, and none is split along its depth.
     """
     peak = cluster.gpu.peak(compute_dtype) * eff.matmul_mainloop
     hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
     return _gemm_efficiency(
         float(gemm.rows), float(gemm.cols), float(gemm.depth), cluster.gpu.sm_count,
         eff.gemm_tiles, epilogue_depth(gemm.out_bytes, peak, hbm),
-        epilogue_depth(4.0, peak, hbm),
+        epilogue_depth(4.0, peak, hbm), groups,
     )
 
 
@@ -191,6 +215,38 @@ def linear_gemms(op: OpCost, split: Split) -> tuple[Gemm, Gemm, Gemm] | None:
             Gemm(wide, narrow, m, a * (m * wide + m * narrow + 2.0 * wide * narrow), 2.0 * a))
 
 
+def grouped_gemms(op: OpCost, split: Split, expert_scale: float = 1.0
+                  ) -> tuple[GroupedGemm, GroupedGemm, GroupedGemm] | None:
+    """The (forward, input-gradient, weight-gradient) grouped GEMMs of an expert GEMM for one
+    micro-batch on one GPU, as the engines run a MoE layer's local experts: one kernel over
+    every local expert at the rows it received (Megatron-Core's ``--moe-grouped-gemm``,
+    torchtitan's ``torch._grouped_mm``), not one small GEMM per expert. ``None`` without the
+    stacked weight's shape (``OpCost.expert_shape``) or the sequence length.
+
+    The rows of one sequence over all E experts are the op's FLOPs over ``2 * K * N``; a GPU
+    routes its own tokens' (``split.scale(op.shard)``: under the fold of the experts over the
+    tp ranks, its sequence shard), grown by ``expert_scale`` (the busiest rank's load), and
+    receives as many as it sends, spread over its ``E / ep`` experts; expert tensor
+    parallelism gathers the rows of its ``etp`` ranks and splits each expert's width ``N``
+    (columns of the gate and up projections; of the down projection its reduction, the same
+    GEMM transposed: the split dimension is named ``N`` either way). The weight gradient is
+    ``E / ep`` GEMMs of ``K x N/etp`` reducing each expert's rows: few rows per expert make it
+    short, which the tile model prices (``epilogue_depth``)."""
+    if split.seq_len is None or op.expert_shape is None or op.flop <= 0:
+        return None
+    e, k, n = (float(x) for x in op.expert_shape)
+    rows = op.flop / (2.0 * k * n) * split.scale(op.shard) * expert_scale * split.etp
+    local = max(1, int(e) // split.ep)
+    m = rows / local
+    n = n / split.etp
+    a = split.act_bytes
+    weights = local * k * n
+    io = a * (rows * k + weights + rows * n)
+    return (GroupedGemm(local, Gemm(m, n, k, io, a)), GroupedGemm(local, Gemm(m, k, n, io, a)),
+            GroupedGemm(local, Gemm(k, n, m, a * (rows * k + rows * n + 2.0 * weights),
+                                    2.0 * a)))
+
+
 def measured(term: str, seconds: float | None, cluster: ClusterSpec) -> float | None:
     """``seconds`` (a profile lookup), counted as a measured or an analytical ``term`` of the
     step being priced (``profile.note``) when the cluster has a profile."""
@@ -199,7 +255,10 @@ def measured(term: str, seconds: float | None, cluster: ClusterSpec) -> float | 
     return seconds
 
 
-def _gemm_s(gemm: Gemm, split: Split, cluster: ClusterSpec, eff: Efficiency) -> float:
+def _gemm_s(gemm: Gemm | GroupedGemm, split: Split, cluster: ClusterSpec, eff: Efficiency
+            ) -> float:
+    if isinstance(gemm, GroupedGemm):
+        return _grouped_s(gemm, split, cluster, eff)
     p = cluster.profile
     if p is not None:
         t = measured("gemm", p.gemm_s(gemm.rows, gemm.cols, gemm.depth, split.compute_dtype),
@@ -212,6 +271,24 @@ def _gemm_s(gemm: Gemm, split: Split, cluster: ClusterSpec, eff: Efficiency) -> 
     return max(gemm.flop / rate, gemm.bytes / hbm) + eff.kernel_overhead_s
 
 
+def _grouped_s(grouped: GroupedGemm, split: Split, cluster: ClusterSpec, eff: Efficiency
+               ) -> float:
+    """A grouped GEMM: its measured time where the profile holds grouped GEMMs of this shape
+    (``autopar profile``), else the tile model over every group's tiles at once, bound by the
+    bytes it moves (every local expert's weight is read once)."""
+    gemm, groups = grouped.gemm, grouped.groups
+    p = cluster.profile
+    if p is not None:
+        t = measured("grouped_gemm", p.grouped_gemm_s(groups, gemm.rows, gemm.cols, gemm.depth,
+                                                      split.compute_dtype), cluster)
+        if t is not None:
+            return t
+    rate = (cluster.gpu.peak(split.compute_dtype) * eff.matmul_mainloop
+            * gemm_efficiency(gemm, cluster, eff, split.compute_dtype, groups))
+    hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
+    return max(grouped.flop / rate, gemm.bytes / hbm) + eff.kernel_overhead_s
+
+
 def estimate_op_s(
     op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency, *, expert_scale: float = 1.0
 ) -> PhaseTimes:
@@ -219,7 +296,8 @@ def estimate_op_s(
     if op.kind is OpKind.FREE:
         return PhaseTimes()
     if op.kind is OpKind.MATMUL:
-        gemms = linear_gemms(op, split)
+        gemms = (grouped_gemms(op, split, expert_scale) if op.expert
+                 else linear_gemms(op, split))
         if gemms is not None:
             first, second, weight = (_gemm_s(g, split, cluster, eff) for g in gemms)
             # forward and input gradient are the two activation GEMMs, in an order that depends
@@ -267,6 +345,13 @@ def reruns(op: OpCost, policy: Checkpoint) -> bool:
     if policy is Checkpoint.SELECTIVE:
         return op.attention_core
     return False
+
+
+def reissues(policy: Checkpoint) -> bool:
+    """Whether ``policy``'s recomputation issues the block's forward collectives again (tp, cp,
+    ep): ``full`` and ``matmuls`` rerun the ops around them; ``selective`` reruns the attention
+    core only, which issues none (under cp the attention is fused: nothing is rerun)."""
+    return policy in (Checkpoint.FULL, Checkpoint.MATMULS)
 
 
 def estimate_layer_s(

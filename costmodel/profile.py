@@ -167,6 +167,12 @@ class Profile:
     nproc: int
     """Processes that ran at once (compute was measured on all of them together)."""
     gemm: GemmGrid | None = None
+    grouped_gemm: GemmGrid | None = None
+    """Grouped GEMMs (``grouped_groups`` experts in one kernel), seconds per group by each
+    group's (rows, cols, depth); ``grouped_kernel`` says what ran them."""
+    grouped_groups: int = 0
+    grouped_kernel: str = ""
+    """``torch._grouped_mm``, or ``a loop of mm`` where this torch has no grouped kernel."""
     attention_forward: Curve | None = None
     attention_backward: Curve | None = None
     """Keyed, like the forward, by the forward's FLOPs."""
@@ -186,6 +192,15 @@ class Profile:
         if self.gemm is None or dtype != self.compute_dtype:
             return None
         return self.gemm.at(rows, cols, depth)
+
+    def grouped_gemm_s(self, groups: int, rows: float, cols: float, depth: float, dtype: str
+                       ) -> float | None:
+        """``groups`` GEMMs of one shape in one grouped kernel: the measured time per group at
+        the shape, times the groups (a grouped kernel's time grows with its tiles)."""
+        if self.grouped_gemm is None or dtype != self.compute_dtype:
+            return None
+        per_group = self.grouped_gemm.at(rows, cols, depth)
+        return None if per_group is None else per_group * groups
 
     def attention_s(self, forward_flop: float, dtype: str, *, backward: bool) -> float | None:
         curve = self.attention_backward if backward else self.attention_forward
@@ -210,6 +225,10 @@ class Profile:
             ("gemm", "attention_forward", "attention_backward", "memory", "optimizer")
             if getattr(self, name) is not None}
         tables["collectives"] = {k: c.to_dict() for k, c in self.collectives.items()}
+        if self.grouped_gemm is not None:
+            tables["grouped_gemm"] = {**self.grouped_gemm.to_dict(),
+                                      "groups": self.grouped_groups,
+                                      "kernel": self.grouped_kernel}
         return {"format_version": FORMAT_VERSION, "device": self.device,
                 "compute_dtype": self.compute_dtype, "torch_version": self.torch_version,
                 "cuda_version": self.cuda_version, "date": self.date, "backend": self.backend,
@@ -236,6 +255,12 @@ class Profile:
                 g = t["gemm"]
                 gemm = GemmGrid.of(g["rows"], g["cols"], g["depth"], g["seconds"],
                                    f"{where}: tables.gemm")
+            grouped, groups, kernel = None, 0, ""
+            if "grouped_gemm" in t:
+                g = t["grouped_gemm"]
+                grouped = GemmGrid.of(g["rows"], g["cols"], g["depth"], g["seconds"],
+                                      f"{where}: tables.grouped_gemm")
+                groups, kernel = int(g["groups"]), str(g["kernel"])
             colls = {k: Curve.of(c["x"], c["seconds"], f"{where}: tables.collectives.{k}")
                      for k, c in t.get("collectives", {}).items()}
             host = data.get("host_memory_bytes")
@@ -243,7 +268,8 @@ class Profile:
                        torch_version=str(data["torch_version"]),
                        cuda_version=data.get("cuda_version"), date=str(data["date"]),
                        backend=str(data["backend"]), nproc=int(data["nproc"]),
-                       gemm=gemm, collectives=colls,
+                       gemm=gemm, grouped_gemm=grouped, grouped_groups=groups,
+                       grouped_kernel=kernel, collectives=colls,
                        host_memory_bytes=int(host) if host is not None else None,
                        source=where, **curves)
         except (KeyError, TypeError, ValueError, AttributeError) as err:

@@ -15,10 +15,12 @@ from dataclasses import dataclass, replace
 
 from .cluster import ClusterSpec
 from .collectives import Collective, Group, estimate_collective_s
-from .compute import PhaseTimes, Split, estimate_layer_s, estimate_op_s, measured, reruns
+from .compute import (PhaseTimes, Split, estimate_layer_s, estimate_op_s, measured, reissues,
+                      reruns)
 from .efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, StageMemory
+from .moe import ep_alltoalls, ep_comm_s
 from .memory import (
     StateBytes,
     backward_peak,
@@ -95,13 +97,6 @@ def _stage_groups(
     if stage == part.num_stages - 1:
         groups.append((workload.post, Checkpoint.NONE, 1))
     return groups
-
-
-def reissues(policy: Checkpoint) -> bool:
-    """Whether ``policy``'s recomputation issues the block's forward collectives again (tp, cp,
-    ep): ``full`` and ``matmuls`` rerun the ops around them; ``selective`` reruns the attention
-    core only, which issues none (under cp the attention is fused: nothing is rerun)."""
-    return policy in (Checkpoint.FULL, Checkpoint.MATMULS)
 
 
 def tp_collective_s(c: TPCollective, split: Split, tp_group: Group, cluster: ClusterSpec,
@@ -195,41 +190,6 @@ def _cp_comm_s(
     return total
 
 
-def ep_alltoalls(layer: LayerCost, policy: Checkpoint) -> tuple[int, int]:
-    """(forward, backward) all-to-alls one MoE layer runs per micro-batch under expert
-    parallelism (``passes/expert_parallel.py``): dispatch and combine forward (after the
-    per-expert counts when dropless), their reverses backward, and the forward's again in the
-    backward when the block is recomputed."""
-    if layer.ep_alltoall_elements == 0:
-        return (0, 0)
-    forward = 3 if layer.ep_dropless else 2
-    return forward, 2 + (forward if reissues(policy) else 0)
-
-
-def _ep_comm_s(
-    layer: LayerCost, split: Split, policy: Checkpoint, g: MeshGroups, cluster: ClusterSpec,
-    eff: Efficiency,
-) -> float:
-    """The all-to-alls of ``ep_alltoalls``: a capacity layer moves its static (E, C, h) slots,
-    a dropless one its routed rows, the busiest rank's grown by the load imbalance; a count
-    exchange moves ep integers (latency)."""
-    if layer.ep_alltoall_elements == 0 or g.ep.size == 1:
-        return 0.0
-    imbalance = eff.moe_load_imbalance if layer.ep_dropless else 1.0
-    nbytes = (layer.ep_alltoall_elements * split.act_bytes * split.scale(Shard.SEQ)
-              * imbalance)
-    one = estimate_collective_s(Collective.ALL_TO_ALL, nbytes, g.ep, cluster, eff)
-    forward, backward = ep_alltoalls(layer, policy)
-    count_exchanges = 0
-    if layer.ep_dropless:
-        count_exchanges = 1 + reissues(policy)
-        counts = estimate_collective_s(Collective.ALL_TO_ALL, 8.0 * g.ep.size, g.ep, cluster,
-                                       eff)
-    else:
-        counts = 0.0
-    return (forward + backward - count_exchanges) * one + count_exchanges * counts
-
-
 def _layer_time(
     layer: LayerCost, policy: Checkpoint, split: Split, config: ParallelConfig, g: MeshGroups,
     cluster: ClusterSpec, eff: Efficiency,
@@ -252,7 +212,8 @@ def _layer_time(
     return (t, recompute, tp_comm_s(layer, split, policy, g, cluster, eff,
                                     overlapped_gemm_s=overlapped),
             _cp_comm_s(layer, split, policy, g, cluster, eff),
-            _ep_comm_s(layer, split, policy, g, cluster, eff))
+            ep_comm_s(layer, split, policy, config, g, cluster, eff,
+                      t.forward + t.backward + recompute))
 
 
 def _stage_time(
@@ -288,12 +249,14 @@ def _stage_time(
 
 
 def _layer_params(layer: LayerCost, config: ParallelConfig) -> tuple[float, float]:
-    """(dense, expert) parameters of one ``layer`` on one GPU: the experts split over ep only
-    -- the strategy solve never splits an expert GEMM over tp (``ops/gemm.py`` splits
-    ``nn.Linear`` layers), so every tp rank holds its ep rank's experts whole, as
-    ``passes/expert_parallel.py`` runs them."""
+    """(dense, expert) parameters of one ``layer`` on one GPU: the experts split over the
+    experts' mesh only, ep ways by expert and etp ways within each
+    (``passes/expert_parallel.py``) -- the strategy solve never splits an expert GEMM over tp
+    (``ops/gemm.py`` splits ``nn.Linear`` layers), so without the fold every tp rank holds its
+    ep rank's experts whole."""
     plain = layer.params - layer.params_tp - layer.params_expert
-    return plain + layer.params_tp / config.tp, layer.params_expert / config.ep
+    return (plain + layer.params_tp / config.tp,
+            layer.params_expert / (config.ep * config.etp))
 
 
 def _stage_params(workload: Workload, part: StagePartition, stage: int, config: ParallelConfig
@@ -461,7 +424,8 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     g = mesh_groups(config, cluster)
     act = activation_bytes_per_element(train.precision)
     split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
-                  COMPUTE_DTYPE[train.precision], seq_len=workload.seq_len)
+                  COMPUTE_DTYPE[train.precision], seq_len=workload.seq_len, ep=config.ep,
+                  etp=config.etp)
     sb = state_bytes_per_param(train.precision, train.optimizer)
 
     memo: dict[tuple[str, Checkpoint], tuple[PhaseTimes, float, float, float, float]] = {}

@@ -2,8 +2,9 @@
 
 The axes, their order and strides are ``autopar.core.mesh``'s, the ones the engine's
 ``DeviceMesh`` is built with: tensor parallelism innermost, then cp, dp, pipeline outermost.
-Expert parallelism is carved from the dp x cp ranks (Megatron, torchtitan): its groups take the
-innermost ``ep`` of them.
+The experts' mesh (expert dp, ep, etp) folds over a stage's dp x cp x tp ranks under sequence
+parallelism, its dp x cp ranks without (``core.mesh.expert_strides``), etp fastest: an ep group
+of 8 with tp 2 and etp 1 is 8 neighbouring ranks, one node of 8 GPUs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from .cluster import ClusterSpec
 from .collectives import Group
-from autopar.core.mesh import MeshAxis, mesh_strides
+from autopar.core.mesh import MeshAxis, expert_strides, mesh_strides
 from autopar.core.specs import ParallelConfig
 
 def _group(size: int, stride: int, gpus_per_node: int) -> Group:
@@ -37,8 +38,10 @@ class MeshGroups:
     dp_cp: Group
     """Ranks holding the same dense weights: gradients reduce over dp x cp."""
     expert_dp: Group
-    """Ranks holding the same experts: (dp x cp) / ep."""
+    """Ranks holding the same expert shards: ``ParallelConfig.edp`` of them."""
     pp_crosses_node: bool
+    etp: Group = Group(1, 1)
+    """Ranks splitting each expert (expert tensor parallelism)."""
 
 
 def mesh_groups(config: ParallelConfig, cluster: ClusterSpec) -> MeshGroups:
@@ -53,8 +56,10 @@ def mesh_groups(config: ParallelConfig, cluster: ClusterSpec) -> MeshGroups:
     # cp and dp are adjacent in the order; their union is contiguous from cp's stride.
     inner = stride[MeshAxis.CP]
     dp_cp = _group(config.dp * config.cp, inner, gpn)
-    ep = _group(config.ep, inner, gpn)
-    expert_dp = _group(config.dp * config.cp // config.ep, inner * config.ep, gpn)
+    estride = expert_strides(config)
+    ep = _group(config.ep, estride["ep"], gpn)
+    etp = _group(config.etp, estride["etp"], gpn)
+    expert_dp = _group(config.edp, estride["edp"], gpn)
     pp_cross = config.pp > 1 and stride[MeshAxis.PP] * config.pp > gpn
     return MeshGroups(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, dp_cp=dp_cp, expert_dp=expert_dp,
-                      pp_crosses_node=pp_cross)
+                      pp_crosses_node=pp_cross, etp=etp)

@@ -58,6 +58,10 @@ class OpCost:
     weight_shape: tuple[int, int] | None = None
     """A linear layer's weight as ``nn.Linear`` holds it: (output features, input features),
     unsharded; None for other ops (``compute.linear_gemms`` prices the GEMMs at this shape)."""
+    expert_shape: tuple[int, int, int] | None = None
+    """An expert GEMM's stacked weight: (experts, reduction, width), unsharded; None for other
+    ops, or experts that are not one stacked weight (``compute.grouped_gemms`` prices the
+    grouped GEMM at this shape)."""
 
 
 @dataclass(frozen=True)

@@ -116,12 +116,21 @@ class GraphIR:
     """Parameters of experts held as a list of modules (a generic decoder's hand-written
     mixture of experts, ``models/generic/experts.py``), which ep divides as it does stacked
     (3-d) expert weights; each expert reads its rows as a slice of one dispatch buffer."""
+    moe_modules: frozenset[str] = frozenset()
+    """Module paths of the mixture-of-experts layers (the module holding a layer's router and
+    experts, ``Family.expert_layers``): under sequence parallelism each tp rank runs one on its
+    own sequence shard (the experts' mesh folds over tp, ``ParallelConfig.experts_fold_tp``)."""
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}
 
     def node(self, name: str) -> NodeInfo:
         return self._by_name[name]
+
+    def in_moe_layer(self, node: NodeInfo) -> bool:
+        """Whether ``node`` runs inside one of the ``moe_modules``."""
+        path = node.module_path
+        return any(path == m or path.startswith(m + ".") for m in self.moe_modules)
 
     def has_node(self, name: str) -> bool:
         return name in self._by_name

@@ -129,8 +129,27 @@ def trace(
     return GraphIR(
         nodes=nodes, params=params, blocks=group, batch=batch, seq_len=seq,
         method=traced.method, gm=traced.gm, model_name=type(model).__name__,
-        layers=layers_of(model), expert_params=experts,
+        layers=layers_of(model), expert_params=experts, moe_modules=moe_modules_of(model, experts),
     )
+
+
+def moe_modules_of(model: nn.Module, listed: frozenset[str]) -> frozenset[str]:
+    """The module paths of ``model``'s mixture-of-experts layers: the module holding a layer's
+    experts and its router -- the parent of the module of stacked (3-d) expert weights, or of
+    a list of expert modules (``listed``: ``GraphIR.expert_params``), as the ops registry
+    reads expert GEMMs (``ops.gemm.is_expert_gemm``)."""
+    paths = set()
+    for name, param in model.named_parameters():
+        if param.dim() == 3:
+            owner = name.rpartition(".")[0]
+            if owner:
+                paths.add(owner.rpartition(".")[0])
+    for name in listed:
+        parts = name.split(".")
+        index = max((i for i, part in enumerate(parts[:-1]) if part.isdigit()), default=None)
+        if index is not None and index >= 1:
+            paths.add(".".join(parts[:index - 1]))
+    return frozenset(paths)
 
 
 # ---------------------------------------------------------------------------------- inputs

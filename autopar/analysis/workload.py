@@ -36,6 +36,7 @@ from autopar.costmodel.workload import (
     Workload,
 )
 from autopar.analysis.graph import GraphIR, NodeInfo
+from autopar.core.specs import MOE_PERMUTE
 from autopar.models.routing import DROPLESS_MARK
 from autopar.analysis.ops import (
     PATTERNS,
@@ -151,10 +152,18 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
     per_seq = 1.0 / graph.batch
     chains = {chain[0].name: (name, chain) for name, chain in find_fusions(graph, nodes, fusions)}
     inside = {n.name for _, chain in chains.values() for n in chain[1:]}
+    permutes = moe_permutes(graph, nodes) if MOE_PERMUTE in fusions else {}
+    inside |= {n.name for _, rest in permutes.values() for n in rest}
     core = attention_core(graph, nodes)
     costs = []
     for n in nodes:
         if n.name in inside:
+            continue
+        if n.name in permutes:
+            fused_bytes_, _ = permutes[n.name]
+            costs.append(OpCost(name=f"{MOE_PERMUTE}:{n.name}", op=MOE_PERMUTE,
+                                kind=OpKind.MEMORY, flop=0.0,
+                                bytes=fused_bytes_ * per_seq * act_bytes, shard=Shard.REPLICATED))
             continue
         itemsize = n.out.dtype.itemsize if n.out is not None and n.out.dtype.is_floating_point \
             else act_bytes
@@ -181,9 +190,64 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
             bytes=n.fwd_bytes * per_seq * scale, shard=Shard.REPLICATED,
             kept_by_matmuls=kept_by_matmuls(n, graph), attention_core=n.name in core,
             expert=is_expert_gemm(n, graph), kv_elements=kv * per_seq,
-            weight_shape=linear_weight_shape(graph, n),
+            weight_shape=linear_weight_shape(graph, n), expert_shape=expert_weight_shape(graph, n),
         ))
     return tuple(costs)
+
+
+def moe_permutes(graph: GraphIR, nodes: list[NodeInfo]
+                 ) -> dict[str, tuple[float, list[NodeInfo]]]:
+    """Each mixture-of-experts layer's memory-bound ops among ``nodes`` as the engines' fused
+    kernels run them (Megatron-Core's ``--moe-permute-fusion`` with its fused SwiGLU,
+    torchtitan's permute indices): first node -> (elements moved, the other nodes it
+    absorbs). The fused permutation reads the layer's T x h tokens and writes the R x h routed
+    rows (R = top-k x T dropless, the E x C slots with a capacity), the activation reads the
+    rows' gate and up projections and writes their product (R x f each), and the
+    un-permutation reads the expert outputs back and writes T x h; the router's scores (T x E)
+    are read and written once. Where the traced layer is not the pattern (no stacked expert
+    GEMM), nothing is fused."""
+    out: dict[str, tuple[float, list[NodeInfo]]] = {}
+    by_module: dict[str, list[NodeInfo]] = {}
+    for n in nodes:
+        if graph.in_moe_layer(n):
+            root = next(m for m in graph.moe_modules
+                        if n.module_path == m or n.module_path.startswith(m + "."))
+            by_module.setdefault(root, []).append(n)
+    for region in by_module.values():
+        gemms = [n for n in region if is_expert_gemm(n, graph)]
+        shapes = [s for s in (expert_weight_shape(graph, g) for g in gemms) if s is not None]
+        memory = [n for n in region if kind_of(n) is OpKind.MEMORY]
+        names = {n.name for n in region}
+        outside = next((i for n in region for i in n.inputs
+                        if i not in names and graph.has_node(i)), None)
+        if not shapes or not memory or outside is None:
+            continue
+        tokens = _elements(graph, outside) * graph.batch  # T x h of the traced batch
+        rows = max(_elements(graph, storage_of(graph, i)) * graph.batch  # the dispatch buffer
+                   for i in gemms[0].inputs if graph.has_node(i))
+        e, k, width = shapes[0]
+        routed = rows / k  # R
+        activation = (3.0 if len(gemms) >= 3 else 2.0) * routed * width
+        router = 2.0 * tokens / k * e
+        out[memory[0].name] = (2.0 * (tokens + rows) + activation + router, memory[1:])
+    return out
+
+
+def expert_weight_shape(graph: GraphIR, node: NodeInfo) -> tuple[int, int, int] | None:
+    """(experts, reduction, width) of an expert GEMM's stacked weight: its one 3-d parameter,
+    the reduction the dimension it shares with the rows' width (the traced input's last
+    dimension). None for another op, or experts kept as a list of modules."""
+    if not is_expert_gemm(node, graph):
+        return None
+    shapes = [graph.params[p].shape for p in node.params
+              if p in graph.params and len(graph.params[p].shape) == 3]
+    if len(shapes) != 1:
+        return None
+    e, a, b = (int(x) for x in shapes[0])
+    rows = next((graph.node(i).out for i in node.inputs if graph.has_node(i)
+                 and graph.node(i).out is not None), None)
+    width = int(rows.shape[-1]) if rows is not None and rows.shape else a
+    return (e, a, b) if width == a or width != b else (e, b, a)
 
 
 def linear_weight_shape(graph: GraphIR, node: NodeInfo) -> tuple[int, int] | None:

@@ -54,8 +54,8 @@ def config_from_fields(fields: dict[str, object], gpus: int | None, where: str):
     """The ``ParallelConfig`` of the given flags: ``dp`` defaults to the ``gpus`` left over by
     tp*pp*cp (to 1 without ``gpus``), ``--virtual-stages`` implies the interleaved schedule.
 
-    Expert parallelism is carved from the data-parallel ranks (``autopar.core.mesh``), so
-    ``ParallelConfig.dp`` counts the ep ranks too. A user who writes ``--ep 2 --dp 2`` for four
+    The experts' mesh folds over the data-parallel ranks (and the tp ranks under sequence
+    parallelism: ``autopar.core.mesh``), so ``ParallelConfig.dp`` counts the ep ranks too. A user who writes ``--ep 2 --dp 2`` for four
     GPUs means DeepSpeed's reading -- dp expert-data-parallel replicas of ep expert shards, ep x
     dp ranks in all -- and gets it: where ``dp*tp*pp*cp`` falls short of ``gpus`` by exactly
     the factor ep, ``dp`` becomes ``dp * ep`` (``expert_dp_note`` says so)."""
@@ -182,6 +182,10 @@ def add_parallel(p: argparse.ArgumentParser, title: str) -> None:
     g = p.add_argument_group(title)
     for axis in ("dp", "tp", "pp", "cp", "ep"):
         g.add_argument(f"--{axis}", type=positive, default=None, metavar="N")
+    g.add_argument("--etp", type=positive, default=None, metavar="N",
+                   help="expert tensor parallelism: each expert split over N of the tp ranks "
+                        "(needs --sequence-parallel; the experts' mesh then folds over tp, so "
+                        "--ep may span tp ranks too)")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="ZeRO stage")
     g.add_argument("--micro-batch", type=positive, default=None, metavar="N")
     g.add_argument("--num-microbatches", type=positive, default=None, metavar="N")

@@ -149,7 +149,23 @@ PRICED_FUSIONS: tuple[str, ...] = ("scale_mask_softmax", "bias_dropout_add")
 """Megatron-LM's fused kernels, priced by op patterns (the published runs the cost model is
 validated against ran them) and run by no kernel here: a plan of them is estimated, and the
 passes refuse to execute it."""
-FUSIONS: tuple[str, ...] = KERNEL_FUSIONS + PRICED_FUSIONS + ENGINE_FUSIONS
+MOE_PERMUTE = "moe_permute"
+DEEPEP = "deepep"
+EP_A2A_OVERLAP = "ep_a2a_overlap"
+MOE_FUSIONS: tuple[str, ...] = (MOE_PERMUTE, DEEPEP, EP_A2A_OVERLAP)
+"""What the MoE engines run that autopar's engine does not, priced so that a plan for them is
+priced as they run it (``costmodel/moe.py``, ``analysis/workload.py:moe_permutes``); the passes
+refuse to execute a plan naming them, and the exports carry them as the framework's flags:
+
+* ``moe_permute``: the token permutation and un-permutation as fused kernels, with the fused
+  SwiGLU of the experts (Megatron-Core ``--moe-permute-fusion``; torchtitan's permute indices);
+* ``deepep``: dispatch and combine by DeepEP (or NVIDIA's HybridEP): a token crosses the
+  network once per destination node and is forwarded to its experts' GPUs over NVLink
+  (Megatron-Core ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep``);
+* ``ep_a2a_overlap``: each micro-batch's dispatch and combine hidden behind another
+  micro-batch's compute (Megatron-Core ``--overlap-moe-expert-parallel-comm``, the
+  EP-overlapped 1F1B schedule; DeepSeek-V3's DualPipe)."""
+FUSIONS: tuple[str, ...] = KERNEL_FUSIONS + PRICED_FUSIONS + ENGINE_FUSIONS + MOE_FUSIONS
 """Every fusion name autopar itself knows: the vocabulary ``check_fusions`` reads, with the
 patterns an op family registered later adds (``PRICED_LATER``)."""
 PRICED_LATER: set[str] = set()

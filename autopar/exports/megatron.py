@@ -60,7 +60,8 @@ from dataclasses import dataclass
 from autopar.core.estimate import checkpoint_text
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
-from autopar.core.specs import ASYNC_TP, Checkpoint, Optimizer, Precision, Schedule
+from autopar.core.specs import (ASYNC_TP, DEEPEP, EP_A2A_OVERLAP, MOE_PERMUTE, Checkpoint,
+                                 Optimizer, Precision, Schedule)
 from autopar.core.stages import chunk_sizes
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
 from autopar.models.shape import ModelShape, model_shape
@@ -105,8 +106,11 @@ def megatron_items(plan: Plan) -> list[Item]:
              "ring attention over load-balanced chunks (--cp-comm-type p2p, the default)"
              if c.cp > 1 else ""),
         Item("config.ep", str(c.ep), (("expert_model_parallel_size", c.ep),), Fit.EXACT,
-             "carved from the data- and context-parallel ranks, as in autopar"
+             ("folded over the data-, context- and tensor-parallel ranks, as in autopar "
+              "(Megatron-Core's MoE Parallel Folding)" if c.experts_fold_tp else
+              "carved from the data- and context-parallel ranks, as in autopar")
              if c.ep > 1 else ""),
+        _expert_tp(plan),
         _zero(plan),
         Item("config.micro_batch", str(c.micro_batch), (("micro_batch_size", c.micro_batch),),
              Fit.EXACT),
@@ -281,6 +285,26 @@ def _offload(plan: Plan) -> Item:
                 "optimizer states and fp32 main weights in CPU memory, the step on the CPU")
 
 
+def _expert_tp(plan: Plan) -> Item:
+    """Megatron-Core's expert tensor parallelism defaults to the attention's tp; the plan's is
+    set explicitly (1: whole experts, each tp rank routing its own sequence shard)."""
+    c = plan.config
+    fit = Fit.EXACT if c.experts_fold_tp or c.tp == 1 or c.ep == 1 else Fit.CLOSE
+    return Item("config.etp", str(c.etp), (("expert_tensor_parallel_size", c.etp),), fit,
+                "" if fit is Fit.EXACT else
+                "without sequence parallelism autopar's tp ranks each run their dp rank's "
+                "experts whole on the same tokens; Megatron-Core requires sequence parallelism "
+                "for a mixture of experts under tp and folds the experts over the tp ranks")
+
+
+MOE_SETTINGS: dict[str, tuple[Setting, ...]] = {
+    MOE_PERMUTE: (("moe_permute_fusion", True), ("moe_grouped_gemm", True)),
+    DEEPEP: (("moe_token_dispatcher_type", "flex"), ("moe_flex_dispatcher_backend", "deepep")),
+    EP_A2A_OVERLAP: (("overlap_moe_expert_parallel_comm", True),),
+}
+"""Megatron-LM's switches for the MoE engines' features autopar prices (``MOE_FUSIONS``)."""
+
+
 def _fusions(plan: Plan) -> Item:
     fusions = plan.config.fusions
     settings: tuple[Setting, ...] = ()
@@ -288,6 +312,8 @@ def _fusions(plan: Plan) -> Item:
         settings = (("cross_entropy_loss_fusion", True),)
     if ASYNC_TP in fusions:
         settings = (*settings, ("tp_comm_overlap", True))
+    for name in fusions:
+        settings = (*settings, *MOE_SETTINGS.get(name, ()))
     return Item("config.fusions", ", ".join(fusions) or "none", settings, Fit.CLOSE,
                 "Megatron-LM applies its own fused kernels by default (bias-GELU or SwiGLU, "
                 "bias-dropout-add, masked softmax, RoPE, Transformer Engine's norms); autopar's "

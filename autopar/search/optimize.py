@@ -103,15 +103,17 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
     stage for every micro-batch, plus the bubble they imply."""
     act = activation_bytes_per_element(train.precision)
     split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
-                  COMPUTE_DTYPE[train.precision], seq_len=work.seq_len)
+                  COMPUTE_DTYPE[train.precision], seq_len=work.seq_len, ep=config.ep,
+                  etp=config.etp)
     overlap = ASYNC_TP in config.fusions and config.tp > 1
-    key = (id(work), split, config.ep > 1, config.tp, config.dp, config.cp, config.pp, overlap)
+    key = (id(work), split, config.tp, config.dp, config.cp, config.pp, overlap)
     if key not in memo:
-        scale = eff.moe_load_imbalance if config.ep > 1 else 1.0
         groups = mesh_groups(config, cluster)
         # compute plus the tensor-parallel collectives every policy pays at least once
         per = []
         for layer in (work.pre, work.block, work.post):
+            # the busiest rank's load, as the estimate prices it (``step._layer_time``)
+            scale = (eff.moe_load_imbalance if config.ep > 1 and layer.ep_dropless else 1.0)
             t = estimate_layer_s(layer, split, cluster, eff, expert_scale=scale)
             gemm = (tp_gemm_s(layer, split, Checkpoint.NONE, cluster, eff) if overlap
                     else None)

@@ -21,7 +21,7 @@ Narayanan et al.'s runs; the others are the kernels of ``autopar.kernels`` (name
 
 from __future__ import annotations
 
-from autopar.core.specs import ENGINE_FUSIONS, check_fusions
+from autopar.core.specs import ENGINE_FUSIONS, MOE_FUSIONS, check_fusions
 from autopar.analysis.graph import GraphIR, NodeInfo
 from autopar.analysis.ops.registry import PATTERNS, VIEW, storage_of
 
@@ -29,9 +29,11 @@ from autopar.analysis.ops.registry import PATTERNS, VIEW, storage_of
 def find_fusions(graph: GraphIR, nodes: list[NodeInfo], names: tuple[str, ...]
                  ) -> list[tuple[str, list[NodeInfo]]]:
     """Non-overlapping matches of the named patterns among ``nodes``, in order; the engine's
-    fusions of collectives and GEMMs (``core.specs.ENGINE_FUSIONS``) match no op pattern."""
+    fusions of collectives and GEMMs (``core.specs.ENGINE_FUSIONS``) and the MoE engines'
+    (``MOE_FUSIONS``, priced by the workload's and the cost model's MoE terms) match no op
+    pattern."""
     check_fusions(names)
-    names = tuple(n for n in names if n not in ENGINE_FUSIONS)
+    names = tuple(n for n in names if n not in ENGINE_FUSIONS and n not in MOE_FUSIONS)
     consumers: dict[str, list[NodeInfo]] = {}
     for n in nodes:
         for i in n.inputs:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from autopar.core.specs import FUSIONS, PRICED_LATER
-from autopar.core.layout import Strategy
+from autopar.core.layout import Layout, Strategy, Style
 from autopar.core.roofline import OpKind
 from autopar.analysis.graph import GraphIR, NodeInfo, TensorMeta
 from autopar.analysis.ops.rules import Rule, RuleContext, replicated
@@ -287,6 +287,17 @@ def rule_of(node: NodeInfo) -> Rule | None:
     return family.rule if family is not None else None
 
 
+def moe_sequence_strategy(node: NodeInfo, ctx: RuleContext) -> Strategy:
+    """An op of a mixture-of-experts layer under sequence parallelism: every tp rank routes and
+    computes its own sequence shard (Megatron-Core's MoE layer under tp, which requires
+    sequence parallelism; the experts' mesh folds over the tp ranks: ``core.mesh``), so the
+    layer takes the sequence-split stream as it is and gives it back so, its work divided by
+    tp and no collective of tensor parallelism around it (the all-to-alls are expert
+    parallelism's, priced by ``costmodel/moe.py``)."""
+    return Strategy(Style.SEQUENCE, tuple(Layout.Q for _ in ctx.activation_inputs),
+                    Layout.Q, True)
+
+
 def strategies_for(node: NodeInfo, graph: GraphIR, sequence_parallel: bool,
                    stream: frozenset[str] = frozenset(), tp: int = 1,
                    forced: frozenset[str] = frozenset()) -> list[Strategy]:
@@ -294,5 +305,7 @@ def strategies_for(node: NodeInfo, graph: GraphIR, sequence_parallel: bool,
     replicated strategy."""
     ctx = RuleContext(graph, tuple(i for i in node.inputs if graph.has_node(i)),
                       sequence_parallel, stream, tp, forced)
+    if sequence_parallel and graph.in_moe_layer(node):
+        return [moe_sequence_strategy(node, ctx)]
     fn = rule_of(node)
     return [replicated(node, ctx)] if fn is None else fn(node, ctx)

@@ -1,0 +1,170 @@
+"""Hold the cost model to published mixture-of-experts training runs (``tests/data/moe_runs.json``).
+
+Each run is re-created as it ran: its model (the zoo family its architecture belongs to, with
+the run's shape: ``moe_model_spec``), its GPUs (``hgx-h100-80g`` nodes of 8), its batch and
+sequence, and its parallel layout as autopar expresses it (``run_config``):
+
+* tp, pp, cp, ep, etp as printed; dp = GPUs / (tp x pp x cp); sequence parallelism as printed
+  (Megatron-Core requires it with MoE under tp > 1): the experts' mesh then folds over the tp
+  ranks, so ep 32 with tp 2 and dp 16 is expressible;
+* Megatron's distributed optimizer -> ZeRO 1, Megatron-FSDP -> ZeRO 3;
+* the virtual pipeline size -> the interleaved schedule with that many chunks per rank;
+* recomputation: Megatron's ``full`` -> ``full``; its selective modules (``layernorm``,
+  ``moe_act``, ``mla_up_proj``: a few element-wise ops rerun) and none -> ``none``, the policy
+  whose time is theirs to within the reruns of those element-wise ops;
+* what the engines ran that autopar's engine does not, as the priced fusions that name it
+  (``core.specs.PRICED_FUSIONS``): the fused token permutation (``moe_permute``: every run's
+  recipe sets ``--moe-permute-fusion``), DeepEP's or HybridEP's dispatch (``deepep``) and the
+  all-to-all overlapped with another micro-batch's compute (``ep_a2a_overlap``).
+
+Nothing is fitted per run: every run is priced with the same ``Efficiency``. A run whose model
+or layout autopar cannot express is reported with the reason (``MoERunCheck.refused``) and
+counted as a miss by the callers. Used by ``tests/unit/measure/test_moe_runs.py`` (which
+asserts) and ``bench/validate_moe.py`` (which prints the table).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from autopar.core.errors import AutoparError
+from autopar.core.model_spec import ModelSpec
+from autopar.core.specs import ParallelConfig, TrainSpec
+from autopar.costmodel.cluster import ClusterSpec
+from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
+
+CLUSTER = {"H100-SXM-80GB": "hgx-h100-80g", "H100-80GB": "hgx-h100-80g"}
+"""The cluster preset of each GPU the runs name."""
+
+
+def load_runs(path: str | Path, precision: str = "bf16") -> list[dict]:
+    """The runs of ``path`` trained in ``precision``."""
+    return [r for r in json.loads(Path(path).read_text())["runs"]
+            if r["train"]["precision"] == precision]
+
+
+def measured_s(run: dict) -> float:
+    """The run's step time: printed, or derived as its ``derivation`` field says."""
+    m = run["measured"]
+    return float(m.get("step_time_s_derived") or m["step_time_s"])
+
+
+def moe_model_spec(model: dict, seq_len: int) -> ModelSpec:
+    """The zoo model of a run's architecture: DeepSeek-style (shared experts, dense first
+    layers, MLA) in the ``deepseek`` family, the others in ``moe``; ``AutoparError`` for an
+    architecture neither expresses."""
+    common = dict(num_layers=model["num_layers"], hidden_size=model["hidden_size"],
+                  num_heads=model["num_heads"], num_kv_heads=model["num_kv_heads"],
+                  vocab_size=model["vocab_size"], num_experts=model["num_experts"],
+                  top_k=model["top_k"], capacity_factor=None, seq_len=seq_len,
+                  tie_embeddings=bool(model.get("tie_embeddings", False)))
+    if model.get("head_dim") and model["head_dim"] * model["num_heads"] != model["hidden_size"]:
+        common["head_size"] = model["head_dim"]
+    shared = int(model.get("num_shared_experts") or 0)
+    dense = int(model.get("first_k_dense") or 0)
+    if shared or dense or model.get("attention") == "mla":
+        fields = dict(common, ffn_hidden_size=model["ffn_hidden_size"],
+                      moe_ffn_hidden_size=model["moe_ffn_hidden_size"],
+                      num_shared_experts=shared, first_k_dense=dense)
+        if model.get("attention") == "mla":
+            fields.update(mla_fields(model))
+        return ModelSpec("deepseek", overrides=fields)
+    return ModelSpec("moe", overrides=dict(common, ffn_hidden_size=model["moe_ffn_hidden_size"]))
+
+
+def mla_fields(model: dict) -> dict:
+    """The ``deepseek`` family's multi-head latent attention fields of a run's model; the
+    family's grouped-query attention (all heads) where it has no MLA."""
+    from autopar.models.deepseek.model import DeepSeekConfig
+
+    names = {f for f in DeepSeekConfig.__dataclass_fields__}
+    mla = model["mla"]
+    if "kv_lora_rank" not in names:
+        return {"num_kv_heads": model["num_heads"]}
+    return {"attention": "mla", **{k: mla[k] for k in ("q_lora_rank", "kv_lora_rank",
+                                                     "qk_nope_head_dim", "qk_rope_head_dim",
+                                                     "v_head_dim")}}
+
+
+def run_fusions(train: dict) -> tuple[str, ...]:
+    """The priced fusions naming what the run's engine did that autopar's does not."""
+    out = ["moe_permute"]
+    dispatcher = str(train.get("dispatcher") or "")
+    if "deepep" in dispatcher or "hybridep" in dispatcher:
+        out.append("deepep")
+    if train.get("a2a_overlap"):
+        out.append("ep_a2a_overlap")
+    return tuple(out)
+
+
+def run_config(run: dict) -> ParallelConfig:
+    """The run's parallel layout as autopar expresses it (module docstring)."""
+    t, gpus = run["train"], run["cluster"]["num_gpus"]
+    tp, pp, cp = int(t["tp"]), int(t["pp"]), int(t.get("cp") or 1)
+    zero = 3 if "fsdp" in str(t.get("zero", "")).lower() and "fsdp=0" not in \
+        str(t.get("zero", "")).lower().replace(" ", "") else 1
+    recompute = str(t.get("recompute") or "none").lower()
+    vpp = int(t.get("vpp") or 1)
+    return ParallelConfig(
+        dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, ep=int(t["ep"]),
+        etp=int(t.get("etp") or 1), zero=zero, micro_batch=int(t["micro_batch"]),
+        schedule="interleaved" if vpp > 1 else "1f1b", virtual_stages=vpp,
+        sequence_parallel=bool(t.get("sequence_parallel")) and tp > 1,
+        checkpoint="full" if recompute.startswith("full") else "none",
+        fusions=run_fusions(t))
+
+
+@dataclass(frozen=True)
+class MoERunCheck:
+    run: dict
+    measured_s: float
+    predicted_s: float | None
+    """``None`` where the run was refused."""
+    peak_gib: float | None = None
+    usable_gib: float | None = None
+    refused: str = ""
+    """Why autopar cannot express the run (its ``AutoparError``), or empty."""
+
+    @property
+    def error(self) -> float | None:
+        if self.predicted_s is None:
+            return None
+        return self.predicted_s / self.measured_s - 1.0
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_gib is not None and self.peak_gib <= (self.usable_gib or 0.0)
+
+
+def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
+                  graphs: dict | None = None) -> MoERunCheck:
+    """Price ``run`` as ``autopar.estimate`` does; ``graphs`` memoises the traced models by
+    (architecture, sequence length) across calls."""
+    from autopar.analysis.tracing import trace
+    from autopar.api import estimate
+
+    measured = measured_s(run)
+    try:
+        gpu = run["cluster"]["gpu"]
+        if gpu not in CLUSTER:
+            raise AutoparError(f"no cluster preset for {gpu}", where="cluster.gpu",
+                               fix=f"use one of {', '.join(CLUSTER)}")
+        gpus = int(run["cluster"]["num_gpus"])
+        cluster = ClusterSpec.preset(CLUSTER[gpu], nodes=gpus // 8)
+        t = run["train"]
+        train = TrainSpec(global_batch=int(t["global_batch"]), seq_len=int(t["seq_len"]),
+                          precision="bf16")
+        config = run_config(run)
+        spec = moe_model_spec(run["model"], train.seq_len)
+        key = (json.dumps(spec.overrides, sort_keys=True), spec.name, train.seq_len)
+        graphs = {} if graphs is None else graphs
+        if key not in graphs:
+            graphs[key] = trace(spec.build(device="meta"), train)
+        est = estimate(graphs[key], cluster, train, config, efficiency=efficiency)
+    except AutoparError as err:
+        return MoERunCheck(run, measured, None, refused=str(err))
+    gib = 2.0 ** 30
+    return MoERunCheck(run, measured, est.step_time_s, est.peak_memory_bytes / gib,
+                       cluster.usable_hbm_bytes / gib)
