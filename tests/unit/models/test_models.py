@@ -41,7 +41,7 @@ def _tokens(model: torch.nn.Module, batch: int = 2, seq: int | None = None, devi
 
 def test_names_and_families_are_listed_in_zoo_order() -> None:
     assert models.names() == [
-        "deepseek-v3", "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18b", "gpt-39b", "gpt-76b",
+        "deepseek-v3", "kimi-k2", "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18b", "gpt-39b", "gpt-76b",
         "gpt-145b", "gpt-175b", "gpt-310b", "gpt-530b", "gpt-1t", "llama3-8b", "llama3-70b",
         "llama3-405b", "qwen3-30b-a3b", "mixtral-8x7b", "qwen3-235b-a22b", "tiny-deepseek",
         "tiny-gpt", "tiny-llama", "tiny-moe",
@@ -62,6 +62,13 @@ def _closed_form(cfg: models.ModelConfig) -> int:
     kv = cfg.num_kv_heads * d
     attn = 2 * h * cfg.num_heads * d + 2 * h * kv
     if isinstance(cfg, DeepSeekConfig):  # k dense layers, then routed + shared experts
+        if cfg.attention == "mla":  # DeepSeek-V2 eq. 9-19: the low-rank q and kv, their norms
+            heads, lq, lkv = cfg.num_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+            qk, rope = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.qk_rope_head_dim
+            q = h * heads * qk if lq is None else h * lq + lq + lq * heads * qk
+            attn = (q + h * (lkv + rope) + lkv + lkv * heads * (cfg.qk_nope_head_dim
+                                                               + cfg.v_head_dim)
+                    + heads * cfg.v_head_dim * h)
         k, f = cfg.first_k_dense, cfg.moe_ffn_hidden_size
         dense = attn + 3 * h * cfg.ffn_hidden_size + 2 * h
         moe = (attn + cfg.num_experts * 3 * h * f + h * cfg.num_experts
