@@ -174,15 +174,18 @@ def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     weight gradients all-reduced over the tp ranks and is not one of the engine's parallel styles
     (``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel``) that the plan is applied
     with."""
+    normed = feeds_width_norm(node, ctx.graph)
     split = [s for s in (Strategy(Style.COLUMN, (Layout.R_PARTIAL_GRAD,), Layout.S,
                                   divides=True, shards_params=True),
                          Strategy(Style.ROW, (Layout.S,), Layout.P, divides=True,
                                   shards_params=True))
              if ctx.can_split(node, s.name) and (
                  s.name is Style.ROW and node.block is not None
-                 or s.name is Style.COLUMN and not feeds_width_norm(node, ctx.graph)
+                 or s.name is Style.COLUMN and not normed
                  and (node.block is not None or not feeds_weight_gemm(node, ctx.graph)))]
-    if split and node.name in ctx.forced:
+    # a layer split_weights would open a region with (search.forced) keeps its whole
+    # strategy where that column split is refused: it stays out of the region
+    if split and node.name in ctx.forced and not normed:
         return split
     return [replicated(node, ctx), *split]
 
