@@ -3,8 +3,8 @@ routed experts, shared experts, the first k layers dense (DeepSeek-AI, "DeepSeek
 Report", arXiv 2412.19437, sections 2.1.1-2.1.2 and section 4.2's hyper-parameters;
 DeepSeekMoE, Dai et al. 2024; MLA: "DeepSeek-V2", arXiv 2405.04434, section 2.1).
 
-Layout: ``tok_emb``; ``dense_layers[0..k)`` -- Llama blocks (with this family's attention) and the dense SwiGLU of
-``ffn_hidden_size``; ``layers[0..L-k)`` -- blocks whose MLP is ``moe`` (``MoELayer``: the
+Layout: ``tok_emb``; ``dense_layers[0..k)`` -- Llama blocks (with this family's attention)
+and the dense SwiGLU of ``ffn_hidden_size``; ``layers[0..L-k)`` -- blocks whose MLP is ``moe`` (``MoELayer``: the
 ``num_experts`` routed experts of hidden ``moe_ffn_hidden_size``, top-``top_k``) plus
 ``shared_experts`` (one SwiGLU of hidden ``num_shared_experts * moe_ffn_hidden_size``, every
 token: DeepSeekMoE's shared experts fused, as DeepSeek-V3's reference code does); ``norm_f``;
