@@ -166,8 +166,8 @@ def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     blocks: the engine runs one after a column split in the same module (attention, MLP), and
     outside the blocks there is none: there a column split is offered to the last weight GEMM
     only (the head; ``feeds_weight_gemm``), not to a layer before the blocks (DeepSeek's dense
-    first layers), whose region no row split could close. Nor is a column split offered where a norm over the whole width reads the output
-    (``feeds_width_norm``): the engine keeps a column split's output split until a row split,
+    first layers), whose region no row split could close. Nor is a column split offered where
+    a norm over the whole width reads the output (``feeds_width_norm``): the engine keeps a column split's output split until a row split,
     and such a norm could read it only gathered.
 
     Not offered: whole weights over a split sequence (DeepSpeed-Ulysses style). It needs the
