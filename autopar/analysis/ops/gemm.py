@@ -167,8 +167,9 @@ def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     outside the blocks there is none: there a column split is offered to the last weight GEMM
     only (the head; ``feeds_weight_gemm``), not to a layer before the blocks (DeepSeek's dense
     first layers), whose region no row split could close. Nor is a column split offered where
-    a norm over the whole width reads the output (``feeds_width_norm``): the engine keeps a column split's output split until a row split,
-    and such a norm could read it only gathered.
+    a norm over the whole width reads the output (``feeds_width_norm``): the engine keeps a
+    column split's output split until a row split, and such a norm could read it only
+    gathered.
 
     Not offered: whole weights over a split sequence (DeepSpeed-Ulysses style). It needs the
     weight gradients all-reduced over the tp ranks and is not one of the engine's parallel styles
