@@ -8,8 +8,8 @@ and the dense SwiGLU of ``ffn_hidden_size``; ``layers[0..L-k)`` -- blocks whose 
 ``moe`` (``MoELayer``: the ``num_experts`` routed experts of hidden
 ``moe_ffn_hidden_size``, top-``top_k``) plus ``shared_experts`` (one SwiGLU of hidden
 ``num_shared_experts * moe_ffn_hidden_size``, every token: DeepSeekMoE's shared experts
-fused, as DeepSeek-V3's reference code does); ``norm_f``; ``head``. Every block's ``attn`` is ``attention.MLAttention`` (``attention="mla"``, the
-default) or the Llama family's grouped-query attention (``attention="gqa"``, kept for the
+fused, as DeepSeek-V3's reference code does); ``norm_f``; ``head``. Every block's ``attn``
+is ``attention.MLAttention`` (``attention="mla"``, the default) or the Llama family's grouped-query attention (``attention="gqa"``, kept for the
 plans and specs made before MLA). The dense layers are a list of their own so ``layers`` stays
 the list of identical blocks that the tracer, the cost model and the pipeline split count
 (``tracing_blocks.py``): the passes run the dense layers on the first pipeline stage with the
