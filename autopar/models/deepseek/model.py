@@ -3,17 +3,18 @@ routed experts, shared experts, the first k layers dense (DeepSeek-AI, "DeepSeek
 Report", arXiv 2412.19437, sections 2.1.1-2.1.2 and section 4.2's hyper-parameters;
 DeepSeekMoE, Dai et al. 2024; MLA: "DeepSeek-V2", arXiv 2405.04434, section 2.1).
 
-Layout: ``tok_emb``; ``dense_layers[0..k)`` -- Llama blocks (with this family's attention)
-and the dense SwiGLU of ``ffn_hidden_size``; ``layers[0..L-k)`` -- blocks whose MLP is
-``moe`` (``MoELayer``: the ``num_experts`` routed experts of hidden
-``moe_ffn_hidden_size``, top-``top_k``) plus ``shared_experts`` (one SwiGLU of hidden
-``num_shared_experts * moe_ffn_hidden_size``, every token: DeepSeekMoE's shared experts
-fused, as DeepSeek-V3's reference code does); ``norm_f``; ``head``. Every block's ``attn``
-is ``attention.MLAttention`` (``attention="mla"``, the default) or the Llama family's grouped-query attention (``attention="gqa"``, kept for the
-plans and specs made before MLA). The dense layers are a list of their own so ``layers`` stays
-the list of identical blocks that the tracer, the cost model and the pipeline split count
-(``tracing_blocks.py``): the passes run the dense layers on the first pipeline stage with the
-embedding (``parts.py``), and the cost model prices them there (the workload's ``pre`` layer).
+Layout: ``tok_emb``; ``dense_layers[0..k)`` -- Llama blocks (with this family's attention) and
+the dense SwiGLU of ``ffn_hidden_size``; ``layers[0..L-k)`` -- blocks whose MLP is ``moe``
+(``MoELayer``: the ``num_experts`` routed experts of hidden ``moe_ffn_hidden_size``,
+top-``top_k``) plus ``shared_experts`` (one SwiGLU of hidden ``num_shared_experts *
+moe_ffn_hidden_size``, every token: DeepSeekMoE's shared experts fused, as DeepSeek-V3's
+reference code does); ``norm_f``; ``head``. Every block's ``attn`` is ``attention.MLAttention``
+(``attention="mla"``, the default) or the Llama family's grouped-query attention
+(``attention="gqa"``, kept for the plans and specs made before MLA). The dense layers are a
+list of their own so ``layers`` stays the list of identical blocks that the tracer, the cost
+model and the pipeline split count (``tracing_blocks.py``): the passes run the dense layers on
+the first pipeline stage with the embedding (``parts.py``), and the cost model prices them
+there (the workload's ``pre`` layer).
 
 What differs from DeepSeek-V3, stated:
 
