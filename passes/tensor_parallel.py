@@ -17,7 +17,10 @@ turns each into the engine's parallel style and calls ``parallelize_module`` onc
                 norm) runs on the rank's heads, its weights whole, their gradients summed
                 over the tp ranks.
 ``replicated``  nothing: every tp rank holds the module whole (under sequence parallelism a
-                whole head first gathers its input from the sequence shards).
+                whole head first gathers its input from the sequence shards). Inside a
+                module with column splits (MLA's low-rank projections and their norms
+                before its column splits): ``RegionReplicated``, its weights replicated
+                DTensors, as the region's input is.
 ==============  ==================================================================
 
 ``parallelize`` checks the styles against the model before this pass runs
@@ -132,6 +135,27 @@ class WidthParallel(SequenceParallel):
 
     def __init__(self) -> None:
         super().__init__(sequence_dim=0, use_local_output=True)
+
+
+class RegionReplicated(ParallelStyle):
+    """A module of the plan's ``replicated`` style inside a module with column splits (MLA's
+    ``q_a_proj``, ``q_a_layernorm``, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``): it reads the
+    region's input, a replicated DTensor (``PrepareBlockInput``), so its weights become
+    replicated DTensors too and its output stays one, for the column split that reads it (or
+    the model's own hand-off to its heads, ``models/deepseek/attention.heads_share``). Every
+    rank computes it whole; its weights' gradients, which each rank's heads contribute a part
+    of, come back as partial sums and DTensor reduces them over the tp ranks."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from torch.distributed.tensor import distribute_module, distribute_tensor
+
+        def replicate(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for pname, param in list(mod.named_parameters(recurse=False)):
+                placed = distribute_tensor(param, mesh, [Replicate()])
+                mod.register_parameter(pname, nn.Parameter(placed,
+                                                           requires_grad=param.requires_grad))
+
+        return distribute_module(module, device_mesh, replicate)
 
 
 class GatherBlockOutput(ParallelStyle):
@@ -250,6 +274,11 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
             if style == Style.COLUMN and name != parts.head:
                 seq = Shard(1) if sequence_parallel(plan) else Replicate()
                 layout[name.rsplit(".", 1)[0]] = PrepareBlockInput(seq)
+    regions = {k for k, v in layout.items() if isinstance(v, PrepareBlockInput)}
+    for name, _ in stage.named_modules():
+        if name.rsplit(".", 1)[0] in regions and name not in layout and \
+                styles.get(_pattern(name, parts, keys)) == Style.REPLICATED:
+            layout[name] = RegionReplicated()
     if sequence_parallel(plan):
         extra = parts.sequence_parallel_styles()
         if not parts.embedding_in_shards:

@@ -119,25 +119,74 @@ def attention_core(graph: GraphIR, nodes: Sequence[NodeInfo]) -> frozenset[str]:
     return frozenset(core)
 
 
+WHOLE_WIDTH_NORMS = ("rms_norm", "layer_norm")
+"""Norms over the last dim: on a tensor without a heads dim they read every feature."""
+
+NORM_DEPTH = 3
+"""How many views after a linear a norm over its whole width keeps it from a column split
+(MLA's ``kv_a_proj_with_mqa``: a split and a getitem before ``kv_a_layernorm``)."""
+
+
+def feeds_width_norm(node: NodeInfo, graph: GraphIR) -> bool:
+    """Whether ``node``'s output reaches, through at most ``NORM_DEPTH`` views, a norm over its
+    whole width (a rank-3 tensor: no heads dim to keep split): MLA's low-rank projections,
+    whose RMSNorm reads every feature of the latent."""
+    frontier = {node.name}
+    for _ in range(NORM_DEPTH):
+        nxt = set()
+        for n in graph.nodes:
+            if not frontier.intersection(n.inputs):
+                continue
+            if n.op in WHOLE_WIDTH_NORMS and n.out is not None and len(n.out.shape) < 4:
+                return True
+            if n.op == "view":
+                nxt.add(n.name)
+        frontier = nxt
+        if not frontier:
+            return False
+    return False
+
+
+def feeds_weight_gemm(node: NodeInfo, graph: GraphIR) -> bool:
+    """Whether another weight GEMM reads ``node``'s output, directly or through other ops."""
+    reached = {node.name}
+    for n in graph.nodes:
+        if reached.intersection(n.inputs):
+            if is_weight_gemm(n, graph):
+                return True
+            reached.add(n.name)
+    return False
+
+
 def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     """A linear layer (or stacked expert weights): replicated, split by output features
     (column: weight and bias split), or split by input features (row: weight split, bias
     added once after the reduction, output partial sums). A split is offered only where the
     engine can run it (``RuleContext.can_split``), and a row split only inside the repeated
     blocks: the engine runs one after a column split in the same module (attention, MLP), and
-    outside the blocks there is none (the head is split by columns or not at all).
+    outside the blocks there is none: there a column split is offered to the last weight GEMM
+    only (the head; ``feeds_weight_gemm``), not to a layer before the blocks (DeepSeek's dense
+    first layers), whose region no row split could close. Nor is a column split offered where
+    a norm over the whole width reads the output (``feeds_width_norm``): the engine keeps a
+    column split's output split until a row split, and such a norm could read it only
+    gathered.
 
     Not offered: whole weights over a split sequence (DeepSpeed-Ulysses style). It needs the
     weight gradients all-reduced over the tp ranks and is not one of the engine's parallel styles
     (``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel``) that the plan is applied
     with."""
+    normed = feeds_width_norm(node, ctx.graph)
     split = [s for s in (Strategy(Style.COLUMN, (Layout.R_PARTIAL_GRAD,), Layout.S,
                                   divides=True, shards_params=True),
                          Strategy(Style.ROW, (Layout.S,), Layout.P, divides=True,
                                   shards_params=True))
-             if ctx.can_split(node, s.name) and (s.name is Style.COLUMN
-                                                 or node.block is not None)]
-    if split and node.name in ctx.forced:
+             if ctx.can_split(node, s.name) and (
+                 s.name is Style.ROW and node.block is not None
+                 or s.name is Style.COLUMN and not normed
+                 and (node.block is not None or not feeds_weight_gemm(node, ctx.graph)))]
+    # a layer split_weights would open a region with (search.forced) keeps its whole
+    # strategy where that column split is refused: it stays out of the region
+    if split and node.name in ctx.forced and not normed:
         return split
     return [replicated(node, ctx), *split]
 

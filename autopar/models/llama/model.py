@@ -9,7 +9,7 @@ and traces with ``torch.fx``.
 
 Module names are a contract: ``tok_emb``, ``layers[i].{attn_norm, attn.{q_proj, k_proj, v_proj,
 o_proj}, ffn_norm, mlp.{gate_proj, up_proj, down_proj}}``, ``norm_f``, ``head``. The RoPE tables
-are non-persistent buffers ``rope_cos``/``rope_sin`` of shape (seq_len, head_dim) held once by the
+are non-persistent buffers ``rope_cos``/``rope_sin`` of shape (seq_len, rope_dim) held once by the
 model and passed to every block as ``layer(x, cos, sin)`` (torchtitan passes ``freqs_cis`` the
 same way), so they are not copied per layer.
 """
@@ -88,6 +88,12 @@ class DecoderConfig:
     @property
     def head_dim(self) -> int:
         return self.head_size or self.hidden_size // self.num_heads
+
+    @property
+    def rope_dim(self) -> int:
+        """Width of the rotated part of a q/k head: the columns of the RoPE tables (the whole
+        head here; DeepSeek's MLA rotates a decoupled part of its own)."""
+        return self.head_dim
 
     def _num_params(self, mlp_params: int) -> int:
         h = self.hidden_size
@@ -182,10 +188,12 @@ class SwiGLU(nn.Module):
 class LlamaBlock(nn.Module):
     """Pre-norm block: ``x + attn(attn_norm(x))``, then ``x + mlp(ffn_norm(x))``."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: DecoderConfig, attn: nn.Module | None = None) -> None:
+        """``attn``: another attention taking ``(x, cos, sin)`` (DeepSeek's MLA in its dense
+        layers); ``None``: ``LlamaAttention``."""
         super().__init__()
         self.attn_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.attn = LlamaAttention(config)
+        self.attn = LlamaAttention(config) if attn is None else attn
         self.ffn_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.ffn_hidden_size)
 
@@ -212,14 +220,14 @@ class DecoderLM(GPT2Init):
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.head.weight = self.tok_emb.weight
-        shape = (config.seq_len, config.head_dim)
+        shape = (config.seq_len, config.rope_dim)
         self.register_buffer("rope_cos", torch.empty(shape), persistent=False)
         self.register_buffer("rope_sin", torch.empty(shape), persistent=False)
 
     def _buffer(self, name: str) -> torch.Tensor:
         if name in ("rope_cos", "rope_sin"):
             c = self.config
-            cos, sin = rope_tables(c.seq_len, c.head_dim, c.rope_theta)
+            cos, sin = rope_tables(c.seq_len, c.rope_dim, c.rope_theta)
             return cos if name == "rope_cos" else sin
         return super()._buffer(name)
 

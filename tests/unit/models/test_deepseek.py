@@ -12,12 +12,56 @@ from autopar.core.errors import AutoparError
 from autopar.models.training import ModelSpec
 
 
-def test_deepseek_v3_preset_counts_the_reports_671b_within_the_mla_difference():
-    config = ModelSpec("deepseek-v3").build("meta").config
-    # 61 layers x (GQA 205.5 M - MLA 187.0 M) = 1.1 B more than the report's 671 B main model
-    assert config.num_params() == pytest.approx(671e9, rel=0.005)
-    assert sum(p.numel() for p in ModelSpec("deepseek-v3").build("meta").parameters()) == \
-        config.num_params()
+def test_deepseek_v3_preset_counts_the_reports_671b_main_model():
+    """MLA at the report's dims: 187.1 M attention parameters per layer; the whole model is
+    the report's 671 B main model (its 11.5 B multi-token prediction module not built)."""
+    model = ModelSpec("deepseek-v3").build("meta")
+    config = model.config
+    assert config.attention_params() == 187_107_328
+    assert config.num_params() == pytest.approx(671e9, rel=0.0005)
+    assert sum(p.numel() for p in model.parameters()) == config.num_params()
+
+
+def test_kimi_k2_preset_counts_the_reports_one_trillion():
+    """1.026 T from the config.json dims, where the report rounds to 1.04 T (1.5 %)."""
+    config = ModelSpec("kimi-k2").build("meta").config
+    assert config.num_params() == pytest.approx(1.04e12, rel=0.015)
+    assert config.num_heads == 64 and config.num_experts == 384 and config.first_k_dense == 1
+
+
+def test_tiny_preset_runs_mla_with_192_like_qk_and_narrower_v_heads():
+    attn = ModelSpec("tiny-deepseek").build("meta").layers[0].attn
+    assert tuple(attn.q_a_proj.weight.shape) == (24, 64)
+    assert tuple(attn.q_b_proj.weight.shape) == (4 * (16 + 8), 24)
+    assert tuple(attn.kv_a_proj_with_mqa.weight.shape) == (16 + 8, 64)
+    assert tuple(attn.kv_b_proj.weight.shape) == (4 * (16 + 12), 16)
+    assert tuple(attn.o_proj.weight.shape) == (64, 4 * 12)
+
+
+def test_mla_attention_flops_per_layer_are_the_formulas():
+    """DeepSeek-V3 at seq 4096: the five GEMMs 2 s (h q_lora + q_lora H 192 + h 576 +
+    kv_lora H 256 + H 128 h), and the core 2 s^2 H (192 + 128) (the full score matrix, as
+    Megatron-LM counts it)."""
+    s, h, heads = 4096, 7168, 128
+    graph = autopar.trace(ModelSpec("deepseek-v3").build("meta"), TrainSpec(global_batch=1,
+                                                                           seq_len=s))
+    attn = [n for n in graph.block_nodes(0) if n.module_path.startswith("layers.0.attn")]
+    gemms = sum(n.fwd_flop for n in attn if n.op == "linear")
+    core = sum(n.fwd_flop for n in attn if n.op == "sdpa")
+    assert gemms == 2 * s * (h * 1536 + 1536 * heads * 192 + h * 576 + 512 * heads * 256
+                             + heads * 128 * h)
+    assert core == 2 * s * s * heads * (192 + 128)
+
+
+def test_gqa_stays_buildable_for_plans_made_before_mla():
+    config = ModelSpec("tiny-deepseek", {"attention": "gqa", "num_kv_heads": 2}).build(
+        "meta").config
+    assert config.attention == "gqa" and config.rope_dim == 16
+
+
+def test_mla_refuses_fewer_kv_heads_than_heads():
+    with pytest.raises(AutoparError, match="num_kv_heads"):
+        ModelSpec("tiny-deepseek", {"num_kv_heads": 2}).build("meta")
 
 
 def test_trace_groups_the_moe_layers_and_leaves_the_dense_ones_before_them():

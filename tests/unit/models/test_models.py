@@ -41,9 +41,10 @@ def _tokens(model: torch.nn.Module, batch: int = 2, seq: int | None = None, devi
 
 def test_names_and_families_are_listed_in_zoo_order() -> None:
     assert models.names() == [
-        "deepseek-v3", "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18b", "gpt-39b", "gpt-76b",
+        "deepseek-v3", "kimi-k2", "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18b", "gpt-39b", "gpt-76b",
         "gpt-145b", "gpt-175b", "gpt-310b", "gpt-530b", "gpt-1t", "llama3-8b", "llama3-70b",
-        "llama3-405b", "qwen3-30b-a3b", "mixtral-8x7b", "qwen3-235b-a22b", "tiny-deepseek",
+        "llama3-405b", "qwen3-30b-a3b", "mixtral-8x7b", "qwen3-235b-a22b", "gpt-oss-120b",
+        "gpt-oss-20b", "tiny-deepseek",
         "tiny-gpt", "tiny-llama", "tiny-moe",
     ]
     assert models.families() == ["deepseek", "gpt", "llama", "moe"]
@@ -62,6 +63,13 @@ def _closed_form(cfg: models.ModelConfig) -> int:
     kv = cfg.num_kv_heads * d
     attn = 2 * h * cfg.num_heads * d + 2 * h * kv
     if isinstance(cfg, DeepSeekConfig):  # k dense layers, then routed + shared experts
+        if cfg.attention == "mla":  # DeepSeek-V2 eq. 9-19: the low-rank q and kv, their norms
+            heads, lq, lkv = cfg.num_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+            qk, rope = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.qk_rope_head_dim
+            q = h * heads * qk if lq is None else h * lq + lq + lq * heads * qk
+            attn = (q + h * (lkv + rope) + lkv + lkv * heads * (cfg.qk_nope_head_dim
+                                                               + cfg.v_head_dim)
+                    + heads * cfg.v_head_dim * h)
         k, f = cfg.first_k_dense, cfg.moe_ffn_hidden_size
         dense = attn + 3 * h * cfg.ffn_hidden_size + 2 * h
         moe = (attn + cfg.num_experts * 3 * h * f + h * cfg.num_experts
@@ -87,8 +95,11 @@ def test_preset_builds_on_meta_with_closed_form_param_count(name: str) -> None:
 
 
 # Published sizes: Megatron-LM table 1 (printed to 0.1 B, so the 1.7 B row is 1.652 B), GPT-3 175B,
-# the Llama 3 model cards (8.03 B, 70.6 B, 405.9 B) and Mixtral's 46.7 B.
+# the Llama 3 model cards (8.03 B, 70.6 B, 405.9 B), Mixtral's 46.7 B, the GPT-OSS model card's
+# table 1 (116.83 B and 20.91 B; the presets leave out its ~40 M biases and sinks, well inside
+# 1 %) and DeepSeek-V3's 671 B main model (arXiv 2412.19437, MLA, no MTP module).
 PUBLISHED = {
+    "gpt-oss-120b": 116.83e9, "gpt-oss-20b": 20.91e9, "deepseek-v3": 671e9,
     "gpt-1.7b": 1.7e9, "gpt-3.6b": 3.6e9, "gpt-7.5b": 7.5e9, "gpt-18b": 18.4e9,
     "gpt-39b": 39.1e9, "gpt-76b": 76.1e9, "gpt-145b": 145.6e9, "gpt-175b": 174.6e9,
     "gpt-310b": 310.1e9, "gpt-530b": 529.6e9, "gpt-1t": 1008.0e9, "llama3-8b": 8.03e9,
