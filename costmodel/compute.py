@@ -319,10 +319,13 @@ def estimate_op_s(
                                                         backward=False), cluster)
         bwd = measured("attention", p and p.attention_s(flop, split.compute_dtype,
                                                         backward=True), cluster)
+        # a causal kernel computes the unmasked half of the score tiles; the efficiencies are
+        # of the FLOPs it computes, as FlashAttention reports them
+        work = flop * (0.5 if op.causal else 1.0)
         if fwd is None:
-            fwd = max(flop / (peak * eff.attention_fwd), nbytes / hbm) + k
+            fwd = max(work / (peak * eff.attention_fwd), nbytes / hbm) + k
         if bwd is None:
-            bwd = max(2 * flop / (peak * eff.attention_bwd), 2 * nbytes / hbm) + k
+            bwd = max(2 * work / (peak * eff.attention_bwd), 2 * nbytes / hbm) + k
         # under context parallelism: this rank's queries against the whole gathered K/V with
         # an explicit causal mask (passes/context_parallel.py), 1/cp of the full score matrix
         # the FLOPs count (ops/attention.py), no ring steps to merge

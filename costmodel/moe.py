@@ -23,8 +23,8 @@ How the rows travel (``dispatch_s``):
   etp group before the experts and their outputs reduce-scattered after (Megatron-Core's
   folding), each way in the backward too;
 * **overlap** (fusion ``ep_a2a_overlap``): the dispatch and combine of one micro-batch run while
-  another's forward or backward computes (Megatron-Core's EP-overlapped 1F1B, DualPipe): only
-  what exceeds that compute is exposed.
+  another's forward or backward computes (Megatron-Core's EP-overlapped 1F1B, DualPipe): of
+  the smaller of the two times, the fraction ``Efficiency.ep_overlap`` is hidden.
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ def ep_comm_s(layer: LayerCost, split: Split, policy: Checkpoint, config: Parall
               g: MeshGroups, cluster: ClusterSpec, eff: Efficiency, compute_s: float) -> float:
     """Exposed seconds of one MoE layer's expert-parallel communication for one micro-batch:
     the all-to-alls of ``ep_alltoalls`` (``dispatch_s``), the etp gathers and scatters, the
-    count exchanges; with ``ep_a2a_overlap`` only what exceeds ``compute_s`` (the layer's
-    compute for a micro-batch, forward and backward, that another micro-batch's
-    communication runs under)."""
+    count exchanges; with ``ep_a2a_overlap`` less the part ``Efficiency.ep_overlap`` hides
+    under ``compute_s`` (the layer's compute for a micro-batch, forward and backward, that
+    another micro-batch's communication runs under)."""
     if layer.ep_alltoall_elements == 0 or (g.ep.size == 1 and g.etp.size == 1):
         return 0.0
     imbalance = eff.moe_load_imbalance if layer.ep_dropless else 1.0
@@ -112,5 +112,5 @@ def ep_comm_s(layer: LayerCost, split: Split, policy: Checkpoint, config: Parall
                 + estimate_collective_s(Collective.REDUCE_SCATTER, gathered, g.etp, cluster, eff))
         total += pair * (2 + (1 if reissues(policy) else 0))
     if EP_A2A_OVERLAP in config.fusions:
-        return max(0.0, total - compute_s)
+        return total - eff.ep_overlap * min(total, compute_s)
     return total

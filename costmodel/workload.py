@@ -52,6 +52,9 @@ class OpCost:
     """Expert computation of an MoE layer (its weights are split by ep)."""
     kv_elements: float = 0.0
     """For attention: K and V elements per sequence (what ring attention passes around)."""
+    causal: bool = False
+    """A fused attention whose kernel skips the masked half of the causal score matrix: its
+    ``flop`` counts the whole product (the MFU convention), it computes half."""
     backward_bytes: float | None = None
     """Bytes the backward moves, for a memory-bound op whose backward is not the usual twice
     the forward's bytes (a fused loss that computes its gradients in the forward); None: 2x."""

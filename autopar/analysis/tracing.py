@@ -80,6 +80,9 @@ DEFAULT_SEQ_LEN = 128
 
 _MODULE_ATTRS = ("p", "eps", "approximate", "normalized_shape", "padding_idx")
 """Attributes of ``call_module`` leaves reported in ``scalar_args`` as (name, value)."""
+_NAMED_KWARGS = ("is_causal",)
+"""Keyword flags also reported in ``scalar_args`` as (name, value) after the positional
+scalars: a fused attention's causal mask (``ops.attention.is_causal``)."""
 
 
 @dataclass
@@ -486,6 +489,8 @@ def _node_info(
         return None
     flat_args: list[object] = []
     torch.fx.node.map_aggregate((node.args, node.kwargs), flat_args.append)
+    named: list[tuple[str, object]] = [(k, node.kwargs[k]) for k in _NAMED_KWARGS
+                                       if isinstance(node.kwargs.get(k), bool)]
     operands: list[TensorMeta] = []
     params: list[str] = []
     inputs: list[str] = []
@@ -529,6 +534,7 @@ def _node_info(
         for t in (*module.parameters(), *module.buffers()):
             operands.append(TensorMeta(tuple(t.shape), t.dtype))
         scalars.extend((a, getattr(module, a)) for a in _MODULE_ATTRS if hasattr(module, a))
+    scalars.extend(named)
     outputs = _tensor_metas(node.meta.get("val"))
     op = canonical_op(raw, operands, outputs, tensor_index=tensor_index and raw == "getitem",
                       first_contiguous=first_contiguous)

@@ -50,6 +50,7 @@ from autopar.analysis.ops import (
     save,
     storage_of,
 )
+from autopar.analysis.ops.attention import is_causal
 
 
 @dataclass
@@ -114,11 +115,25 @@ def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], fusions: tuple[str, ...
             save(n, saver)
     _mark_matmuls(graph, nodes, saver)
     core = attention_core(graph, nodes)
+    dropped = permuted_away(graph, nodes) if MOE_PERMUTE in fusions else frozenset()
     # made inside a core and read by nothing outside it (the core's output is the projection's
     # input, kept)
     return tuple(replace(t, attention_core=True)
                  if t.name.partition(".")[0] in core and all(s in core for s in t.savers) else t
-                 for t in saver.seen.values())
+                 for t in saver.seen.values() if t.name.partition(".")[0] not in dropped)
+
+
+def permuted_away(graph: GraphIR, nodes: list[NodeInfo]) -> frozenset[str]:
+    """The nodes of the mixture-of-experts layers among ``nodes`` whose outputs the fused
+    permutation keeps no copy of (``moe_permute``, ``moe_permutes``): every op of a layer but
+    its router's and expert GEMMs and the tensors the expert GEMMs read (the permuted rows, the
+    activation's output): what Megatron-Core's fused permute, grouped GEMMs and fused SwiGLU
+    save for their backward."""
+    region = [n for n in nodes if graph.in_moe_layer(n)]
+    kept = {n.name for n in region if kind_of(n) is OpKind.MATMUL}
+    kept |= {storage_of(graph, i) for n in region if is_expert_gemm(n, graph)
+             for i in n.inputs if graph.has_node(i)}
+    return frozenset(n.name for n in region if n.name not in kept)
 
 
 def _mark_matmuls(graph: GraphIR, nodes: list[NodeInfo], saver: _Saver) -> None:
@@ -190,6 +205,7 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
             bytes=n.fwd_bytes * per_seq * scale, shard=Shard.REPLICATED,
             kept_by_matmuls=kept_by_matmuls(n, graph), attention_core=n.name in core,
             expert=is_expert_gemm(n, graph), kv_elements=kv * per_seq,
+            causal=kind_of(n) is OpKind.ATTENTION and is_causal(n),
             weight_shape=linear_weight_shape(graph, n), expert_shape=expert_weight_shape(graph, n),
         ))
     return tuple(costs)

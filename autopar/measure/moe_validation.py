@@ -13,9 +13,14 @@ sequence, and its parallel layout as autopar expresses it (``run_config``):
   ``moe_act``, ``mla_up_proj``: a few element-wise ops rerun) and none -> ``none``, the policy
   whose time is theirs to within the reruns of those element-wise ops;
 * what the engines ran that autopar's engine does not, as the priced fusions that name it
-  (``core.specs.PRICED_FUSIONS``): the fused token permutation (``moe_permute``: every run's
-  recipe sets ``--moe-permute-fusion``), DeepEP's or HybridEP's dispatch (``deepep``) and the
-  all-to-all overlapped with another micro-batch's compute (``ep_a2a_overlap``).
+  (``core.specs.MOE_FUSIONS``): the fused token permutation (``moe_permute``, unless the run
+  states ``moe_permute_fusion=false``: ``train.permute_fusion``), DeepEP's or HybridEP's
+  dispatch (``deepep``) and the all-to-all overlapped with another micro-batch's compute
+  (``ep_a2a_overlap``);
+* the router's balance as the run states it (``train.router_balance``): forced
+  (``--moe-router-force-load-balancing``) routes every expert the mean load, so the busiest
+  rank's share is the mean (``Efficiency.moe_load_imbalance`` 1.0); natural routing or none
+  stated takes the default imbalance.
 
 Nothing is fitted per run: every run is priced with the same ``Efficiency``. A run whose model
 or layout autopar cannot express is reported with the reason (``MoERunCheck.refused``) and
@@ -26,7 +31,7 @@ asserts) and ``bench/validate_moe.py`` (which prints the table).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autopar.core.errors import AutoparError
@@ -90,7 +95,7 @@ def mla_fields(model: dict) -> dict:
 
 def run_fusions(train: dict) -> tuple[str, ...]:
     """The priced fusions naming what the run's engine did that autopar's does not."""
-    out = ["moe_permute"]
+    out = ["moe_permute"] if train.get("permute_fusion", True) else []
     dispatcher = str(train.get("dispatcher") or "")
     if "deepep" in dispatcher or "hybridep" in dispatcher:
         out.append("deepep")
@@ -111,7 +116,8 @@ def run_config(run: dict) -> ParallelConfig:
         dp=gpus // (tp * pp * cp), tp=tp, pp=pp, cp=cp, ep=int(t["ep"]),
         etp=int(t.get("etp") or 1), zero=zero, micro_batch=int(t["micro_batch"]),
         schedule="interleaved" if vpp > 1 else "1f1b", virtual_stages=vpp,
-        sequence_parallel=bool(t.get("sequence_parallel")) and tp > 1,
+        # Megatron-Core runs a mixture of experts under tp > 1 with sequence parallelism only
+        sequence_parallel=tp > 1,
         checkpoint="full" if recompute.startswith("full") else "none",
         fusions=run_fusions(t))
 
@@ -162,6 +168,8 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
         graphs = {} if graphs is None else graphs
         if key not in graphs:
             graphs[key] = trace(spec.build(device="meta"), train)
+        if t.get("router_balance") == "forced":
+            efficiency = replace(efficiency, moe_load_imbalance=1.0)
         est = estimate(graphs[key], cluster, train, config, efficiency=efficiency)
     except AutoparError as err:
         return MoERunCheck(run, measured, None, refused=str(err))

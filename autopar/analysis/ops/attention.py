@@ -21,6 +21,13 @@ from autopar.analysis.ops.registry import OpFamily, Saver, register
 from autopar.analysis.ops.rules import RuleContext, replicated
 
 
+def is_causal(node: NodeInfo) -> bool:
+    """Whether a fused attention call masks causally by its own flag (``is_causal=True``), so
+    its kernel skips the masked half of the score tiles (FlashAttention's and cuDNN's causal
+    kernels; an explicit mask tensor is read whole)."""
+    return ("is_causal", True) in node.scalar_args
+
+
 def sdpa_flop(op: str, raw: str, ins: Sequence[TensorMeta], outs: Sequence[TensorMeta],
               scalars: Sequence[object]) -> float:
     if len(ins) < 3:
