@@ -53,11 +53,23 @@ def ep_alltoalls(layer: LayerCost, policy: Checkpoint) -> tuple[int, int]:
     return forward, 2 + (forward if reissues(policy) else 0)
 
 
-def remote_nodes_per_token(experts: int, top_k: int, nodes: int) -> float:
+def remote_nodes_per_token(experts: int, top_k: int, nodes: int,
+                           groups: tuple[int, int] | None = None) -> float:
     """Other nodes a token's ``top_k`` experts sit on, on average, with ``experts`` spread
-    evenly over ``nodes`` nodes and chosen without replacement (module docstring)."""
+    evenly over ``nodes`` nodes and chosen without replacement (module docstring). With a
+    group-limited router (``groups``: G contiguous expert groups, a token's experts within M
+    of them) the token reaches the nodes of its M groups: ``G / nodes`` groups to a node
+    where G is a multiple of the nodes (DeepSeek-V3: 8 groups on 8 nodes, 4 kept -- "at most
+    4 nodes"), the nodes that M groups drawn from G span."""
     if nodes <= 1:
         return 0.0
+    if groups is not None and groups[0] % nodes == 0:
+        total, keep = groups
+        per_node = total // nodes
+        if keep > total - per_node:
+            return float(nodes - 1)
+        miss = math.comb(total - per_node, keep) / math.comb(total, keep)
+        return (nodes - 1) * (1.0 - miss)
     per_node = experts // nodes
     if top_k > experts - per_node:
         return float(nodes - 1)
@@ -66,7 +78,8 @@ def remote_nodes_per_token(experts: int, top_k: int, nodes: int) -> float:
 
 
 def dispatch_s(rows_bytes: float, tokens_bytes: float, experts: int, top_k: int, group: Group,
-               cluster: ClusterSpec, eff: Efficiency, *, dedup: bool) -> float:
+               cluster: ClusterSpec, eff: Efficiency, *, dedup: bool,
+               groups: tuple[int, int] | None = None) -> float:
     """One dispatch (or combine) of ``rows_bytes`` of routed rows from ``tokens_bytes`` of
     tokens over the ep ``group``: one all-to-all, or with ``dedup`` the token sent once per
     destination node and forwarded over NVLink (module docstring)."""
@@ -75,7 +88,7 @@ def dispatch_s(rows_bytes: float, tokens_bytes: float, experts: int, top_k: int,
     if not dedup or group.nodes == 1:
         return estimate_collective_s(Collective.ALL_TO_ALL, rows_bytes, group, cluster, eff)
     g, n = group.per_node, group.nodes
-    inter = (tokens_bytes * remote_nodes_per_token(experts, top_k, n)
+    inter = (tokens_bytes * remote_nodes_per_token(experts, top_k, n, groups)
              / (cluster.inter_node.bytes_per_s * eff.network))
     intra = rows_bytes * (g - 1) / g / (cluster.intra_node.bytes_per_s * eff.nvlink)
     latency = (g - 1) * cluster.intra_node.latency_s + (n - 1) * cluster.inter_node.latency_s
@@ -99,7 +112,7 @@ def ep_comm_s(layer: LayerCost, split: Split, policy: Checkpoint, config: Parall
     top_k = max(1, round(layer.ep_alltoall_elements / max(1.0, layer.input_elements)))
     tokens = layer.input_elements * split.act_bytes * share
     one = dispatch_s(rows, tokens, experts, top_k, g.ep, cluster, eff,
-                     dedup=DEEPEP in config.fusions)
+                     dedup=DEEPEP in config.fusions, groups=layer.route_groups)
     forward, backward = ep_alltoalls(layer, policy)
     counts = 1 + reissues(policy) if layer.ep_dropless else 0
     total = (forward + backward - counts) * one

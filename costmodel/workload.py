@@ -165,6 +165,9 @@ class LayerCost:
     ep_dropless: bool = False
     """The experts drop nothing: the all-to-alls and the expert GEMMs of the busiest rank
     grow with the load imbalance, and the per-expert counts are exchanged first."""
+    route_groups: tuple[int, int] | None = None
+    """(expert groups, groups a token may route to) of a group-limited router (DeepSeek-V3's
+    node-limited routing); None: a token's experts may sit anywhere."""
     no_rule_ops: tuple[str, ...] = ()
     """Ops the sharding rules did not know, costed as replicated."""
     held: tuple[SavedTensor, ...] = ()

@@ -120,6 +120,11 @@ class GraphIR:
     """Module paths of the mixture-of-experts layers (the module holding a layer's router and
     experts, ``Family.expert_layers``): under sequence parallelism each tp rank runs one on its
     own sequence shard (the experts' mesh folds over tp, ``ParallelConfig.experts_fold_tp``)."""
+    moe_groups: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """MoE module path -> (expert groups, groups a token may route to) of the layers whose
+    routing is group-limited (a module's ``router_groups``/``router_group_topk``:
+    ``models.routing.limit_groups``): how many nodes a token's rows cross to
+    (``costmodel/moe.py``)."""
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}

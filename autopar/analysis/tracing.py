@@ -126,14 +126,28 @@ def trace(
     group = find_block_group(model)
     if group is not None:
         group = assign_blocks(nodes, group)
+    moe = moe_modules_of(model, experts)
     params = {
         name: TensorMeta(tuple(p.shape), p.dtype) for name, p in model.named_parameters()
     }
     return GraphIR(
         nodes=nodes, params=params, blocks=group, batch=batch, seq_len=seq,
         method=traced.method, gm=traced.gm, model_name=type(model).__name__,
-        layers=layers_of(model), expert_params=experts, moe_modules=moe_modules_of(model, experts),
+        layers=layers_of(model), expert_params=experts, moe_modules=moe,
+        moe_groups=moe_groups_of(model, moe),
     )
+
+
+def moe_groups_of(model: nn.Module, moe: frozenset[str]) -> dict[str, tuple[int, int]]:
+    """(groups, groups kept) of each MoE module routing within groups: one whose
+    ``router_group_topk`` is set (``models.routing.limit_groups``)."""
+    out = {}
+    for path in moe:
+        module = model.get_submodule(path) if path else model
+        keep = getattr(module, "router_group_topk", None)
+        if isinstance(keep, int):
+            out[path] = (int(getattr(module, "router_groups", 1)), keep)
+    return out
 
 
 def moe_modules_of(model: nn.Module, listed: frozenset[str]) -> frozenset[str]:

@@ -349,6 +349,8 @@ def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: flo
         params_expert=_numel(graph, expert),
         ep_alltoall_elements=a2a,
         ep_dropless=any(_dropless(n, graph) for n in nodes),
+        route_groups=next((graph.moe_groups[m] for m in graph.moe_groups
+                           for n in nodes if n.module_path.startswith(m + ".")), None),
         no_rule_ops=ops_without_rules(nodes),
     )
 

@@ -65,6 +65,9 @@ def moe_model_spec(model: dict, seq_len: int) -> ModelSpec:
                   vocab_size=model["vocab_size"], num_experts=model["num_experts"],
                   top_k=model["top_k"], capacity_factor=None, seq_len=seq_len,
                   tie_embeddings=bool(model.get("tie_embeddings", False)))
+    if model.get("router_group_topk"):
+        common.update(router_groups=int(model["router_groups"]),
+                      router_group_topk=int(model["router_group_topk"]))
     if model.get("head_dim") and model["head_dim"] * model["num_heads"] != model["hidden_size"]:
         common["head_size"] = model["head_dim"]
     shared = int(model.get("num_shared_experts") or 0)

@@ -42,6 +42,22 @@ DROPLESS_MARK = "dropless_rows"
 """The name of the traced call that marks a dropless MoE layer (``autopar.analysis.workload``)."""
 
 
+def limit_groups(logits: torch.Tensor, groups: int, keep: int) -> torch.Tensor:
+    """Group-limited routing (DeepSeek-V2's device-limited and DeepSeek-V3's node-limited
+    routing, the ``n_group``/``topk_group`` of their configs; Megatron-Core's
+    ``--moe-router-num-groups``/``--moe-router-group-topk``): the E experts in ``groups``
+    contiguous groups -- laid out so, under expert parallelism a group is the experts of one
+    node or device --, each token keeps the ``keep`` groups holding its highest-scoring
+    expert and chooses its top-k among their experts only: (T, E) logits with every other
+    group's at ``-inf``. So a token's experts sit on at most ``keep`` groups."""
+    t, e = logits.shape
+    per = e // groups
+    best = logits.view(t, groups, per).amax(dim=-1)  # (T, G)
+    chosen = torch.topk(best, keep, dim=-1).indices
+    allowed = torch.zeros_like(best, dtype=torch.bool).scatter(1, chosen, True)
+    return logits.masked_fill(~allowed.repeat_interleave(per, dim=1), float("-inf"))
+
+
 def capacity_slots(top_experts: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
     """Each assignment's row in the (E * C + 1, h) dispatch buffer, choice-major (row j * T + t
     is token t's j-th choice); a dropped assignment gets the last row, E * C."""

@@ -22,8 +22,10 @@ What differs from DeepSeek-V3, stated:
   uses sigmoid affinities normalised over the top k, with the auxiliary-loss-free bias
   balancing; the load-balancing loss here is Switch's over the tokens of a call, DeepSeek-V3's
   a sequence-wise one (both weighted by ``router_aux_loss_coef``).
-* no multi-token prediction module, no node-limited routing (each token's experts on at most 4
-  nodes).
+* no multi-token prediction module. Node-limited routing is the routing's group limit
+  (``router_groups``/``router_group_topk``, ``models.routing.limit_groups``: the preset's 8
+  groups, 4 kept, as DeepSeek-V3's ``n_group``/``topk_group``), the groups chosen by their
+  best expert's logit, where DeepSeek-V3 sums each group's two best sigmoid affinities.
 * RoPE rotate-half on MLA's decoupled part, plain (no YaRN): ``attention.py``.
 * dispatch: dropless (``capacity_factor=None``, DeepSeek-V3 drops no token, section 2.1.2)
   or with a capacity factor, as ``models/moe``.

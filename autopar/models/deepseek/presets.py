@@ -42,8 +42,10 @@ PRESETS: tuple[Preset, ...] = (
         num_layers=61, hidden_size=7168, num_heads=128, num_kv_heads=128, ffn_hidden_size=18432,
         moe_ffn_hidden_size=2048, num_experts=256, top_k=8, num_shared_experts=1,
         first_k_dense=3, vocab_size=129280, seq_len=4096, rope_theta=10000.0, norm_eps=1e-6,
-        capacity_factor=None, router_aux_loss_coef=0.0001, **MLA)),
-        "DeepSeek-V3 (MLA), 256 routed experts top-8 + 1 shared, first 3 layers dense; "
+        capacity_factor=None, router_aux_loss_coef=0.0001, router_groups=8,
+        router_group_topk=4, **MLA)),
+        "DeepSeek-V3 (MLA), 256 routed experts top-8 + 1 shared in 8 groups, each token's "
+        "within 4 of them, first 3 layers dense; "
         "arXiv 2412.19437 sec. 4.2; HF deepseek-ai/DeepSeek-V3"),
     Preset("kimi-k2", "deepseek", MappingProxyType(dict(
         num_layers=61, hidden_size=7168, num_heads=64, num_kv_heads=64, ffn_hidden_size=18432,

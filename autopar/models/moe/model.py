@@ -69,7 +69,8 @@ from autopar.models.layers import INIT_STD, check_positive_float, check_positive
 from autopar.models.llama.model import DecoderConfig, DecoderLM, LlamaAttention
 from autopar.models.routing import (capacity_slots, combine_capacity, combine_dropless,
                                     dispatch_capacity, dropless_order, dropless_rows,
-                                    expert_capacity, is_symbolic, local_weight, scale_grad)
+                                    expert_capacity, is_symbolic, limit_groups, local_weight,
+                                    scale_grad)
 
 # leaves for torch.fx in this module's forward too (``autopar.models.routing``)
 torch.fx.wrap("expert_capacity")
@@ -93,6 +94,13 @@ class MoEConfig(DecoderConfig):
     router_aux_loss_coef: float = 0.01
     """Weight of the load-balancing loss (Switch Transformer's alpha = 1e-2, Fedus et al.
     2021, section 2.2); 0 turns it off."""
+    router_groups: int = 1
+    """The experts in this many contiguous groups (DeepSeek-V3's ``n_group``: 8, one per node
+    of its 8-node expert parallelism); with ``router_group_topk`` each token routes within
+    its best groups (``models.routing.limit_groups``)."""
+    router_group_topk: int | None = None
+    """Groups a token may route to (DeepSeek-V3's ``topk_group``: 4, "each token is sent to
+    at most 4 nodes", arXiv 2412.19437 sec. 2.1.2); ``None``: every group."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,6 +114,21 @@ class MoEConfig(DecoderConfig):
             )
         if self.capacity_factor is not None:
             check_positive_float(self, "capacity_factor")
+        check_positive_int(self, "router_groups")
+        if self.num_experts % self.router_groups:
+            raise AutoparError(
+                f"router_groups={self.router_groups} does not divide the {self.num_experts} "
+                "experts", where=f"{type(self).__name__}.router_groups",
+                fix="choose a number of expert groups that divides num_experts")
+        keep = self.router_group_topk
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int)
+                                 or not 1 <= keep <= self.router_groups
+                                 or keep * self.num_experts // self.router_groups < self.top_k):
+            raise AutoparError(
+                f"router_group_topk={keep!r}: a token keeps 1 to router_groups="
+                f"{self.router_groups} groups, whose experts hold its top_k={self.top_k}",
+                where=f"{type(self).__name__}.router_group_topk",
+                fix="pass None (every group) or a number of groups holding top_k experts")
         coef = self.router_aux_loss_coef
         if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not (
                 math.isfinite(coef) and coef >= 0):
@@ -207,6 +230,9 @@ class MoELayer(nn.Module):
         self.aux_loss_grad_scale = 1.0
         self.dispatch = None
         """Expert parallelism's dispatch (``passes/expert_parallel.py``); ``None``: local."""
+        self.router_groups = config.router_groups
+        self.router_group_topk = config.router_group_topk
+        """Group-limited routing (``models.routing.limit_groups``); read by the tracer."""
         self.router = Fp32Linear(config.hidden_size, config.num_experts, bias=False)
         self.experts = Experts(config.num_experts, config.hidden_size,
                                ffn_hidden_size or config.ffn_hidden_size)
@@ -216,7 +242,9 @@ class MoELayer(nn.Module):
         e, k = self.num_experts, self.top_k
         tokens = x.reshape(-1, h)  # (T, h)
         logits = self.router(tokens)
-        top_logits, top_experts = torch.topk(logits, k, dim=-1)  # (T, k)
+        routed = logits if self.router_group_topk is None else limit_groups(
+            logits, self.router_groups, self.router_group_topk)
+        top_logits, top_experts = torch.topk(routed, k, dim=-1)  # (T, k)
         weights = torch.softmax(top_logits, dim=-1).to(x.dtype)  # Mixtral: over the top k
         if self.dispatch is not None:
             combined = self.dispatch(tokens, top_experts, weights)
