@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .cluster import ClusterSpec
 from .collectives import Group
-from autopar.core.mesh import MeshAxis, mesh_strides
+from autopar.core.mesh import MeshAxis, expert_strides, mesh_strides
 from autopar.core.specs import ParallelConfig
 
 def _group(size: int, stride: int, gpus_per_node: int) -> Group:
@@ -37,7 +37,7 @@ class MeshGroups:
     dp_cp: Group
     """Ranks holding the same dense weights: gradients reduce over dp x cp."""
     expert_dp: Group
-    """Ranks holding the same experts: (dp x cp) / ep."""
+    """Ranks holding the same expert shard: ``ParallelConfig.edp``."""
     pp_crosses_node: bool
 
 
@@ -53,8 +53,9 @@ def mesh_groups(config: ParallelConfig, cluster: ClusterSpec) -> MeshGroups:
     # cp and dp are adjacent in the order; their union is contiguous from cp's stride.
     inner = stride[MeshAxis.CP]
     dp_cp = _group(config.dp * config.cp, inner, gpn)
-    ep = _group(config.ep, inner, gpn)
-    expert_dp = _group(config.dp * config.cp // config.ep, inner * config.ep, gpn)
+    experts = expert_strides(config)  # the experts' mesh folded over the stage's ranks
+    ep = _group(config.ep, experts["ep"], gpn)
+    expert_dp = _group(config.edp, experts["edp"], gpn)
     pp_cross = config.pp > 1 and stride[MeshAxis.PP] * config.pp > gpn
     return MeshGroups(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, dp_cp=dp_cp, expert_dp=expert_dp,
                       pp_crosses_node=pp_cross)
