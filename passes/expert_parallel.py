@@ -1,12 +1,38 @@
 """Expert parallelism: each MoE layer's experts split over the ep ranks, tokens sent to them.
 
-``expert_mesh(plan, mesh)`` is the engine's view of the experts: the data-parallel ranks
-(``dp_replicate`` x ``dp_shard``, one of them of size 1) unflattened into (expert data parallel,
-``ep``), ``ep`` innermost -- ``autopar.core.mesh``'s carving, the ranks ``costmodel/topology.py``
-prices the all-to-all over (torchtitan's ``dp_shard`` -> (``dp_shard_mod_ep``,
-``dp_shard_in_ep``)). It is one ``DeviceMesh`` with the world mesh as its root
-(``DeviceMesh._flatten`` / ``_unflatten``), so FSDP2 can shard an ep DTensor over the expert
-data-parallel ranks (its FSDP + EP layout).
+``expert_mesh(plan, mesh)`` is the engine's view of the experts, folded over the attention's
+ranks (Megatron-Core's MoE Parallel Folding, arXiv 2504.14960): the stage's
+``ParallelConfig.expert_ranks`` -- (``dp_replicate``, ``dp_shard``, ``cp``), and ``tp`` under
+the fold -- flattened in the world mesh's order (dp outer, tp inner) and unflattened into
+(``edp_replicate``, ``edp_shard``, ``ep``, ``etp``), etp fastest: ``autopar.core.mesh.
+expert_strides``, the ranks ``costmodel/topology.py`` prices the all-to-all and the experts'
+gradient reduction over (torchtitan's ``dp_shard`` -> (``dp_shard_mod_ep``,
+``dp_shard_in_ep``), with the tp ranks in it). It is one ``DeviceMesh`` with the world mesh as
+its root (``DeviceMesh._flatten`` / ``_unflatten``), so FSDP2 can shard an ep DTensor over the
+expert data-parallel ranks (its FSDP + EP layout). The engine runs etp = 1 only
+(``passes/mesh.check_executable`` refuses more).
+
+**The fold** (``ParallelConfig.experts_fold_tp``: tp > 1 with sequence parallelism): every MoE
+layer (``ExpertLayer.module``) runs on its tp rank's own tokens -- ``TokenShards`` takes the
+rank's sequence shard (as it comes from a sequence-parallel norm; sliced, and its output
+gathered back, where the plan keeps the residual stream whole), so no tp rank computes
+another's tokens and none gathers before the layer. The layer's whole weights (a router, a
+shared expert's gate) see different tokens on each tp rank: ``TokenReplicated`` sums their
+gradients over tp. A shared expert inside the layer (Qwen2-MoE's) is split by tp as a dense
+MLP over the rank's rows (``tensor_parallel._stream``); the deepseek family's sits beside the
+layer and is the block's dense MLP. Without the fold the tp ranks hold the same tokens and each
+runs its dp x cp rank's experts whole on them.
+
+**The call's tokens over several ranks** (cp, and tp under the fold): the one-process model
+routes each micro-batch as one call, whose capacity slots and load-balancing loss count all its
+tokens. ``SplitCall`` (``apply_call_tokens``) gives a layer that decides over the call (the
+zoo's ``MoELayer``, ``ExpertLayer.split_tokens``) the ranks holding them: one all-gather of the
+top-k indices, put back in the one-process token order (cp's load-balanced chunks, then the tp
+shard), gives every rank the call's slots and expert fractions; its kept assignments then go
+through the dropless exchange (``models/moe``: ``MoELayer._kept``), and its share of the
+load-balancing loss is computed with the call's fractions (times cp: each cp rank's loss is
+the mean over its own chunks). Families whose routers route each token on its own
+(``Family.token_routing``) need none.
 
 ``apply_expert_parallel(stage, plan, ep_mesh, layers)`` makes every MoE layer of the stage --
 ``layers``, the family's ``Family.expert_layers(stage)`` (``models/expert_layers.py``: the zoo's
@@ -41,8 +67,11 @@ test_comm_counts.py`` holds the program to it.
 
 Expert weights' gradients are summed over the ep ranks by the all-to-all's backward (every
 rank's tokens reach the owner); FSDP2 then averages over the expert data-parallel ranks only
-(dp x cp / ep of them), so the experts scale their weights' gradients by 1 / ep in the backward
-(``ExpertLayer.run``'s ``grad_scale``): the mean over all dp ranks, as for the dense weights
+(``edp`` of them), while each rank's gradient is dp x cp times its share of the step's (each
+replica's loss is its mean, each cp rank's its chunks' mean; tp ranks under the fold hold parts
+of one replica's tokens). So the experts scale their weights' gradients by ``edp / (dp x cp)``
+in the backward (``expert_grad_scale``, ``ExpertLayer.run``'s ``grad_scale``): 1 / ep without
+the fold, tp / ep with it -- the mean over the dp ranks, as for the dense weights
 (``passes/data_parallel.py``). (torchtitan sets FSDP2's ``gradient_divide_factor`` instead;
 on gloo that needs sum reductions, and with a shard group of one -- ZeRO-0's HSDP, or
 ep = dp -- torch 2.13 divides by the factor twice.)
