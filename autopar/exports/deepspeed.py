@@ -116,6 +116,11 @@ def deepspeed_config(plan: Plan) -> tuple[dict[str, object], dict[str, Row]]:
             f"ep_size={c.ep} to deepspeed.moe.layer.MoE")
     else:
         row("config.ep", c.ep, "", Fit.EXACT)
+    if c.etp == 1:
+        row("config.etp", c.etp, "", Fit.EXACT, "every expert whole on its ep rank")
+    else:
+        row("config.etp", c.etp, "", Fit.NONE, "DeepSpeed-MoE does not split an expert over "
+            "ranks: export to Megatron-LM (--expert-tensor-parallel-size), or plan etp=1")
     _pipeline(plan, cfg, row)
 
     zero: dict[str, object] = {"stage": c.zero}

@@ -105,8 +105,10 @@ def megatron_items(plan: Plan) -> list[Item]:
              "ring attention over load-balanced chunks (--cp-comm-type p2p, the default)"
              if c.cp > 1 else ""),
         Item("config.ep", str(c.ep), (("expert_model_parallel_size", c.ep),), Fit.EXACT,
-             "carved from the data- and context-parallel ranks, as in autopar"
-             if c.ep > 1 else ""),
+             ("folded over the dp x cp x tp ranks, as in autopar (MoE Parallel Folding)"
+              if c.experts_fold_tp else "carved from the data- and context-parallel ranks, as "
+              "in autopar") if c.ep > 1 else ""),
+        *_expert_tp(c),
         _zero(plan),
         Item("config.micro_batch", str(c.micro_batch), (("micro_batch_size", c.micro_batch),),
              Fit.EXACT),
@@ -125,6 +127,20 @@ def megatron_items(plan: Plan) -> list[Item]:
         _optimizer(plan),
     ]
     return items + _shape_items(shape, c.tp)
+
+
+def _expert_tp(c) -> tuple[Item, ...]:
+    """``--expert-tensor-parallel-size`` where the plan's experts are split over ranks: set
+    explicitly, since Megatron defaults it to tp, where autopar's etp defaults to 1."""
+    if c.ep == 1 and c.etp == 1:
+        return (Item("config.etp", str(c.etp), (), Fit.EXACT, "no expert parallelism"),)
+    if c.experts_fold_tp or c.tp == 1:
+        return (Item("config.etp", str(c.etp), (("expert_tensor_parallel_size", c.etp),),
+                     Fit.EXACT),)
+    return (Item("config.etp", str(c.etp), (("expert_tensor_parallel_size", c.etp),),
+                 Fit.CLOSE, f"autopar runs every expert whole on each of the {c.tp} tp ranks "
+                 "(no sequence parallelism); Megatron's experts take the same layout with "
+                 "etp 1 only under sequence parallelism, which it requires for MoE at tp > 1"),)
 
 
 def _zero(plan: Plan) -> Item:

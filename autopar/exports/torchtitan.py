@@ -160,6 +160,11 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
         "ring attention with the head-tail load balancer" if c.cp > 1 else "")
     par["expert_parallel_degree"] = c.ep
     row("config.ep", c.ep, f"expert_parallel_degree = {c.ep}", Fit.EXACT)
+    if c.etp == 1:
+        row("config.etp", c.etp, "", Fit.EXACT, "every expert whole on its ep rank")
+    else:  # torchtitan 0.3.0's parallelism fields have no expert tensor-parallel degree
+        row("config.etp", c.etp, "", Fit.NONE, "torchtitan 0.3.0 has no expert tensor-parallel "
+            "degree: export to Megatron-LM (--expert-tensor-parallel-size), or plan etp=1")
     _pipeline(plan, par, row)
 
     training: dict[str, object] = {
