@@ -97,9 +97,12 @@ def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Pla
     Runs after tensor parallelism (FSDP2 then shards the tp DTensors along dp, a 2-D layout)
     and after the pipeline split (each stage is its own FSDP root). Under expert parallelism
     each of ``experts`` is its own unit over the expert data-parallel ranks
-    (``expert_dp_mesh``, ``passes/expert_parallel.py``), wrapped first."""
+    (``expert_dp_mesh``, ``passes/expert_parallel.py``), wrapped first -- and alone where
+    those are the only ranks holding the same weights (the fold with dp x cp = 1)."""
     c = plan.config
-    if not wants_fsdp(plan):
+    experts_only = (not wants_fsdp(plan) and expert_dp_mesh is not None
+                    and expert_dp_mesh.size() > 1)
+    if not (wants_fsdp(plan) or experts_only):
         return
     policy = mixed_precision(plan.train.precision) or MixedPrecisionPolicy()
     kwargs = dict(mesh=data_parallel_mesh(mesh, c.zero), reshard_after_forward=c.zero == 3,
@@ -108,6 +111,10 @@ def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Pla
                   ignored_params=_zero_size(stage, policy.param_dtype))
     for module in experts:
         fully_shard(module, **{**kwargs, "mesh": expert_dp_mesh})
+    if experts_only:
+        # one dense replica (dp x cp = 1) whose tp ranks hold the same experts under the fold
+        # (ep < tp): only the experts' gradients reduce, over those ranks
+        return
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(stage, **kwargs)

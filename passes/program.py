@@ -48,7 +48,9 @@ from autopar.passes.context_parallel import apply_context_parallel, chunk_positi
 from autopar.models import prepare_training, set_aux_loss_grad_scale
 from autopar.models.init import tied_groups
 from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
-from autopar.passes.expert_parallel import apply_expert_parallel, expert_dp_mesh, expert_mesh
+from autopar.passes.expert_parallel import (apply_call_tokens, apply_expert_parallel,
+                                            apply_token_shards, call_tokens_mesh, expert_dp_mesh,
+                                            expert_mesh, wants_expert_mesh)
 from autopar.passes.fuse import LinearCrossEntropyHead, apply_fusions, keep_fused_head_gathered
 from autopar.passes.loss_scaling import grad_scaler, quiet_found_inf
 from autopar.core.mesh import MeshAxis
@@ -263,15 +265,27 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     pp_rank = mesh.get_local_rank(MeshAxis.PP.value)
     stages = build_stages(model, parts, plan, pp_rank)
     num_stages = len(stage_layout(plan, model_blocks(model, parts).count))
-    experts_mesh = expert_mesh(plan, mesh) if plan.config.ep > 1 else None
+    family = model_family(model)
+    has_experts = bool(family.expert_layers(model))
+    # every rank makes these groups (DeviceMesh._flatten), whichever stage it holds
+    experts_mesh = expert_mesh(plan, mesh) if wants_expert_mesh(plan, has_experts) else None
+    call_mesh = call_tokens_mesh(plan, mesh) if has_experts else None
+    tp_mesh = mesh[MeshAxis.TP.value]
     for _, stage in stages:
         if cp > 1:
             stage_of(stage).positions = partial(_positions, cp=cp, rank=cp_rank)
-        apply_tensor_parallel(stage, plan, mesh[MeshAxis.TP.value], parts)
-        apply_async_tp(list(stage_blocks(stage).values()), plan, mesh[MeshAxis.TP.value], device)
+        layers = family.expert_layers(stage)
+        # under the experts' fold the MoE layers run on the rank's own tokens: tp splits what
+        # is inside them over those tokens, then they take the rank's shard (expert_parallel)
+        token_modules = (frozenset(n for n, m in stage.named_modules()
+                                   if any(m is layer.module for layer in layers))
+                         if plan.config.experts_fold_tp else frozenset())
+        apply_tensor_parallel(stage, plan, tp_mesh, parts, token_modules)
+        apply_token_shards(plan, tp_mesh, layers)
+        apply_call_tokens(plan, call_mesh, layers)
+        apply_async_tp(list(stage_blocks(stage).values()), plan, tp_mesh, device)
         experts = ([] if experts_mesh is None
-                   else apply_expert_parallel(stage, plan, experts_mesh,
-                                              model_family(model).expert_layers(stage)))
+                   else apply_expert_parallel(stage, plan, experts_mesh, layers))
         apply_data_parallel(stage, stage_blocks(stage).values(), plan, mesh, experts,
                             expert_dp_mesh(plan, experts_mesh))
         keep_fused_head_gathered(stage, parts.head)

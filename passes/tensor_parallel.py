@@ -210,19 +210,20 @@ def _pattern(name: str, parts: ModelParts, blocks: frozenset[str]) -> str:
 
 
 def _style(name: str, style: Style, plan: Plan, parts: ModelParts, sections: int = 1,
-           whole_ends: bool = False) -> ParallelStyle | None:
+           whole_ends: bool = False, seq: Shard | Replicate = Replicate()
+           ) -> ParallelStyle | None:
     """The engine's style for one module: the one translation of the plan's ``Style`` to
     DTensor. ``parallelize`` has checked the plan's styles against the model first
     (``autopar.analysis.admissibility.layer_problems``: module kinds, divisible dimensions, column
     splits closed by row splits). ``whole_ends``: the finish step reads the whole sequence
-    (``GatherBlockOutput``), so the head's input is replicated."""
+    (``GatherBlockOutput``), so the head's input is replicated. ``seq``: the layout of the
+    activations around the module (``_stream``)."""
     if style == Style.REPLICATED:
         return None
     if style == Style.SEQUENCE:
         return SequenceParallel()
     if style == Style.WIDTH:
         return WidthParallel()
-    seq = Shard(1) if sequence_parallel(plan) else Replicate()
     if style == Style.VOCAB:
         whole = name == parts.embedding and not parts.embedding_in_shards
         return RowwiseParallel(input_layouts=Replicate(),
@@ -240,9 +241,30 @@ def _style(name: str, style: Style, plan: Plan, parts: ModelParts, sections: int
     return ColwiseParallel(input_layouts=Replicate())
 
 
+def _inside(name: str, modules: frozenset[str]) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in modules)
+
+
+def _stream(name: str, plan: Plan, token_modules: frozenset[str]) -> Shard | Replicate:
+    """The layout of the activations a module of ``name`` reads and writes: the rank's
+    sequence shard (dim 1 of (b, s, h)) under sequence parallelism, else the whole sequence;
+    inside a MoE layer that runs on the rank's own tokens under the experts' fold
+    (``token_modules``), the rank's rows of the (b * s, h) tokens its family flattens them to
+    (dim 0), whether the blocks run sequence-parallel or not (``passes/expert_parallel.py``:
+    ``TokenShards``)."""
+    if _inside(name, token_modules):
+        return Shard(0)
+    return Shard(1) if sequence_parallel(plan) else Replicate()
+
+
 def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
-                          parts: ModelParts) -> None:
-    """Shard ``stage`` over ``tp_mesh`` as the plan says (in place)."""
+                          parts: ModelParts, token_modules: frozenset[str] = frozenset()
+                          ) -> None:
+    """Shard ``stage`` over ``tp_mesh`` as the plan says (in place). ``token_modules``: the
+    stage's MoE layers that run on the rank's own tokens under the experts' fold; the plan's
+    styles of the modules inside them apply to those tokens (a shared expert split by columns
+    and rows gathers the rank's rows, and reduce-scatters back to them), and their routers and
+    experts keep no style of their own (``passes/expert_parallel.apply_token_shards``)."""
     if tp_mesh.size() == 1:
         return
     styles = {k: v for k, v in plan.module_strategies if k != LOSS}
@@ -267,12 +289,14 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
     gathered = None
     for name, _ in stage.named_modules():
         style = styles.get(_pattern(name, parts, keys))
+        if style in (Style.SEQUENCE, Style.WIDTH) and _inside(name, token_modules):
+            style = None  # already on the rank's tokens, its weights' gradients summed there
         if style is not None:
-            chosen = _style(name, style, plan, parts, sections.get(name, 1), whole_ends)
+            seq = _stream(name, plan, token_modules)
+            chosen = _style(name, style, plan, parts, sections.get(name, 1), whole_ends, seq)
             if chosen is not None:
                 layout[name] = chosen
             if style == Style.COLUMN and name != parts.head:
-                seq = Shard(1) if sequence_parallel(plan) else Replicate()
                 layout[name.rsplit(".", 1)[0]] = PrepareBlockInput(seq)
     regions = {k for k, v in layout.items() if isinstance(v, PrepareBlockInput)}
     for name, _ in stage.named_modules():

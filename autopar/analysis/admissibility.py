@@ -25,9 +25,12 @@ The rules, each with the reason the program could not run otherwise:
   table has that many rows); under sequence parallelism tp divides the sequence (the engine's
   ``SequenceParallel`` shards it evenly, and so does Megatron-LM, which asserts it); context
   parallelism splits it into 2 x cp load-balanced chunks and needs fused attention.
-* **experts**: ep divides the experts (and dp x cp, ``ParallelConfig``); ep > 1 needs experts,
-  in layers the model's family describes (``Family.expert_layers``), since the passes split
-  those layers only.
+* **experts**: ep divides the experts (and ep x etp the ranks the experts' mesh folds over,
+  ``ParallelConfig``); ep > 1 needs experts, in layers the model's family describes
+  (``Family.expert_layers``), since the passes split those layers only. Under sequence
+  parallelism with tp > 1 the MoE layers run on each tp rank's own tokens (the fold), which
+  needs a family that gives the MoE module and routes over a split call (``fold_problem``); a
+  mixture of experts under cp needs the latter too.
 
 ``check_plan`` adds what a solved plan decides: its stages hold the model's blocks, every
 module it names exists in the model (a plan made for another model fails here), and every
@@ -109,6 +112,14 @@ class ModelFacts:
     """Why the passes cannot run this model's experts expert-parallel although it has experts
     (no family describes its mixture-of-experts layers: ``Family.expert_layers`` finds none);
     ``None``: they can, it has none, or only a traced graph is known."""
+    split_calls: bool = False
+    """Its MoE layers decide their capacity slots and load-balancing loss over a call whose
+    tokens several ranks hold (``ExpertLayer.split_tokens``: the zoo's ``MoELayer``), so context
+    parallelism and the experts' fold leave the routing as one process's."""
+    fold_refused: str | None = None
+    """Why the passes cannot run this model's MoE layers on each tp rank's own tokens (the
+    experts' fold under sequence parallelism, ``ParallelConfig.experts_fold_tp``); ``None``:
+    they can, it has none, or only a traced graph is known."""
     cross_stage_loss: str | None = None
     """Why the model's loss needs every block of a forward before its backward, so that it
     runs in one pipeline stage: transformers' load-balancing loss over all routers
@@ -159,6 +170,9 @@ def facts_of(model: object) -> ModelFacts:
         found["experts_refused"] = _experts_refused(model)
     found["attention_core_hook"] = any(hasattr(m, ATTENTION_CORE_HOOK) for m in model.modules())
     found["cross_stage_loss"] = router_loss_reason(config)
+    found["split_calls"] = bool(expert_layers) and all(
+        layer.split_tokens is not None for layer in expert_layers)
+    found["fold_refused"] = _fold_refused(expert_layers, found)
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), tensor_layout=layout, **found)
 
@@ -187,6 +201,23 @@ def _expert_layers(model: object) -> list:
         return family_of(model).expert_layers(model)  # type: ignore[arg-type]
     except AutoparError:
         return []
+
+
+def _fold_refused(expert_layers: list, found: dict) -> str | None:
+    """Why the MoE layers ``expert_layers`` cannot run on each tp rank's own tokens."""
+    if not expert_layers:
+        return None
+    if any(layer.module is None for layer in expert_layers):
+        return ("its family gives no MoE module taking the block's hidden states to run on a "
+                "rank's sequence shard (a generic decoder's experts are read off its graph: "
+                "models/generic/experts.py)")
+    if found["cross_stage_loss"] is not None:
+        return found["cross_stage_loss"] + ", which the fold splits over the tp ranks"
+    if not (found["token_routing"] or found["split_calls"]):
+        return ("its routers decide over the tokens of a call (capacity, a load-balancing "
+                "loss), and its family does not take the ranks holding them "
+                "(ExpertLayer.split_tokens)")
+    return None
 
 
 def _experts_refused(model: object) -> str:
@@ -338,12 +369,13 @@ def context_parallel_problem(facts: ModelFacts, seq_len: int, cp: int) -> Proble
                        "model: its attention as causal F.scaled_dot_product_attention(q, k, v, "
                        "is_causal=True) with no mask, its positions as torch.arange(sequence "
                        "length))")
-    if facts.num_experts and not facts.token_routing:
+    if facts.num_experts and not (facts.token_routing or facts.split_calls):
         return Problem(f"cp={cp} with a mixture of experts: its routing capacity and its "
                        "load-balancing loss are computed over the tokens of a call, which "
-                       "context parallelism splits over the cp ranks, so the program would "
-                       "not compute the model's function (the counts and probabilities are not "
-                       "yet summed over the cp group)", "cp", "use cp=1 for this model")
+                       "context parallelism splits over the cp ranks, and its family does not "
+                       "take the ranks holding a call's tokens (ExpertLayer.split_tokens), so "
+                       "the program would not compute the model's function", "cp",
+                       "use cp=1 for this model")
     return None
 
 
@@ -371,6 +403,19 @@ def experts_problem(facts: ModelFacts, ep: int) -> Problem | None:
         return Problem(f"ep={ep} does not divide the {facts.num_experts} experts", "ep",
                        f"choose ep among the divisors of {facts.num_experts}")
     return None
+
+
+def fold_problem(facts: ModelFacts, config: ParallelConfig) -> Problem | None:
+    """Under sequence parallelism with tp > 1 the experts' mesh folds over the tp ranks
+    (``ParallelConfig.experts_fold_tp``): every MoE layer runs on the rank's own tokens."""
+    if not (config.experts_fold_tp and facts.num_experts and facts.fold_refused):
+        return None
+    return Problem(f"tp={config.tp} with sequence parallelism runs each MoE layer on the tp "
+                   "rank's own tokens (the experts' mesh folded over the tp ranks), and the "
+                   f"passes cannot run this model's so: {facts.fold_refused}",
+                   "sequence_parallel",
+                   "plan sequence_parallel=False (the tp ranks then run the experts whole on "
+                   "the same tokens, ep carved from dp x cp)")
 
 
 def batch_problem(global_batch: int, dp: int) -> Problem | None:
@@ -407,7 +452,7 @@ def problems(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> lis
     found = [heads_problem(facts, config.tp), tensor_parallel_problem(facts, config.tp),
              stages_problem(facts, config.pp, chunks),
              microbatch_problem(config, train), positions_problem(facts, train.seq_len),
-             experts_problem(facts, config.ep),
+             experts_problem(facts, config.ep), fold_problem(facts, config),
              context_parallel_problem(facts, train.seq_len, config.cp)]
     if config.sequence_parallel:
         found.append(sequence_parallel_problem(train.seq_len, config.tp, config.cp))

@@ -116,11 +116,11 @@ def deepspeed_config(plan: Plan) -> tuple[dict[str, object], dict[str, Row]]:
             f"ep_size={c.ep} to deepspeed.moe.layer.MoE")
     else:
         row("config.ep", c.ep, "", Fit.EXACT)
-    if c.etp > 1:
-        raise refuse(f"etp={c.etp}: DeepSpeed's MoE layer splits no expert over tensor-parallel "
-                     "ranks of the plan's kind (AutoEP keeps experts whole)", where="config.etp",
-                     fix="re-plan with --etp 1")
-    row("config.etp", c.etp, "", Fit.EXACT, "each expert whole")
+    if c.etp == 1:
+        row("config.etp", c.etp, "", Fit.EXACT, "every expert whole on its ep rank")
+    else:
+        row("config.etp", c.etp, "", Fit.NONE, "DeepSpeed-MoE does not split an expert over "
+            "ranks: export to Megatron-LM (--expert-tensor-parallel-size), or plan etp=1")
     _pipeline(plan, cfg, row)
 
     zero: dict[str, object] = {"stage": c.zero}

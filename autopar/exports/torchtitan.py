@@ -114,10 +114,6 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
                      "the sharded data-parallel ranks (dp_shard x cp x tp), and ZeRO-0 puts "
                      "autopar's dp on the replicate axis", where="config.ep",
                      fix="re-plan with --zero 1 or higher")
-    if c.etp > 1:
-        raise refuse(f"etp={c.etp}: torchtitan at the commit the export names has no expert "
-                     "tensor parallelism (ParallelismConfig has no such degree)",
-                     where="config.etp", fix="re-plan with --etp 1")
     if c.offload and c.zero == 0:
         raise refuse("the plan offloads the optimizer with ZeRO-0; torchtitan offloads through "
                      "FSDP2 (training.enable_cpu_offload), which needs sharded data "
@@ -164,7 +160,11 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
         "ring attention with the head-tail load balancer" if c.cp > 1 else "")
     par["expert_parallel_degree"] = c.ep
     row("config.ep", c.ep, f"expert_parallel_degree = {c.ep}", Fit.EXACT)
-    row("config.etp", c.etp, "", Fit.EXACT, "torchtitan keeps every expert whole")
+    if c.etp == 1:
+        row("config.etp", c.etp, "", Fit.EXACT, "every expert whole on its ep rank")
+    else:  # torchtitan 0.3.0's parallelism fields have no expert tensor-parallel degree
+        row("config.etp", c.etp, "", Fit.NONE, "torchtitan 0.3.0 has no expert tensor-parallel "
+            "degree: export to Megatron-LM (--expert-tensor-parallel-size), or plan etp=1")
     _pipeline(plan, par, row)
 
     training: dict[str, object] = {

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +26,24 @@ if TYPE_CHECKING:
 Dispatch = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 """(tokens (T, h), top-k expert indices (T, k), top-k weights (T, k)) -> the layer's combined
 expert output (T, h): what a layer calls in place of its local experts."""
+
+
+class CallTokens(Protocol):
+    """The tokens of one call of a MoE layer when several ranks hold them (context parallelism,
+    and tp under the experts' fold): what a layer that decides over the whole call -- its
+    capacity slots, its load-balancing loss -- needs of the others (``passes/expert_parallel.py``
+    makes it)."""
+
+    grad_share: float
+    """What this rank's gradients are scaled by against its share of the one-process
+    micro-batch's (cp: each cp rank's loss is the mean over its own chunks, and the data-parallel
+    reduction averages over the cp ranks): a loss the layer adds computes its share times this."""
+
+    def gather(self, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (b, s_local, ...) per-token values -> the call's (b, s, ...) in the
+        one-process token order, and the (b * s_local,) flat indices of this rank's tokens in
+        its (b * s) tokens."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -52,6 +70,15 @@ class ExpertLayer:
     """(the ep mesh) -> split the experts over it, returning the modules FSDP2 wraps over the
     expert data-parallel ranks (a list of expert modules: each rank keeps its own);
     ``None``: the stacked ``weights`` become DTensors ``Shard(0)`` and ``experts`` is the unit."""
+    module: nn.Module | None = None
+    """The MoE layer the block calls on its (b, s, h) hidden states -- router, experts and any
+    gate or shared expert inside it, which it calls on (b * s, h) tokens -- so that under the
+    experts' fold it runs on the rank's own sequence shard (``passes/expert_parallel.py``:
+    ``apply_token_shards``); ``None``: the family cannot run it so (the fold is refused)."""
+    split_tokens: Callable[[CallTokens | None], None] | None = None
+    """Hand the layer the ranks holding one call's tokens (``None``: all here), for a layer
+    whose routing or loss spans the call's tokens (capacity slots, the load-balancing loss);
+    ``None``: the layer routes every token on its own and needs none (``Family.token_routing``)."""
 
 
 def no_expert_layers(module: nn.Module) -> list[ExpertLayer]:

@@ -105,6 +105,19 @@ def combine_dropless(out_sorted: torch.Tensor, order: torch.Tensor, weights: tor
     return (out.view(k, num_tokens, -1) * weights.t().unsqueeze(-1)).sum(dim=0)
 
 
+def kept_order(top_experts: torch.Tensor, slot: torch.Tensor, num_experts: int, capacity: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A capacity layer's kept assignments as dropless rows: (order, counts) as
+    ``dropless_order`` gives them, the kept assignments (``slot`` below ``E * C``) sorted by
+    expert first, the dropped ones after them; ``counts`` (E,) counts the kept ones only. The
+    experts' outputs of the kept rows, followed by zeros for the dropped, combine as the
+    capacity form's (``combine_dropless``)."""
+    expert_of = top_experts.t().reshape(-1)
+    marked = torch.where(slot < num_experts * capacity, expert_of, num_experts)
+    order = torch.argsort(marked, stable=True)
+    return order, torch.bincount(marked, minlength=num_experts + 1)[:num_experts]
+
+
 class _ScaleGrad(torch.autograd.Function):
     """Identity whose backward multiplies the gradient by ``scale``."""
 

@@ -76,6 +76,11 @@ CASES = {
     "qwen2-moe-aux-loss-ep2xtp2-ckpt-full": (QWEN2_MOE_AUX_LOSS, dict(
         dp=2, ep=2, tp=2, micro_batch=1, checkpoint="full"), 4),
     "qwen2-moe-ep2xpp2": (QWEN2_MOE, dict(dp=2, ep=2, pp=2, zero=1, micro_batch=1), 8),
+    # the experts' fold: the sparse block on each tp rank's own tokens, ep over tp and dp (its
+    # shared expert split by tp over those tokens, its gates' gradients summed over tp).
+    # Measured: loss 4.3e-8 relative, gradients 2.5e-6 of the tensor max, parameters 1.4e-4
+    "qwen2-moe-tp2xep4-fold": (QWEN2_MOE, dict(dp=2, ep=4, tp=2, sequence_parallel=True,
+                                               micro_batch=1), 4),
     "mixtral-ep2-zero3": (MIXTRAL, dict(dp=2, ep=2, zero=3, micro_batch=1), 4),
     "qwen3-moe-ep2": (QWEN3_MOE, dict(dp=2, ep=2, micro_batch=1), 4),
 }

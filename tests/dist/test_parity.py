@@ -44,7 +44,8 @@ QWEN3 = ModelSpec.transformers_config("Qwen3ForCausalLM", {**HF_LLAMA_TINY, "hea
 MOE = ModelSpec("tiny-moe")  # capacity 1.25: tokens are dropped in every step
 MOE_DROPLESS = ModelSpec("tiny-moe", {"capacity_factor": None})
 DEEPSEEK = ModelSpec("tiny-deepseek")  # dropless, shared experts, a dense first layer
-GPT_EAGER = ModelSpec("tiny-gpt", {"attention": "eager"})  # an attention core selective recomputes
+GPT_EAGER = ModelSpec("tiny-gpt", {"attention": "eager"})
+FOLD = dict(tp=2, sequence_parallel=True)  # the MoE layers on each tp rank's own tokens  # an attention core selective recomputes
 
 CASES = {
     # data parallelism by ZeRO stage, two micro-batches per replica (gradient accumulation)
@@ -123,6 +124,22 @@ CASES = {
     "tp2-sp-deepseek-mla": (DEEPSEEK, dict(tp=2, sequence_parallel=True, micro_batch=2), 4),
     "pp2-deepseek-mla": (DEEPSEEK, dict(pp=2, micro_batch=1), 4),
     "dp2-zero3-deepseek-mla": (DEEPSEEK, dict(dp=2, zero=3, micro_batch=1), 4),
+    # the experts' fold under sequence parallelism, and ep over cp: measured errors and what
+    # they exercise in tests/dist/test_expert_fold_parity.py
+    # ep spans the tp and the dp ranks: every rank owns E/4 experts
+    "tp2xep4-fold-moe": (MOE, dict(dp=2, ep=4, micro_batch=1, **FOLD), 4),
+    "tp2xep4-fold-deepseek": (DEEPSEEK, dict(dp=2, ep=4, micro_batch=1, **FOLD), 4),
+    # ep 1: the tp ranks hold the same experts and route their own tokens to them
+    "tp2-fold-ep1-moe": (MOE, dict(micro_batch=2, **FOLD), 4),
+    # ep over cp (two rows a micro-batch: the call's tokens in one-process order)
+    "cp2xep2-moe": (MOE, dict(cp=2, ep=2, micro_batch=2), 4),
+    "cp2xep2-deepseek": (DEEPSEEK, dict(cp=2, ep=2, micro_batch=1), 2),
+    "cp2xtp2-sp-ep4-moe": (MOE, dict(cp=2, ep=4, micro_batch=2, **FOLD), 4),
+    # ZeRO-3 over the experts' edp ranks (tp ranks among them), and pipelining
+    "ep-fold-zero3-moe": (MOE, dict(dp=2, ep=2, zero=3, micro_batch=1, **FOLD), 4),
+    "ep-fold-zero3-deepseek": (DEEPSEEK, dict(dp=2, ep=2, zero=3, micro_batch=1, **FOLD), 4),
+    "ep-fold-pp2-moe": (MOE, dict(pp=2, ep=2, micro_batch=1, **FOLD), 4),
+    "ep-fold-pp2-deepseek": (DEEPSEEK, dict(pp=2, ep=2, zero=1, micro_batch=1, **FOLD), 4),
     # a transformers Llama made from a config
     "hf-llama-tp2-sp": (HF, dict(tp=2, sequence_parallel=True, micro_batch=2), 4),
     "hf-llama-dp2xpp2": (HF, dict(dp=2, pp=2, zero=3, micro_batch=1), 8),

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from autopar.models.llama.parts import DECODER_PARTS
+from autopar.models.parts import stage_info
 
 if TYPE_CHECKING:
     import torch
@@ -16,11 +17,12 @@ if TYPE_CHECKING:
 
 def _embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     x = root.tok_emb(tokens)
-    s = tokens.size(1)
-    # in x's dtype: FSDP2's mixed precision casts a block's inputs, and the dense layers are
-    # no FSDP unit of their own (the stage root is); the one-process bf16 copy casts buffers
-    cos = root.rope_cos.narrow(0, 0, s).to(x.dtype)
-    sin = root.rope_sin.narrow(0, 0, s).to(x.dtype)
+    # the blocks' RoPE rows (under context parallelism those of the rank's chunks), in x's
+    # dtype: FSDP2's mixed precision casts a block's inputs, and the dense layers are no FSDP
+    # unit of their own (the stage root is); the one-process bf16 copy casts buffers
+    info = stage_info(root)  # the whole sequence's length, as the stage gives the blocks
+    seq_len = tokens.size(1) if info is None else info.seq_len
+    cos, sin = (t.to(x.dtype) for t in DECODER_PARTS.block_args(root, x, seq_len))
     for layer in root.dense_layers:
         x = layer(x, cos, sin)
     return x

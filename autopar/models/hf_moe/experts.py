@@ -52,5 +52,8 @@ def _expert_layer(block: nn.Module) -> ExpertLayer:
 
         experts.forward = forward
 
+    # the sparse block flattens its hidden states to (b * s, h) tokens before its router, its
+    # experts and its shared expert: it runs on a rank's sequence shard as on the whole
     return ExpertLayer(experts=experts, weights=EXPERT_WEIGHTS, num_experts=num_experts,
-                       top_k=top_k, capacity_factor=None, run=run, install=install)
+                       top_k=top_k, capacity_factor=None, run=run, install=install,
+                       module=block)

@@ -63,13 +63,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from autopar.core.errors import AutoparError
-from autopar.models.expert_layers import ExpertLayer
+from autopar.models.expert_layers import CallTokens, ExpertLayer
 from autopar.models.init import Law, Normal
 from autopar.models.layers import INIT_STD, check_positive_float, check_positive_int
 from autopar.models.llama.model import DecoderConfig, DecoderLM, LlamaAttention
 from autopar.models.routing import (capacity_slots, combine_capacity, combine_dropless,
                                     dispatch_capacity, dropless_order, dropless_rows,
-                                    expert_capacity, is_symbolic, limit_groups, local_weight,
+                                    expert_capacity, is_symbolic, kept_order, limit_groups,
+                                    local_weight,
                                     scale_grad)
 
 # leaves for torch.fx in this module's forward too (``autopar.models.routing``)
@@ -185,11 +186,16 @@ class Fp32Linear(nn.Linear):
         return F.linear(x.float(), self.weight.float(), bias)
 
 
-def load_balancing_loss(logits: torch.Tensor, top_experts: torch.Tensor) -> torch.Tensor:
-    """Switch's aux loss of one call: ``E * sum_i f_i * P_i`` (see the module docstring)."""
-    num_tokens, e = logits.shape
-    counts = F.one_hot(top_experts.reshape(-1), e).sum(dim=0)  # (E,) assignments per expert
-    probs = torch.softmax(logits.float(), dim=-1).mean(dim=0)  # (E,)
+def load_balancing_loss(logits: torch.Tensor, top_experts: torch.Tensor,
+                        call: torch.Tensor | None = None) -> torch.Tensor:
+    """Switch's aux loss of one call: ``E * sum_i f_i * P_i`` (see the module docstring).
+    ``call``: the whole call's top-k experts (T, k) where this rank holds some of its tokens
+    (``logits``): the fractions ``f_i`` are the call's, and the probabilities this rank's part
+    of the call's mean, so the ranks' losses add up to the call's (and so do their gradients)."""
+    every = top_experts if call is None else call
+    num_tokens, e = every.size(0), logits.size(-1)
+    counts = F.one_hot(every.reshape(-1), e).sum(dim=0)  # (E,) assignments per expert
+    probs = torch.softmax(logits.float(), dim=-1).sum(dim=0) / num_tokens  # (E,)
     return e * (counts.to(probs.dtype) / num_tokens * probs).sum()
 
 
@@ -233,6 +239,9 @@ class MoELayer(nn.Module):
         self.router_groups = config.router_groups
         self.router_group_topk = config.router_group_topk
         """Group-limited routing (``models.routing.limit_groups``); read by the tracer."""
+        self.call_tokens: CallTokens | None = None
+        """The ranks holding the call's tokens with this one (context parallelism, the
+        experts' fold over tp); ``None``: the call's tokens are all here."""
         self.router = Fp32Linear(config.hidden_size, config.num_experts, bias=False)
         self.experts = Experts(config.num_experts, config.hidden_size,
                                ffn_hidden_size or config.ffn_hidden_size)
@@ -246,7 +255,15 @@ class MoELayer(nn.Module):
             logits, self.router_groups, self.router_group_topk)
         top_logits, top_experts = torch.topk(routed, k, dim=-1)  # (T, k)
         weights = torch.softmax(top_logits, dim=-1).to(x.dtype)  # Mixtral: over the top k
-        if self.dispatch is not None:
+        call = None
+        if self.call_tokens is not None and not is_symbolic(tokens):
+            # the call's routing over every rank holding its tokens: capacity and the aux loss
+            # count the call's assignments (one all-gather of the top-k indices)
+            call, mine = self.call_tokens.gather(top_experts.view(b, s, k))
+            call = call.reshape(-1, k)
+        if call is not None and self.capacity_factor is not None:
+            combined = self._kept(tokens, top_experts, weights, call, mine)
+        elif self.dispatch is not None:
             combined = self.dispatch(tokens, top_experts, weights)
         elif self.capacity_factor is None and not is_symbolic(tokens):
             order, counts = dropless_order(top_experts, e)
@@ -262,10 +279,30 @@ class MoELayer(nn.Module):
             expert_out = self.experts(dispatch_capacity(tokens, slot, e, capacity))
             combined = combine_capacity(expert_out, slot, weights)
         if self.aux_loss_coef and not isinstance(tokens, torch.fx.Proxy):
-            aux = load_balancing_loss(logits, top_experts)
+            aux = load_balancing_loss(logits, top_experts, call)
+            share = 1.0 if call is None else self.call_tokens.grad_share
             combined = _AuxLossGrad.apply(combined, aux,
-                                          self.aux_loss_coef * self.aux_loss_grad_scale)
+                                          self.aux_loss_coef * self.aux_loss_grad_scale * share)
         return combined.view(b, s, h)
+
+    def _kept(self, tokens: torch.Tensor, top_experts: torch.Tensor, weights: torch.Tensor,
+              call: torch.Tensor, mine: torch.Tensor) -> torch.Tensor:
+        """The capacity form where other ranks hold some of the call's tokens: the slots are
+        the call's (``call``: its (T, k) top-k experts; ``mine``: this rank's tokens in it), and
+        this rank's kept assignments run as dropless rows (``kept_order``) -- locally, or
+        through the dispatch's exchange -- so no rank computes another's slots."""
+        e, k = self.num_experts, self.top_k
+        capacity = expert_capacity(call.size(0), e, k, self.capacity_factor)
+        slot = capacity_slots(call, e, capacity).view(k, -1)[:, mine].reshape(-1)
+        order, counts = kept_order(top_experts, slot, e, capacity)
+        kept = int(counts.sum())
+        rows = tokens.repeat(k, 1)[order[:kept]]
+        if self.dispatch is not None:
+            out = self.dispatch.exchange(rows, counts)
+        else:
+            out = self.experts(rows, counts=counts.tolist())
+        out = torch.cat((out, out.new_zeros(order.numel() - kept, out.size(-1))))
+        return combine_dropless(out, order, weights)
 
 
 def moe_layers(module: nn.Module) -> list[MoELayer]:
@@ -287,9 +324,13 @@ def _expert_layer(layer: MoELayer) -> ExpertLayer:
     def install(dispatch) -> None:
         layer.dispatch = dispatch
 
+    def split_tokens(call: CallTokens | None) -> None:
+        layer.call_tokens = call
+
     return ExpertLayer(experts=layer.experts, weights=("w_gate", "w_up", "w_down"),
                        num_experts=layer.num_experts, top_k=layer.top_k,
-                       capacity_factor=layer.capacity_factor, run=run, install=install)
+                       capacity_factor=layer.capacity_factor, run=run, install=install,
+                       module=layer, split_tokens=split_tokens)
 
 
 class MoEBlock(nn.Module):

@@ -73,6 +73,8 @@ def test_context_parallelism_is_refused_where_the_program_would_differ(facts):
     assert any("mixture of experts" in f for f in _what(moe, TRAIN, cp=2))
     # ... unless its routers route each token alone (transformers' dropless MoE, no aux loss)
     assert _what(dataclasses.replace(moe, token_routing=True), TRAIN, cp=2) == []
+    # ... or its layers take the ranks holding a call's tokens (the zoo's MoELayer)
+    assert _what(dataclasses.replace(moe, split_calls=True), TRAIN, cp=2) == []
     # a hooked attention the family finds cannot run context-parallel: its reason
     refused = dataclasses.replace(facts, context_refused="its block h.0 calls softmax")
     assert any("its block h.0 calls softmax" in f for f in _what(refused, TRAIN, cp=2))
@@ -184,3 +186,28 @@ def test_a_model_no_family_can_cut_into_stages_gets_pp_1_plans_only_and_the_reas
     with pytest.raises(AutoparError, match="pp=2: the passes cannot cut this model"):
         autopar.plan_for(skip, process_cluster(4), TRAIN,
                          ParallelConfig(dp=2, pp=2, micro_batch=1))
+
+
+def test_the_experts_fold_is_refused_for_moe_layers_the_passes_cannot_run_on_token_shards(
+        facts):
+    """tp > 1 with sequence parallelism runs every MoE layer on the rank's own tokens: a model
+    whose family gives no MoE module (a generic decoder's) is refused with the reason, and so
+    is one without sequence parallelism never (its tp ranks run the experts whole)."""
+    moe = dataclasses.replace(facts, num_experts=8, split_calls=True,
+                              fold_refused="its family gives no MoE module")
+    found = _what(moe, TRAIN, dp=2, tp=2, sequence_parallel=True, ep=4, micro_batch=1)
+    assert any("its family gives no MoE module" in f for f in found), found
+    assert _what(moe, TRAIN, dp=2, tp=2, ep=2, micro_batch=1) == []
+    folded = dataclasses.replace(moe, fold_refused=None)
+    assert _what(folded, TRAIN, dp=2, tp=2, sequence_parallel=True, ep=4, micro_batch=1) == []
+
+
+@pytest.mark.parametrize("model, refused", [
+    ("tiny-moe", None), ("tiny-deepseek", None),
+])
+def test_the_zoo_moe_families_run_the_fold_and_split_calls(model, refused):
+    from autopar.analysis.admissibility import facts_of
+    from autopar.models.training import ModelSpec
+
+    facts = facts_of(ModelSpec(model).build("meta"))
+    assert facts.split_calls and facts.fold_refused is refused
