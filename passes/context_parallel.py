@@ -95,13 +95,14 @@ class GatheredKVAttention(nn.Module):
         """(b, h, local, d) K and V of every cp rank -> each (b, h, seq_len, d) in sequence
         order: one all-gather of both (the one the cost model prices), its backward one
         reduce-scatter."""
-        # sequence first: the gather concatenates the ranks' shares on dim 0
-        both = torch.stack((k, v)).permute(3, 0, 1, 2, 4).contiguous()
+        # sequence first: the gather concatenates the ranks' shares on dim 0; K and V side by
+        # side on the last dim, whose head sizes may differ (MLA: 192 and 128)
+        both = torch.cat((k, v), dim=-1).permute(2, 0, 1, 3).contiguous()
         gathered = wait_tensor(all_gather_single_autograd(both, 0, self.group))
         held = torch.cat([chunk_positions(seq_len, self.cp, r, k.device)
                           for r in range(self.cp)])
-        ordered = gathered.index_select(0, held.argsort()).permute(1, 2, 3, 0, 4)
-        return ordered[0], ordered[1]
+        ordered = gathered.index_select(0, held.argsort()).permute(1, 2, 0, 3)
+        return ordered.split((k.size(-1), v.size(-1)), dim=-1)
 
 
 def context_attention(model: nn.Module, family: Family) -> list[nn.Module]:

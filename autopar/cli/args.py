@@ -180,7 +180,7 @@ def names(text: str) -> tuple[str, ...]:
 
 def add_parallel(p: argparse.ArgumentParser, title: str) -> None:
     g = p.add_argument_group(title)
-    for axis in ("dp", "tp", "pp", "cp", "ep", "etp"):
+    for axis in ("dp", "tp", "pp", "cp", "ep"):
         g.add_argument(f"--{axis}", type=positive, default=None, metavar="N")
     g.add_argument("--etp", type=positive, default=None, metavar="N",
                    help="expert tensor parallelism: each expert split over N of the tp ranks "

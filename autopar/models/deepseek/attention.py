@@ -78,6 +78,9 @@ class MLAttention(nn.Module):
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, heads * (self.nope + self.v_dim),
                                    bias=False)
         self.o_proj = nn.Linear(heads * self.v_dim, h, bias=False)
+        self.context_parallel: nn.Module | None = None
+        """Set by ``passes/context_parallel.py`` under cp > 1: this rank's queries against the
+        whole sequence's keys and values, in place of causal SDPA."""
 
     def _queries(self, x: torch.Tensor) -> torch.Tensor:
         if hasattr(self, "q_proj"):
@@ -98,5 +101,8 @@ class MLAttention(nn.Module):
         q = torch.cat((q_nope, apply_rope(q_rope, cos, sin)), dim=-1)
         k_rope = apply_rope(k_rope, cos, sin).expand(-1, k_nope.size(1), -1, -1)
         k = torch.cat((k_nope, k_rope), dim=-1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        if self.context_parallel is not None:
+            out = self.context_parallel(q, k, v, scale=self.scale)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))

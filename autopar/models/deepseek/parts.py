@@ -28,4 +28,8 @@ def _embed(root: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return x
 
 
-DEEPSEEK_PARTS = replace(DECODER_PARTS, first=("tok_emb", "dense_layers"), embed=_embed)
+DEEPSEEK_PARTS = replace(DECODER_PARTS, first=("tok_emb", "dense_layers"), embed=_embed,
+                         embedding_in_shards=False)
+"""Under sequence parallelism the embedding step -- the embedding and the dense layers, which
+read the whole sequence's RoPE rows -- runs whole, and the first block's input is sliced to
+the rank's shard (``ModelParts.embedding_in_shards``)."""
