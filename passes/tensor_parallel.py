@@ -34,7 +34,8 @@ single all-reduce or reduce-scatter -- the solve's ``fork``, where one ``Colwise
 projection would communicate once per projection. Attention runs on the local heads
 (``use_local_output=True``): DTensor has no sharding rule for
 the CPU fused-attention op (../shared/design/FINDINGS.md). A vocabulary-sharded loss runs under
-``loss_parallel``; see ``vocab_parallel_logits``. A tied embedding and head are re-tied after
+``loss_parallel``; see ``vocab_parallel_logits``. An attention module's per-head parameters
+(``models.family.HEAD_PARAMS``: GPT-OSS's sinks) are split by heads with its projections. A tied embedding and head are re-tied after
 ``parallelize_module``, which replaces each module's parameter with its own DTensor.
 """
 
@@ -59,6 +60,7 @@ from torch.distributed.tensor.parallel import (
 from autopar.analysis.admissibility import block_styles
 from autopar.core.layout import Style
 from autopar.core.plan import Plan
+from autopar.models.family import HEAD_PARAMS
 from autopar.models.parts import stage_info
 from autopar.analysis.module_strategies import LOSS
 from autopar.passes.model_parts import ModelParts
@@ -330,10 +332,25 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         present = {n for n, _ in stage.named_modules()}
         layout.update({k: v for k, v in extra.items() if k in present})
     parallelize_module(stage, tp_mesh, layout)
+    _split_head_params(stage, regions, tp_mesh)
     if gathered is not None:
         parallelize_module(stage.get_submodule(gathered), tp_mesh, GatherBlockOutput())
     for owner, user in tied:
         stage.get_submodule(user).weight = stage.get_submodule(owner).weight
+
+
+def _split_head_params(stage: nn.Module, regions: set[str], tp_mesh: DeviceMesh) -> None:
+    """The per-head parameters (``HEAD_PARAMS``: GPT-OSS's attention sinks) of each module
+    whose projections are split by heads, split ``Shard(0)`` with them: a rank's heads read
+    their own sink logits, and each shard's gradient is its heads' own."""
+    from torch.distributed.tensor import distribute_tensor
+
+    for name in regions:
+        module = stage.get_submodule(name)
+        for attr in getattr(module, HEAD_PARAMS, ()):
+            param = getattr(module, attr)
+            placed = distribute_tensor(param.data, tp_mesh, [Shard(0)])
+            setattr(module, attr, nn.Parameter(placed, requires_grad=param.requires_grad))
 
 
 def _tied_pairs(stage: nn.Module) -> list[tuple[str, str]]:

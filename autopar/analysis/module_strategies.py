@@ -5,7 +5,7 @@ parallel styles to modules (``ColwiseParallel`` on an ``nn.Linear``, ``SequenceP
 norm). This module folds the first into the second, once, when the plan is made, so that the
 passes read module names and never need the traced graph.
 
-A module is listed when one of its ops reads a parameter. Its style (``autopar.core.layout.
+A module is listed when one of its ops reads a parameter (fused attention's own excepted). Its style (``autopar.core.layout.
 Style``) is the strategy of the op holding its weights (``autopar.analysis.ops.is_weight_op``: a linear
 layer's GEMM or an embedding: ``column``, ``row``, ``vocab``, ``replicated``); for any other module
 (a norm, written as one op or as several) ``sequence`` when every op it owns runs over the
@@ -24,7 +24,8 @@ from collections.abc import Mapping
 
 from autopar.core.layout import Style
 from autopar.analysis.graph import GraphIR
-from autopar.analysis.ops import is_weight_op
+from autopar.analysis.ops import is_weight_op, kind_of
+from autopar.core.roofline import OpKind
 
 LOSS = "<loss>"
 """The key of the cross-entropy's strategy (``vocab``: ``loss_parallel``; ``replicated``)."""
@@ -54,7 +55,10 @@ def module_strategies(graph: GraphIR, strategies: Mapping[str, str]
     blocks, in execution order, then the loss; ``strategies`` maps op names to strategy names
     (ops missing from it run replicated)."""
     nodes = [n for n in graph.nodes if n.block in (None, 0) and n.out is not None]
-    owners = [p for p in dict.fromkeys(n.module_path for n in nodes if n.params) if p]
+    # fused attention's own parameters (GPT-OSS's sinks) take no module style: the pass splits
+    # them with the heads (``models.family.HEAD_PARAMS``)
+    owners = [p for p in dict.fromkeys(n.module_path for n in nodes
+                                       if n.params and kind_of(n) is not OpKind.ATTENTION) if p]
     out: list[tuple[str, str]] = []
     for path in owners:
         owned = [n for n in nodes if n.module_path == path]

@@ -403,6 +403,26 @@ def layer_nodes(graph: GraphIR) -> tuple[list[NodeInfo], list[NodeInfo], list[No
     return pre, graph.block_nodes(0), post
 
 
+def mean_block_flops(graph: GraphIR, block: LayerCost) -> LayerCost:
+    """``block`` (instance 0's costs) with each op's FLOPs the mean over the instances, where
+    instances run the same ops but not the same FLOPs: GPT-OSS's sliding-window layers between
+    full ones (``models/moe/attention.py``). The blocks then cost together what the model's
+    layers do; a pipeline stage holding more of one kind than the mean is off by half the two
+    kinds' difference per extra layer of that kind (one layer's attention core in a 9-layer
+    stage of GPT-OSS-120B at pp 4)."""
+    first = graph.block_nodes(0)
+    totals = [n.fwd_flop for n in first]
+    for i in range(1, graph.num_blocks):
+        for j, n in enumerate(graph.block_nodes(i)):
+            totals[j] += n.fwd_flop
+    ratio = {n.name: t / graph.num_blocks / n.fwd_flop for n, t in zip(first, totals)
+             if n.fwd_flop and t != n.fwd_flop * graph.num_blocks}
+    if not ratio:
+        return block
+    return replace(block, ops=tuple(replace(o, flop=o.flop * ratio.get(o.name, 1.0))
+                                    for o in block.ops))
+
+
 def build_workload(graph: GraphIR, act_bytes: float = 2.0, name: str = "",
                    fusions: tuple[str, ...] = ()) -> Workload:
     """The base workload of ``graph`` (tp = 1, see the module docstring) with ``act_bytes`` per
@@ -420,6 +440,10 @@ def build_workload(graph: GraphIR, act_bytes: float = 2.0, name: str = "",
     notes = []
     if not graph.blocks.uniform:
         notes.append("block instances differ; the cost model prices instance 0 for all")
+    elif (mean := mean_block_flops(graph, block)) is not block:
+        block = mean
+        notes.append("block instances differ in FLOPs (sliding-window and full attention "
+                     "layers); each op is priced at its mean over the instances")
     return Workload(
         name=name or graph.model_name, pre=pre, block=block, num_blocks=graph.num_blocks,
         post=post, seq_len=graph.seq_len, tied_params=_numel(graph, tied), notes=tuple(notes),

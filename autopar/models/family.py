@@ -41,6 +41,12 @@ takes the ``selective`` policy's runner by: ``None``, or ``runner(core, q, k, v)
 attention). A model with no such module runs its unfused cores whole under ``selective``, and
 is priced so (``ModelFacts.attention_core_hook``)."""
 
+HEAD_PARAMS = "head_split_params"
+"""The attribute an attention module names its per-head parameters by (a tuple of attribute
+names, each a tensor whose first dim is the query heads: GPT-OSS's ``sinks``): where tensor
+parallelism splits the module's q, k and v by heads, ``passes/tensor_parallel.py`` splits these
+``Shard(0)`` with them, and the module computes on its local shard."""
+
 
 def no_rms_norm(module: nn.Module) -> tuple[nn.Parameter, float | None] | None:
     """A family without an RMSNorm class of its own (``nn.RMSNorm`` the pass knows itself)."""

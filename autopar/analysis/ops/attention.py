@@ -4,6 +4,13 @@
   even for causal attention, as Megatron-LM counts it (the causal mask halves the useful work,
   but the MFU convention charges the full product; kernels skip about half of it).
   ``FlopCounterMode`` counts zero for the CPU flash op, so attention is always counted here.
+* A sliding window (``sink_attention``, GPT-OSS's core: ``models/moe/attention.py``, its window
+  the first scalar argument, 0 for none): a query's keys are its ``w`` latest, so the
+  causal triangle's ``s(s+1)/2`` (query, key) pairs become the band's ``w*s - w(w-1)/2``; the
+  layer is charged the full product times band / triangle -- the same multiple of the work
+  its kernel does as a causal layer's, so one efficiency prices both (for s = 4096 and w = 128
+  that is 1/16.3 of a full layer). Its learned sinks add one logit per row to the softmax's
+  denominator inside the kernel: ``2*b*h*sq`` FLOPs (the exp and the add).
 * Saved: query, key, value, the output and the fp32 log-sum-exp per query row; the matmuls
   policy keeps the output and log-sum-exp.
 * Strategies: replicated, or split by heads (query, key and value all split; a mask or bias
@@ -35,7 +42,26 @@ def sdpa_flop(op: str, raw: str, ins: Sequence[TensorMeta], outs: Sequence[Tenso
     q, k, v = ins[0], ins[1], ins[2]
     rows = q.numel // q.shape[-1]  # b * heads * sq
     sk = k.shape[-2]
-    return 2.0 * rows * sk * q.shape[-1] + 2.0 * rows * sk * v.shape[-1]
+    full = 2.0 * rows * sk * q.shape[-1] + 2.0 * rows * sk * v.shape[-1]
+    if raw != SINK_ATTENTION:
+        return full
+    window = scalars[0] if scalars and isinstance(scalars[0], int) else 0
+    sinks = 2.0 * rows if len(ins) > 3 else 0.0
+    return full * window_fraction(sk, window) + sinks
+
+
+SINK_ATTENTION = "sink_attention"
+"""The raw name of GPT-OSS's attention core (``models/moe/attention.py``): fused attention with
+a window and sinks."""
+
+
+def window_fraction(seq: int, window: int) -> float:
+    """The (query, key) pairs a causal attention over ``seq`` positions computes within a
+    ``window`` (0: none), as a fraction of the causal triangle's (the module docstring)."""
+    if window <= 0 or window >= seq:
+        return 1.0
+    band = window * seq - window * (window - 1) / 2
+    return band / (seq * (seq + 1) / 2)
 
 
 def sdpa_saves(node: NodeInfo, saver: Saver) -> None:
@@ -62,7 +88,8 @@ ATTENTION = register(OpFamily(
     aliases={raw: "sdpa" for raw in (
         "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
         "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math")},
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
+        SINK_ATTENTION)},
     kind=OpKind.ATTENTION, flop=sdpa_flop, saves=sdpa_saves, rule=attention_rule,
     kept_by_matmuls=_always,
     kept_by_matmuls_aten=("_scaled_dot_product_flash_attention",

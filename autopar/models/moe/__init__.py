@@ -1,6 +1,7 @@
-"""The ``moe`` family: the Mixtral-style mixture-of-experts decoder (``model.py``), its presets
-(``presets.py``) and the Llama layout for the passes (``llama/parts.py``: the blocks differ in
-their MLP only), registered on import."""
+"""The ``moe`` family: the Mixtral-style mixture-of-experts decoder (``model.py``), GPT-OSS's
+attention with sinks and a sliding window (``attention.py``), its presets (``presets.py``) and
+the Llama layout for the passes (``llama/parts.py``: the blocks differ in their MLP and
+attention only), registered on import."""
 
 from __future__ import annotations
 

@@ -64,9 +64,11 @@ from torch import nn
 
 from autopar.core.errors import AutoparError
 from autopar.models.expert_layers import CallTokens, ExpertLayer
-from autopar.models.init import Law, Normal
-from autopar.models.layers import INIT_STD, check_positive_float, check_positive_int
+from autopar.models.init import Constant, Law, Normal
+from autopar.models.layers import (INIT_STD, check_bool, check_positive_float,
+                                   check_positive_int)
 from autopar.models.llama.model import DecoderConfig, DecoderLM, LlamaAttention
+from autopar.models.moe.attention import SinkAttention
 from autopar.models.routing import (capacity_slots, combine_capacity, combine_dropless,
                                     dispatch_capacity, dropless_order, dropless_rows,
                                     expert_capacity, is_symbolic, kept_order, limit_groups,
@@ -102,6 +104,26 @@ class MoEConfig(DecoderConfig):
     router_group_topk: int | None = None
     """Groups a token may route to (DeepSeek-V3's ``topk_group``: 4, "each token is sent to
     at most 4 nodes", arXiv 2412.19437 sec. 2.1.2); ``None``: every group."""
+    attention_sinks: bool = False
+    """A learned logit per query head in every softmax's denominator (GPT-OSS;
+    ``moe/attention.py``)."""
+    sliding_window: int | None = None
+    """Keys a query sees, itself included, on the sliding layers (``layer_window``); ``None``:
+    every layer causal over the whole sequence."""
+    sliding_window_pattern: int = 2
+    """Layer ``i`` attends to the whole sequence where ``(i + 1) % pattern == 0``, and within
+    ``sliding_window`` otherwise: transformers' ``layer_types`` rule (GPT-OSS: 2, the even
+    layers sliding, the odd ones full)."""
+    attention_bias: bool = False
+    """Biases on q, k, v and o (GPT-OSS)."""
+    expert_bias: bool = False
+    """Biases on the router and on each expert's gate, up and down projections (GPT-OSS)."""
+    swiglu_limit: float | None = None
+    """GPT-OSS's clamped SwiGLU: ``g * sigmoid(alpha * g) * (u + 1)`` with the gate ``g``
+    clamped at ``limit`` from above and the up ``u`` to ``[-limit, limit]`` (transformers'
+    ``GptOssExperts._apply_gate``); ``None``: the plain SwiGLU ``silu(g) * u``."""
+    swiglu_alpha: float = 1.702
+    """The sigmoid's slope of the clamped SwiGLU (GPT-OSS: 1.702); unused without a limit."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -136,42 +158,112 @@ class MoEConfig(DecoderConfig):
             raise AutoparError(f"router_aux_loss_coef must be a finite number >= 0, got {coef!r}",
                                where=f"{type(self).__name__}.router_aux_loss_coef",
                                fix="pass 0 (no load-balancing loss) or e.g. 0.01")
+        for name in ("attention_sinks", "attention_bias", "expert_bias"):
+            check_bool(self, name)
+        if self.sliding_window is not None:
+            check_positive_int(self, "sliding_window")
+        check_positive_int(self, "sliding_window_pattern")
+        if self.swiglu_limit is not None:
+            check_positive_float(self, "swiglu_limit")
+        check_positive_float(self, "swiglu_alpha")
+
+    @property
+    def plain_attention(self) -> bool:
+        """Whether every layer's attention is the Llama one (no sinks, window or biases)."""
+        return not (self.attention_sinks or self.sliding_window or self.attention_bias)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The attention window of layer ``layer``: ``sliding_window`` on the sliding layers,
+        ``None`` (the whole causal sequence) on the others (``sliding_window_pattern``)."""
+        if self.sliding_window is None or (layer + 1) % self.sliding_window_pattern == 0:
+            return None
+        return self.sliding_window
 
     def num_params(self) -> int:
         """Exact parameter count of the built model (all experts, a tied head counted once)."""
         h, f, e = self.hidden_size, self.ffn_hidden_size, self.num_experts
-        return self._num_params(3 * e * h * f + h * e)
+        extra = 0
+        if self.attention_bias:
+            extra += (self.num_heads + 2 * self.num_kv_heads) * self.head_dim + h
+        if self.attention_sinks:
+            extra += self.num_heads
+        if self.expert_bias:
+            extra += e + e * (2 * f + h)
+        return self._num_params(3 * e * h * f + h * e) + self.num_layers * extra
 
 
 class Experts(nn.Module):
-    """E SwiGLU experts as stacked weights; maps (E, C, h) to (E, C, h) with batched matmuls."""
+    """E SwiGLU experts as stacked weights; maps (E, C, h) to (E, C, h) with batched matmuls.
 
-    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int) -> None:
+    With ``bias``, each projection adds its expert's bias (``b_gate``, ``b_up`` (E, f),
+    ``b_down`` (E, h)); with ``limit``, the activation is GPT-OSS's clamped SwiGLU
+    (``MoEConfig.swiglu_limit``)."""
+
+    WEIGHTS = ("w_gate", "w_up", "w_down")
+    BIASES = ("b_gate", "b_up", "b_down")
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int,
+                 bias: bool = False, limit: float | None = None, alpha: float = 1.702) -> None:
         super().__init__()
         e, h, f = num_experts, hidden_size, ffn_hidden_size
         self.w_gate = nn.Parameter(torch.empty(e, h, f))
         self.w_up = nn.Parameter(torch.empty(e, h, f))
         self.w_down = nn.Parameter(torch.empty(e, f, h))
+        self.bias = bias
+        if bias:
+            self.b_gate = nn.Parameter(torch.empty(e, f))
+            self.b_up = nn.Parameter(torch.empty(e, f))
+            self.b_down = nn.Parameter(torch.empty(e, h))
+        self.limit = limit
+        self.alpha = alpha
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The stacked parameters, first dim the expert (what expert parallelism splits)."""
+        return self.WEIGHTS + (self.BIASES if self.bias else ())
+
+    def _act(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if self.limit is None:
+            return F.silu(gate) * up
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return gate * torch.sigmoid(self.alpha * gate) * (up + 1)
+
+    def _run(self, x: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+        """(E, C, h) through every expert at once, ``params`` as ``names``."""
+        w_gate, w_up, w_down, *b = params
+        if not b and self.limit is None:  # the plain SwiGLU, in the order the trace records
+            return torch.bmm(F.silu(torch.bmm(x, w_gate)) * torch.bmm(x, w_up), w_down)
+        gate, up = torch.bmm(x, w_gate), torch.bmm(x, w_up)
+        if b:
+            gate, up = gate + b[0].unsqueeze(1), up + b[1].unsqueeze(1)
+        out = torch.bmm(self._act(gate, up), w_down)
+        return out + b[2].unsqueeze(1) if b else out
 
     def forward(self, x: torch.Tensor, counts: list[int] | None = None,
                 grad_scale: float | None = None) -> torch.Tensor:
         """(E, C, h) to (E, C, h); with ``counts``, expert ``i`` on its ``counts[i]``
         consecutive rows of ``x`` (rows, h) instead (dropless). ``grad_scale`` (expert
-        parallelism) runs the local shards of DTensor weights and scales the weights'
-        gradients by it. A call through ``__call__`` in every case, so FSDP2 gathers the
-        weights first."""
+        parallelism) runs the local shards of DTensor parameters and scales their gradients
+        by it. A call through ``__call__`` in every case, so FSDP2 gathers the weights
+        first."""
         if counts is None and grad_scale is None:  # the one-process, traced form
-            hidden = F.silu(torch.bmm(x, self.w_gate)) * torch.bmm(x, self.w_up)
-            return torch.bmm(hidden, self.w_down)
+            return self._run(x, [getattr(self, n) for n in self.names])
         scale = 1.0 if grad_scale is None else grad_scale
-        w_gate, w_up, w_down = (_local(w, scale) for w in (self.w_gate, self.w_up, self.w_down))
+        params = [_local(getattr(self, n), scale) for n in self.names]
         if counts is None:
-            hidden = F.silu(torch.bmm(x, w_gate)) * torch.bmm(x, w_up)
-            return torch.bmm(hidden, w_down)
+            return self._run(x, params)
+        w_gate, w_up, w_down, *b = params
         outs = []
         for i, part in enumerate(torch.split(x, counts)):
-            hidden = F.silu(part @ w_gate[i]) * (part @ w_up[i])
-            outs.append(hidden @ w_down[i])
+            if not b and self.limit is None:
+                outs.append((F.silu(part @ w_gate[i]) * (part @ w_up[i])) @ w_down[i])
+                continue
+            gate, up = part @ w_gate[i], part @ w_up[i]
+            if b:
+                gate, up = gate + b[0][i], up + b[1][i]
+            out = self._act(gate, up) @ w_down[i]
+            outs.append(out + b[2][i] if b else out)
         return torch.cat(outs) if outs else x
 
 
@@ -242,9 +334,12 @@ class MoELayer(nn.Module):
         self.call_tokens: CallTokens | None = None
         """The ranks holding the call's tokens with this one (context parallelism, the
         experts' fold over tp); ``None``: the call's tokens are all here."""
-        self.router = Fp32Linear(config.hidden_size, config.num_experts, bias=False)
+        bias = getattr(config, "expert_bias", False)
+        self.router = Fp32Linear(config.hidden_size, config.num_experts, bias=bias)
         self.experts = Experts(config.num_experts, config.hidden_size,
-                               ffn_hidden_size or config.ffn_hidden_size)
+                               ffn_hidden_size or config.ffn_hidden_size, bias=bias,
+                               limit=getattr(config, "swiglu_limit", None),
+                               alpha=getattr(config, "swiglu_alpha", 1.702))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
@@ -327,7 +422,7 @@ def _expert_layer(layer: MoELayer) -> ExpertLayer:
     def split_tokens(call: CallTokens | None) -> None:
         layer.call_tokens = call
 
-    return ExpertLayer(experts=layer.experts, weights=("w_gate", "w_up", "w_down"),
+    return ExpertLayer(experts=layer.experts, weights=layer.experts.names,
                        num_experts=layer.num_experts, top_k=layer.top_k,
                        capacity_factor=layer.capacity_factor, run=run, install=install,
                        module=layer, split_tokens=split_tokens)
@@ -336,10 +431,13 @@ def _expert_layer(layer: MoELayer) -> ExpertLayer:
 class MoEBlock(nn.Module):
     """Pre-norm block: ``x + attn(attn_norm(x))``, then ``x + moe(ffn_norm(x))``."""
 
-    def __init__(self, config: MoEConfig) -> None:
+    def __init__(self, config: MoEConfig, layer: int = 0) -> None:
+        """``layer``: the block's index, which says its attention window (GPT-OSS's layers
+        alternate sliding and full: ``MoEConfig.layer_window``)."""
         super().__init__()
         self.attn_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.attn = LlamaAttention(config)
+        self.attn = (LlamaAttention(config) if config.plain_attention
+                     else SinkAttention(config, config.layer_window(layer)))
         self.ffn_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.moe = MoELayer(config)
 
@@ -354,11 +452,15 @@ class MoETransformer(DecoderLM):
     RESIDUAL = ("attn.o_proj.weight", "moe.experts.w_down")
 
     def __init__(self, config: MoEConfig) -> None:
-        blocks = nn.ModuleList(MoEBlock(config) for _ in range(config.num_layers))
+        blocks = nn.ModuleList(MoEBlock(config, i) for i in range(config.num_layers))
         super().__init__(config, blocks)
 
     def _other_law(self, name: str) -> Law | None:
-        """N(0, 0.02) for the stacked expert gate and up weights (plain parameters)."""
-        if name.endswith((".experts.w_gate", ".experts.w_up")):
+        """N(0, 0.02) for the stacked expert gate and up weights (plain parameters) and for
+        the attention sinks (transformers' ``GptOssPreTrainedModel._init_weights``); the
+        experts' stacked biases zero, as a linear layer's."""
+        if name.endswith((".experts.w_gate", ".experts.w_up", ".attn.sinks")):
             return Normal(INIT_STD)
+        if name.endswith(tuple(f".experts.{b}" for b in Experts.BIASES)):
+            return Constant(0.0)
         return None

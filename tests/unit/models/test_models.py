@@ -45,7 +45,7 @@ def test_names_and_families_are_listed_in_zoo_order() -> None:
         "gpt-145b", "gpt-175b", "gpt-310b", "gpt-530b", "gpt-1t", "llama3-8b", "llama3-70b",
         "llama3-405b", "qwen3-30b-a3b", "mixtral-8x7b", "qwen3-235b-a22b", "gpt-oss-120b",
         "gpt-oss-20b", "tiny-deepseek",
-        "tiny-gpt", "tiny-llama", "tiny-moe",
+        "tiny-gpt", "tiny-llama", "tiny-moe", "tiny-gpt-oss",
     ]
     assert models.families() == ["deepseek", "gpt", "llama", "moe"]
 
@@ -76,7 +76,12 @@ def _closed_form(cfg: models.ModelConfig) -> int:
                + cfg.num_shared_experts * 3 * h * f + 2 * h)
         return k * dense + (L - k) * moe + h + V * h * (1 if cfg.tie_embeddings else 2)
     if isinstance(cfg, MoEConfig):
-        ffn = cfg.num_experts * 3 * h * cfg.ffn_hidden_size + h * cfg.num_experts
+        e, f = cfg.num_experts, cfg.ffn_hidden_size
+        ffn = e * 3 * h * f + h * e
+        # GPT-OSS: q/k/v/o biases, a sink per head, router and expert biases
+        attn += (cfg.num_heads * d + 2 * kv + h) * cfg.attention_bias + \
+            cfg.num_heads * cfg.attention_sinks
+        ffn += (e + e * (2 * f + h)) * cfg.expert_bias
     else:
         ffn = 3 * h * cfg.ffn_hidden_size
     return L * (attn + ffn + 2 * h) + h + V * h * (1 if cfg.tie_embeddings else 2)
