@@ -48,12 +48,14 @@ def test_torch_nn_layer_without_a_rule_is_traced_into_and_its_gemms_counted() ->
 def test_encoder_stack_is_priced_like_the_gpt_of_its_shape() -> None:
     """Issue 28's comparison at its flags (hgx-h100-80g, global batch 64, seq 2048, dp 8), at 4
     layers of width 2048 to keep the trace short. Same computation, so the step time and peak
-    agree within 6 % and 4 %, the encoder above the gpt. The basis of each tolerance is what
+    agree within 12 % and 4 %, the encoder above the gpt. The basis of each tolerance is what
     the two really differ in: the encoder's ``nn.MultiheadAttention`` copies its packed q/k/v
     projection (``.contiguous()``, 3 b s h elements read and written, forward and backward:
     ~6 % of a block at this shape) and builds the causal mask in the forward (``full`` +
-    ``triu``), and its head is untied (50304 x 2048 more parameters: +0.24 GiB of weights and
-    optimizer state here, ~2 % of the peak). Before the fix the encoder was priced at ~1/6 of
+    ``triu``), which its attention then reads whole, where the gpt's ``is_causal`` kernel skips
+    the masked half of the scores (measured 2026-11-27: 1.104 with both, the attention ~4 %
+    of the step more), and its head is untied (50304 x 2048 more parameters: +0.24 GiB of
+    weights and optimizer state here, ~2 % of the peak). Before the fix the encoder was priced at ~1/6 of
     the gpt's step time (its layers as memory-bound leaves of 0 FLOPs)."""
     shape = dict(vocab=50304, d=2048, layers=4, heads=16, seq=2048)
     encoder = _encoder(**shape, device="meta")
@@ -64,7 +66,7 @@ def test_encoder_stack_is_priced_like_the_gpt_of_its_shape() -> None:
     config = ParallelConfig(dp=8, micro_batch=8, zero=1)
     enc = autopar.estimate(encoder, cluster, train, config)
     ref = autopar.estimate(gpt, cluster, train, config)
-    assert 1.0 <= enc.step_time_s / ref.step_time_s <= 1.06
+    assert 1.0 <= enc.step_time_s / ref.step_time_s <= 1.12
     assert 1.0 <= enc.peak_memory_bytes / ref.peak_memory_bytes <= 1.04
     assert enc.memory_breakdown["activations"] == pytest.approx(
         ref.memory_breakdown["activations"], rel=0.01)
