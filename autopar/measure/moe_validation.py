@@ -44,6 +44,12 @@ CLUSTER = {"H100-SXM-80GB": "hgx-h100-80g", "H100-80GB": "hgx-h100-80g"}
 """The cluster preset of each GPU the runs name."""
 
 
+MODEL_OPTIONS = ("attention_sinks", "sliding_window", "sliding_window_pattern", "attention_bias",
+                 "expert_bias", "swiglu_limit", "swiglu_alpha")
+"""The ``moe`` family's fields a run's model may set as they are (GPT-OSS's attention and
+experts)."""
+
+
 def load_runs(path: str | Path, precision: str = "bf16") -> list[dict]:
     """The runs of ``path`` trained in ``precision``."""
     return [r for r in json.loads(Path(path).read_text())["runs"]
@@ -65,6 +71,7 @@ def moe_model_spec(model: dict, seq_len: int) -> ModelSpec:
                   vocab_size=model["vocab_size"], num_experts=model["num_experts"],
                   top_k=model["top_k"], capacity_factor=None, seq_len=seq_len,
                   tie_embeddings=bool(model.get("tie_embeddings", False)))
+    common.update({k: model[k] for k in MODEL_OPTIONS if k in model})
     if model.get("router_group_topk"):
         common.update(router_groups=int(model["router_groups"]),
                       router_group_topk=int(model["router_group_topk"]))
@@ -149,10 +156,12 @@ class MoERunCheck:
 
 def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
                   graphs: dict | None = None) -> MoERunCheck:
-    """Price ``run`` as ``autopar.estimate`` does; ``graphs`` memoises the traced models by
-    (architecture, sequence length) across calls."""
+    """Price ``run`` as ``autopar.estimate`` does; ``graphs`` memoises the models' facts and
+    traces by (architecture, sequence length) across calls."""
+    from autopar.analysis.admissibility import check, facts_of
     from autopar.analysis.tracing import trace
-    from autopar.api import estimate
+    from autopar.costmodel.step import check_world
+    from autopar.search.planner import plan_config
 
     measured = measured_s(run)
     try:
@@ -170,10 +179,16 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
         key = (json.dumps(spec.overrides, sort_keys=True), spec.name, train.seq_len)
         graphs = {} if graphs is None else graphs
         if key not in graphs:
-            graphs[key] = trace(spec.build(device="meta"), train)
+            model = spec.build(device="meta")
+            graphs[key] = (facts_of(model), trace(model, train))
+        facts, graph = graphs[key]
         if t.get("router_balance") == "forced":
             efficiency = replace(efficiency, moe_load_imbalance=1.0)
-        est = estimate(graphs[key], cluster, train, config, efficiency=efficiency)
+        # autopar.estimate's path (api.plan_for, split_weights off), the trace shared by runs
+        check_world(config, cluster)
+        check(facts, config, train)
+        est = plan_config(graph, facts, run["model"]["name"], cluster, train, config,
+                          efficiency=efficiency, split_weights=False, spec=spec).estimate
     except AutoparError as err:
         return MoERunCheck(run, measured, None, refused=str(err))
     gib = 2.0 ** 30
