@@ -216,6 +216,33 @@ def _layer_time(
                       t.forward + t.backward + recompute))
 
 
+_LAYER_TIMES: dict[tuple, tuple[LayerCost, tuple[PhaseTimes, float, float, float, float]]] = {}
+"""``_layer_time`` of the candidates priced so far, by what it depends on: the search prices
+the same layer under the same split for many candidates (other dp, pp, ZeRO, schedules)."""
+LAYER_TIMES_KEPT = 4096
+
+
+def _shared_layer_time(
+    layer: LayerCost, policy: Checkpoint, split: Split, config: ParallelConfig, g: MeshGroups,
+    cluster: ClusterSpec, eff: Efficiency,
+) -> tuple[PhaseTimes, float, float, float, float]:
+    """``_layer_time``, remembered across estimates (``_LAYER_TIMES``; the layer itself is
+    held with its entry, so its ``id`` is not reused while the entry lives). Not with a
+    measured profile, whose lookups each note which terms it priced."""
+    if cluster.profile is not None:
+        return _layer_time(layer, policy, split, config, g, cluster, eff)
+    key = (id(layer), policy, split, config.ep, config.etp, config.tp, config.fusions, g,
+           cluster, eff)
+    hit = _LAYER_TIMES.get(key)
+    if hit is not None and hit[0] is layer:
+        return hit[1]
+    if len(_LAYER_TIMES) >= LAYER_TIMES_KEPT:
+        _LAYER_TIMES.clear()
+    value = _layer_time(layer, policy, split, config, g, cluster, eff)
+    _LAYER_TIMES[key] = (layer, value)
+    return value
+
+
 def _stage_time(
     workload: Workload, part: StagePartition, stage: int, split: Split,
     policies: tuple[Checkpoint, ...], config: ParallelConfig, g: MeshGroups,
@@ -228,7 +255,7 @@ def _stage_time(
     for layer, policy, n in _stage_groups(workload, part, stage, policies):
         key = (layer.name, policy)
         if key not in memo:  # every block of a stage costs the same: price it once
-            memo[key] = _layer_time(layer, policy, split, config, g, cluster, eff)
+            memo[key] = _shared_layer_time(layer, policy, split, config, g, cluster, eff)
         t, rc, tp_s, cp_s, ep_s = memo[key]
         compute = compute + PhaseTimes(n * t.forward, n * t.backward_act, n * t.backward_weight)
         recompute += n * rc

@@ -39,13 +39,15 @@ from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
+from autopar.costmodel.moe import ep_comm_s
 from autopar.costmodel.pipeline import (
     StagePartition,
     balanced_partition,
     even_partition,
     pipeline_s,
 )
-from autopar.core.specs import ASYNC_TP, Checkpoint, ParallelConfig, Schedule, TrainSpec
+from autopar.core.specs import (ASYNC_TP, EP_A2A_OVERLAP, Checkpoint, ParallelConfig, Schedule,
+                                 TrainSpec)
 from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step, tp_comm_s, tp_gemm_s
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
@@ -99,14 +101,17 @@ def stage_partition(work: Workload, config: ParallelConfig, train: TrainSpec,
 
 def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
              eff: Efficiency, memo: dict[tuple, float]) -> tuple[float, StagePartition]:
-    """Lower bound on the step time: compute and tensor-parallel collectives of the slowest
-    stage for every micro-batch, plus the bubble they imply."""
+    """Lower bound on the step time: compute, tensor-parallel collectives and the exposed
+    expert-parallel all-to-alls of the slowest stage for every micro-batch, plus the bubble
+    they imply. Every policy issues at least ``none``'s all-to-alls; with them overlapped
+    (``ep_a2a_overlap``) at least ``1 - Efficiency.ep_overlap`` of them stay exposed, whatever
+    compute runs beside them (``costmodel/moe.py``)."""
     act = activation_bytes_per_element(train.precision)
     split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
                   COMPUTE_DTYPE[train.precision], seq_len=work.seq_len, ep=config.ep,
                   etp=config.etp)
     overlap = ASYNC_TP in config.fusions and config.tp > 1
-    key = (id(work), split, config.tp, config.dp, config.cp, config.pp, overlap)
+    key = (id(work), split, config.tp, config.dp, config.cp, config.pp, overlap, config.fusions)
     if key not in memo:
         groups = mesh_groups(config, cluster)
         # compute plus the tensor-parallel collectives every policy pays at least once
@@ -117,7 +122,12 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
             t = estimate_layer_s(layer, split, cluster, eff, expert_scale=scale)
             gemm = (tp_gemm_s(layer, split, Checkpoint.NONE, cluster, eff) if overlap
                     else None)
-            per.append(t.forward + t.backward
+            plain = config.with_(fusions=tuple(f for f in config.fusions
+                                               if f != EP_A2A_OVERLAP))
+            a2a = ep_comm_s(layer, split, Checkpoint.NONE, plain, groups, cluster, eff, 0.0)
+            if EP_A2A_OVERLAP in config.fusions:
+                a2a *= 1.0 - eff.ep_overlap
+            per.append(t.forward + t.backward + a2a
                        + tp_comm_s(layer, split, Checkpoint.NONE, groups, cluster, eff,
                                    overlapped_gemm_s=gemm))
         memo[key] = tuple(per)  # type: ignore[assignment]

@@ -1,7 +1,8 @@
 """The search space as data: every outer decision, its candidate values, and the pruning rules.
 
 ``outer_candidates`` enumerates the decisions taken outside the per-candidate ILP: the mesh
-(dp x tp x pp x cp, ep carved from dp x cp), the micro-batch size, the pipeline schedule and its
+(dp x tp x pp x cp; ep over the experts' mesh, folded over dp x cp x tp under sequence
+parallelism, ``core.mesh``), the micro-batch size, the pipeline schedule and its
 chunks, ZeRO stage, sequence parallelism and offload. ``constraints`` (any ``ParallelConfig``
 field) fix a decision; the checkpoint policy, per-op strategies and stage boundaries are left to
 the inner solve.
@@ -134,21 +135,19 @@ def outer_candidates(num_gpus: int, facts: ModelFacts, train: TrainSpec,
     constraints = dict(constraints or {})
     check_constraints(constraints)
     stats = stats if stats is not None else SpaceStats()
-    fixed = {k: constraints[k] for k in ("checkpoint", "fusions", "num_microbatches")
+    fixed = {k: constraints[k] for k in ("checkpoint", "fusions", "num_microbatches", "etp")
              if k in constraints}
     for dp, tp, pp, cp in meshes(num_gpus, facts, train, constraints, stats):
-        eps = [e for e in divisors(dp * cp)
-               if (facts.num_experts or 1) % e == 0] if facts.num_experts else [1]
-        for ep in _allowed(eps, "ep", constraints):
-            per_replica = train.global_batch // dp
-            sizes = ([int(constraints["micro_batch"])]  # type: ignore[call-overload]
-                     if "micro_batch" in constraints else list(MICRO_BATCHES))
-            for mb in [m for m in sizes if per_replica % m == 0]:
-                m = per_replica // mb
-                for schedule, v in _schedules(pp, m, facts.num_blocks, constraints, stats):
-                    for zero in _zero_stages(dp * cp, pp, constraints, stats):
-                        for sp in _sequence_parallel(tp, cp, train.seq_len, constraints,
-                                                     stats):
+        per_replica = train.global_batch // dp
+        sizes = ([int(constraints["micro_batch"])]  # type: ignore[call-overload]
+                 if "micro_batch" in constraints else list(MICRO_BATCHES))
+        for mb in [m for m in sizes if per_replica % m == 0]:
+            m = per_replica // mb
+            for schedule, v in _schedules(pp, m, facts.num_blocks, constraints, stats):
+                for zero in _zero_stages(dp * cp, pp, constraints, stats):
+                    for sp in _sequence_parallel(tp, cp, train.seq_len, constraints, stats):
+                        for ep in _allowed(_expert_degrees(facts, dp * cp * (tp if sp else 1)),
+                                           "ep", constraints):
                             config = ParallelConfig(
                                 dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, micro_batch=mb,
                                 schedule=schedule, virtual_stages=v, sequence_parallel=sp,
@@ -159,6 +158,14 @@ def outer_candidates(num_gpus: int, facts: ModelFacts, train: TrainSpec,
                                 continue
                             stats.enumerated += 1
                             yield config
+
+
+def _expert_degrees(facts: ModelFacts, ranks: int) -> list[int]:
+    """The ep degrees of a model's experts over ``ranks`` (a stage's ranks the experts' mesh
+    folds over, ``ParallelConfig.expert_ranks``): divisors of both; [1] for a dense model."""
+    if not facts.num_experts:
+        return [1]
+    return [e for e in divisors(ranks) if facts.num_experts % e == 0]
 
 
 def _schedules(pp: int, m: int, num_blocks: int, constraints: Mapping[str, object],
