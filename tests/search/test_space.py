@@ -39,13 +39,16 @@ def test_constraints_fix_decisions() -> None:
     assert all(c.schedule is Schedule.INTERLEAVED and c.checkpoint == "full" for c in configs)
 
 
-def test_moe_expert_parallel_divides_experts_and_dp_cp() -> None:
+def test_moe_expert_parallel_divides_experts_and_the_ranks_it_folds_over() -> None:
     moe = ModelFacts(num_blocks=4, num_heads=8, num_kv_heads=2, num_experts=8)
     train = TrainSpec(global_batch=64, seq_len=1024)
     configs = list(outer_candidates(16, moe, train))
     eps = {c.ep for c in configs}
     assert {1, 2, 4, 8} <= eps
-    assert all(8 % c.ep == 0 and (c.dp * c.cp) % c.ep == 0 for c in configs)
+    # under sequence parallelism the experts' mesh folds over the tp ranks too (core.mesh)
+    assert all(8 % c.ep == 0 and c.expert_ranks % c.ep == 0 for c in configs)
+    assert any(c.ep > c.dp * c.cp for c in configs)  # ep spanning tp ranks is searched
+    assert all(c.etp == 1 for c in configs)  # the engine runs each expert whole
     assert all(2 % c.tp == 0 for c in configs)  # kv heads bound tp
 
 
