@@ -1,0 +1,129 @@
+"""The cost model against published mixture-of-experts runs (``tests/data/moe_runs.json``; the
+table: ``bench/validate_moe.py``, ``bench/results/moe.md``).
+
+Every bf16 run is priced as it ran (``autopar/measure/moe_validation.py``), nothing fitted per
+run. The checks fail when the model drifts: the mean error over the runs used for validation
+stays at or below what was measured when it was last changed, each run stays within its band,
+the published pairs keep their order, and the runs predicted to fit keep fitting. A run the
+model misses is an expected failure that states the measured error and the cause, found or not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autopar.measure.moe_validation import MoERunCheck, check_moe_run, load_runs
+
+RUNS = Path(__file__).resolve().parents[2] / "data" / "moe_runs.json"
+ALL = load_runs(RUNS)
+BY_ID = {r["id"]: r for r in ALL}
+USED = [r for r in ALL if "validation" not in r]
+
+MEAN_ERROR = 0.19
+"""Mean |error| over ``USED`` measured on 2026-11-27 (x86_64, torch 2.13: 0.183 over the 19
+runs priced of 20, the pp32 one refused); the issue's target is 0.10."""
+BAND = 0.16
+"""A run the model prices well stays within this of its published step time."""
+
+MISSES = {
+    "q235b-h100-deepep-ep8-fsdp": "+71 %: Megatron-FSDP's schedule is priced as FSDP2's "
+    "re-gather per micro-batch (3 per micro-batch under full recompute over 32 expert ranks "
+    "one per node), which the run cannot have paid in full",
+    "q235b-h100-deepep-ep8-tp4-pp8": "-39 %: the run is 47 % slower than the tp2 x ep32 one; "
+    "the cost model has tp4 x ep8 faster (its all-to-alls inside a node); the cause is not "
+    "found (the source's recompute column is blank)",
+    "q30b-h100-hybridep-noovl": "-16 %: a 2048-wide model's kernels are short; per-kernel "
+    "launch and Python overheads the cost model does not price",
+    "q30b-h100-card-natural-routing": "-29 %: natural routing in the first 100 steps; the "
+    "busiest rank's load is far above the default imbalance 1.1 (the forced-balance run of "
+    "the same recipe takes 24.7 s, this one 30.3 s)",
+    "dsv3-h100-1024-bf16": "+34 %: MTP, the run's pipeline layout (embedding alone in the "
+    "first chunk, the shared experts overlapped with the dispatch) are not modelled",
+    "gptoss120b-h100-64-bf16-2604.01": "-43 %: the run is at 16 % MFU; its attention with "
+    "sinks runs in Megatron's unfused path (not found in a source), priced fused here",
+    "gptoss120b-h100-64-bf16-2511": "-35 %: as the other GPT-OSS run (and its micro-batch of "
+    "4 is unsure: the source's config says 1)",
+}
+"""Runs outside ``BAND``, with the measured error and what is known of the cause."""
+
+REFUSED = {
+    "q235b-h100-a2a-ep8-pp32": "pp32 x 3 chunks = 96 for 94 layers: Megatron counts the "
+    "embedding and the loss as layers of the split (--account-for-embedding-in-pipeline-"
+    "split), which autopar's stages cannot express",
+}
+
+NOT_FITTING = {
+    "q235b-h100-longctx-16k": "the run recomputes its MoE layers and norms "
+    "(--recompute-modules layernorm moe), priced here without recomputation",
+    "q235b-h100-longctx-32k": "as the 16k run",
+    "q235b-h100-longctx-64k": "as the 16k run",
+    "q235b-h100-longctx-128k": "as the 16k run",
+    "q30b-h100-a2a-noovl": "74.5 of 72.2 GiB: without the fused permutation the zoo's "
+    "dropless layer keeps more than Megatron's unfused one",
+    "q30b-h100-a2a-ovl": "as the run without overlap",
+    "dsv3-h100-1024-bf16": "the run recomputes mla_up_proj, moe_act and layernorm and puts "
+    "the embedding alone in its first chunk; priced without either",
+    "gptoss120b-h100-64-bf16-2511": "micro-batch 4 as printed (the config says 1)",
+    "moonlight16b-h100-16-ep8-card": "74.0 of 72.2 GiB usable: within the headroom autopar "
+    "keeps",
+}
+
+
+@pytest.fixture(scope="module")
+def checks() -> dict[str, MoERunCheck]:
+    graphs: dict = {}
+    return {r["id"]: check_moe_run(r, graphs=graphs) for r in ALL}
+
+
+def test_the_data_has_what_the_issue_asks_for() -> None:
+    models = {r["model"]["name"] for r in USED}
+    assert len(USED) >= 8 and len(models) >= 3
+    assert any(r["model"].get("num_shared_experts") for r in USED)  # DeepSeek-style
+    assert any(r["model"]["num_experts"] >= 64 for r in USED)
+    assert all(r["source"]["url"] and r["source"]["quote"] for r in ALL)
+
+
+@pytest.mark.parametrize("run_id", [r["id"] for r in ALL])
+def test_every_run_is_expressible(run_id: str, checks) -> None:
+    if run_id in REFUSED:
+        pytest.xfail(REFUSED[run_id])
+    assert not checks[run_id].refused, checks[run_id].refused
+
+
+@pytest.mark.parametrize("run_id", [r["id"] for r in USED])
+def test_run_within_its_band(run_id: str, checks) -> None:
+    if run_id in MISSES or run_id in REFUSED:
+        pytest.xfail(MISSES.get(run_id) or REFUSED[run_id])
+    assert abs(checks[run_id].error) <= BAND, checks[run_id].error
+
+
+def test_mean_error_does_not_drift(checks) -> None:
+    errors = [abs(checks[r["id"]].error) for r in USED if checks[r["id"]].error is not None]
+    assert sum(errors) / len(errors) <= MEAN_ERROR
+
+
+@pytest.mark.parametrize("run_id", [r["id"] for r in ALL])
+def test_run_fits(run_id: str, checks) -> None:
+    if run_id in NOT_FITTING or run_id in REFUSED:
+        pytest.xfail(NOT_FITTING.get(run_id) or REFUSED[run_id])
+    assert checks[run_id].fits, (checks[run_id].peak_gib, checks[run_id].usable_gib)
+
+
+@pytest.mark.parametrize("slow, fast", [
+    ("q30b-h100-a2a-noovl", "q30b-h100-a2a-ovl"),
+    ("q30b-h100-hybridep-noovl", "q30b-h100-hybridep-ovl"),
+    ("q235b-h100-deepep-ep32-pp8-noovl", "q235b-h100-deepep-ep32-pp8-ovl"),
+    # the dispatcher: the same recipe with the all-to-all and with HybridEP
+    ("q30b-h100-a2a-noovl", "q30b-h100-hybridep-noovl"),
+])
+def test_published_pairs_keep_their_order(slow: str, fast: str, checks) -> None:
+    assert BY_ID[slow]["measured"]["step_time_s_derived"] > \
+        BY_ID[fast]["measured"]["step_time_s_derived"]
+    assert checks[slow].predicted_s > checks[fast].predicted_s
+
+
+def test_ep_sizes_of_one_model_keep_their_order(checks) -> None:
+    """Qwen3-235B on 256 H100 at ep 32 (tp 2) and ep 8 (tp 4): the run at ep 8 is slower."""
+    pytest.xfail(MISSES["q235b-h100-deepep-ep8-tp4-pp8"])
