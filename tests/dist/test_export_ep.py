@@ -42,3 +42,14 @@ def _qwen2_moe() -> ModelSpec:
                          ids=["tiny-moe", "qwen2-moe"])
 def test_ep_plan_trains_and_resumes_under_dp_pp_with_the_same_losses(tmp_path, make_spec):
     train_then_resume(tmp_path, make_spec(), TRAIN, PLAN_A, PLAN_B, rel=LOSS_REL)
+
+
+PLAN_FOLD = ParallelConfig(dp=2, tp=2, sequence_parallel=True, ep=4, zero=1, micro_batch=1)
+"""The experts' mesh folded over the tp ranks (issue 30): ep 4 spans tp 2 x dp 2, each tp rank
+routing its own sequence shard to the experts' owners (``passes/expert_parallel.py``)."""
+
+
+@pytest.mark.parametrize("spec", [ModelSpec("tiny-moe"), ModelSpec("tiny-deepseek")],
+                         ids=["tiny-moe", "tiny-deepseek"])
+def test_ep_over_tp_plan_trains_and_resumes_under_dp_pp_with_the_same_losses(tmp_path, spec):
+    train_then_resume(tmp_path, spec, TRAIN, PLAN_FOLD, PLAN_B, rel=LOSS_REL)
