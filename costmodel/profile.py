@@ -40,9 +40,9 @@ from autopar.core.errors import AutoparError, read_json
 FORMAT_VERSION = 1
 """Version of the profile file layout; a file of another version is refused, not guessed at."""
 
-TERMS = ("gemm", "attention", "memory-bound", "optimizer", Collective.ALL_REDUCE,
-         Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL,
-         Collective.SEND_RECV)
+TERMS = ("gemm", "grouped_gemm", "attention", "memory-bound", "optimizer",
+         Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER,
+         Collective.ALL_TO_ALL, Collective.SEND_RECV)
 """The priced terms a profile can supply, in report order."""
 
 
@@ -196,10 +196,15 @@ class Profile:
     def grouped_gemm_s(self, groups: int, rows: float, cols: float, depth: float, dtype: str
                        ) -> float | None:
         """``groups`` GEMMs of one shape in one grouped kernel: the measured time per group at
-        the shape, times the groups (a grouped kernel's time grows with its tiles)."""
+        the shape, times the groups (a grouped kernel's time grows with its tiles). The table
+        is keyed as the forward runs (rows: an expert's tokens); a weight gradient, which
+        reduces over the tokens, is looked up as the same three matrices in the forward's
+        roles (its reduction as the rows)."""
         if self.grouped_gemm is None or dtype != self.compute_dtype:
             return None
         per_group = self.grouped_gemm.at(rows, cols, depth)
+        if per_group is None:
+            per_group = self.grouped_gemm.at(depth, cols, rows)
         return None if per_group is None else per_group * groups
 
     def attention_s(self, forward_flop: float, dtype: str, *, backward: bool) -> float | None:

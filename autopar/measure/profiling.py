@@ -4,6 +4,9 @@ Starts ``nproc`` processes (``verify.start_ranks``: gloo on CPUs, NCCL on GPUs, 
 torchrun gives) running ``autopar.measure.profiling_worker``, which measures, all ranks at once:
 
 * GEMMs over the full grid ``gemm_sizes``^3 (rows x cols x depth) in the precision's dtype;
+* grouped GEMMs -- ``grouped_groups`` experts' GEMMs in one kernel, ``grouped_rows`` rows each,
+  by ``grouped_sizes``^2 (cols x depth) -- by ``torch._grouped_mm`` where this torch has it, a
+  loop of ``mm`` otherwise (the profile's ``grouped_kernel`` says which);
 * causal ``scaled_dot_product_attention`` forward and backward, ``attention_heads`` heads of
   ``attention_head_dim``, over the sequence lengths ``attention_seq``;
 * memory-bound kernels (add, GELU, layer norm, softmax over rows of ``memory_width``), their
@@ -57,6 +60,12 @@ class Grid:
     attention_heads: int = 8
     attention_head_dim: int = 64
     memory_width: int = 1024
+    grouped_rows: tuple[int, ...] = (64, 256)
+    """Rows each expert receives in a grouped GEMM (a MoE layer's tokens x top-k / experts)."""
+    grouped_sizes: tuple[int, ...] = (64, 512)
+    """An expert GEMM's width and reduction (hidden and expert FFN sizes)."""
+    grouped_groups: int = 4
+    """Experts in one grouped GEMM."""
 
 
 QUICK = Grid(gemm_sizes=(64, 512, 2048), attention_seq=(32, 128, 512),
@@ -65,6 +74,7 @@ QUICK = Grid(gemm_sizes=(64, 512, 2048), attention_seq=(32, 128, 512),
              collective_bytes=(2**12, 2**16, 2**20, 2**24))
 """About a minute with 4 gloo processes on 2 CPU cores."""
 FULL = Grid(gemm_sizes=(32, 128, 512, 2048, 4096), attention_seq=(32, 64, 128, 256, 512, 1024),
+            grouped_rows=(32, 128, 512), grouped_sizes=(128, 512, 2048),
             memory_elements=tuple(4**i for i in range(5, 13)),
             optimizer_params=tuple(4**i for i in range(6, 13)),
             collective_bytes=tuple(4**i for i in range(5, 14)))
@@ -74,13 +84,19 @@ GPU = Grid(gemm_sizes=(128, 512, 2048, 8192, 32768), attention_seq=(128, 512, 20
            memory_elements=tuple(4**i for i in range(8, 15)),
            optimizer_params=tuple(4**i for i in range(8, 15)),
            collective_bytes=tuple(4**i for i in range(6, 15)),
-           attention_heads=32, attention_head_dim=64)
+           attention_heads=32, attention_head_dim=64, grouped_rows=(128, 512, 2048, 8192),
+           grouped_sizes=(1024, 2048, 4096, 8192), grouped_groups=16)
 """``FULL`` at a GPU's scale, the default on CUDA: GEMM sides 128-32768 (a micro-batch of up
 to 32768 tokens by hidden and FFN sizes to 32768; a vocabulary of 128K is past it and priced
 analytically), causal attention of 32 heads of 64 (Llama 3.2 1B's) to 8192 tokens,
 memory-bound kernels and AdamW up to 2^28 elements and parameters, 4 KiB-256 MiB messages.
 The largest GEMM is 70 TFLOP (about 0.1 s on an H100), the largest tensors 2 GiB; the whole
 grid takes well under a minute on one H100 (``bench/gpu_check.py`` gives it 90 s)."""
+
+
+def grouped_kernel() -> str:
+    """What runs the grouped GEMMs here (``profiling_worker.grouped``)."""
+    return "torch._grouped_mm" if hasattr(torch, "_grouped_mm") else "a loop of mm"
 
 
 def device_name(device: str, nproc: int) -> str:
@@ -162,6 +178,10 @@ def _assemble(seconds: list[float], grid: Grid, nproc: int, device: str, precisi
 
     g = grid.gemm_sizes
     gemm = GemmGrid.of(g, g, g, take(len(g) ** 3))
+    gs = grid.grouped_sizes
+    grouped = GemmGrid.of(grid.grouped_rows, gs, gs,
+                          [t / grid.grouped_groups
+                           for t in take(len(grid.grouped_rows) * len(gs) ** 2)])
     fwd, bwd = [], []
     for _ in grid.attention_seq:
         fwd += take(1)
@@ -188,7 +208,8 @@ def _assemble(seconds: list[float], grid: Grid, nproc: int, device: str, precisi
         device=device_name(device, nproc), compute_dtype=COMPUTE_DTYPE[Precision(precision)],
         torch_version=torch.__version__, cuda_version=torch.version.cuda,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        backend=backend, nproc=nproc, gemm=gemm,
+        backend=backend, nproc=nproc, gemm=gemm, grouped_gemm=grouped,
+        grouped_groups=grid.grouped_groups, grouped_kernel=grouped_kernel(),
         attention_forward=Curve.of(flop, fwd), attention_backward=Curve.of(flop, bwd),
         memory=Curve.of(mem_bytes, mem_s), optimizer=Curve.of(grid.optimizer_params, opt_s),
         collectives=colls, host_memory_bytes=host_memory_bytes())

@@ -87,9 +87,20 @@ def point_count(job: dict, world: int) -> int:
     """How many points ``run`` measures (for the progress display)."""
     g = len(job["gemm_sizes"])
     groups = len(groups_of(world))
-    return (g ** 3 + 2 * len(job["attention_seq"]) + len(job["memory_elements"])
+    grouped = len(job["grouped_rows"]) * len(job["grouped_sizes"]) ** 2
+    return (g ** 3 + grouped + 2 * len(job["attention_seq"]) + len(job["memory_elements"])
             + len(job["optimizer_params"])
             + len(job["collective_bytes"]) * (len(KINDS) * groups + (world >= 2)))
+
+
+def grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """The experts' GEMMs of one MoE layer in one call: ``a``'s rows by groups ending at
+    ``offs``, group ``i`` times ``b[i]`` -- ``torch._grouped_mm`` where this torch has it (one
+    kernel), a loop of ``mm`` otherwise (``profiling.grouped_kernel`` says which)."""
+    if hasattr(torch, "_grouped_mm"):
+        return torch._grouped_mm(a, b, offs=offs)
+    starts = [0, *offs.tolist()[:-1]]
+    return torch.cat([a[s:e] @ b[i] for i, (s, e) in enumerate(zip(starts, offs.tolist()))])
 
 
 def groups_of(world: int) -> list[int]:
@@ -121,6 +132,14 @@ def run(job: dict) -> dict:
             for k in sizes:
                 a, b = rand(m, k), rand(k, n)
                 pts.measure(f"GEMM {m}x{n}x{k}", lambda a=a, b=b: a @ b, sustained=True)
+    experts = job["grouped_groups"]
+    for m in job["grouped_rows"]:
+        for n in job["grouped_sizes"]:
+            for k in job["grouped_sizes"]:
+                a, b = rand(experts * m, k), rand(experts, k, n)
+                offs = torch.arange(1, experts + 1, device=dev, dtype=torch.int32) * m
+                pts.measure(f"grouped GEMM {experts} x {m}x{n}x{k}",
+                            lambda a=a, b=b, offs=offs: grouped(a, b, offs), sustained=True)
     heads, head_dim = job["attention_heads"], job["attention_head_dim"]
     for s in job["attention_seq"]:
         q, k, v = (rand(1, heads, s, head_dim).requires_grad_() for _ in range(3))

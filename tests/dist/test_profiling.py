@@ -13,7 +13,8 @@ from autopar.measure.profiling import Grid, profile
 
 TINY = Grid(gemm_sizes=(16, 256), attention_seq=(16, 32), memory_elements=(2**10, 2**12),
             optimizer_params=(2**10, 2**18), collective_bytes=(2**10, 2**22),
-            attention_heads=2, attention_head_dim=16, memory_width=64)
+            attention_heads=2, attention_head_dim=16, memory_width=64,
+            grouped_rows=(8, 32), grouped_sizes=(16, 64), grouped_groups=2)
 
 
 def test_profile_on_two_gloo_processes_measures_every_table(tmp_path):
@@ -22,6 +23,8 @@ def test_profile_on_two_gloo_processes_measures_every_table(tmp_path):
                    progress=lambda done, total, what: seen.append((done, total)))
     assert prof.backend == "gloo" and prof.nproc == 2 and prof.compute_dtype == "tf32"
     assert len(prof.gemm.seconds) == 8 and all(s > 0 for s in prof.gemm.seconds)
+    assert len(prof.grouped_gemm.seconds) == 8 and all(s > 0 for s in prof.grouped_gemm.seconds)
+    assert prof.grouped_groups == 2 and prof.grouped_kernel == "torch._grouped_mm"
     for curve in (prof.attention_forward, prof.attention_backward, prof.memory, prof.optimizer):
         assert len(curve.seconds) == 2 and all(s > 0 for s in curve.seconds)
     kinds = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
@@ -37,3 +40,10 @@ def test_profile_on_two_gloo_processes_measures_every_table(tmp_path):
     est = estimate(model, cluster, TrainSpec(global_batch=4, seq_len=16, precision="fp32"),
                    ParallelConfig(dp=2))
     assert est.measured["gemm"] == 1.0 and est.measured["all-reduce"] == 1.0
+    # a MoE layer's experts priced by the measured grouped GEMMs
+    moe = models.build("moe", num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=2,
+                       ffn_hidden_size=16, num_experts=4, top_k=2, vocab_size=64, seq_len=16,
+                       capacity_factor=None, device="meta")
+    est = estimate(moe, cluster, TrainSpec(global_batch=4, seq_len=16, precision="fp32"),
+                   ParallelConfig(dp=2))
+    assert est.measured["grouped_gemm"] == 1.0

@@ -165,7 +165,8 @@ def test_one_process_measures_no_collective_and_a_gpu_takes_the_gpu_grid():
     from autopar.measure.profiling_worker import groups_of, point_count
 
     job = {k: list(v) if isinstance(v, tuple) else v for k, v in GPU.__dict__.items()}
-    grid_points = (len(GPU.gemm_sizes) ** 3 + 2 * len(GPU.attention_seq)
+    grid_points = (len(GPU.gemm_sizes) ** 3 + len(GPU.grouped_rows) * len(GPU.grouped_sizes) ** 2
+                   + 2 * len(GPU.attention_seq)
                    + len(GPU.memory_elements) + len(GPU.optimizer_params))
     assert groups_of(1) == [] and point_count(job, 1) == grid_points
     assert groups_of(4) == [4, 2]
