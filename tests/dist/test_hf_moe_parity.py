@@ -147,8 +147,10 @@ NANOMOE = ModelSpec.parse(f"{Path(__file__).resolve().parents[1] / 'data' / 'nan
 dispatch, its rows recorded by a first pass of the user's forward."""
 
 
-@pytest.mark.parametrize("model", ["qwen2-moe", "nanomoe"])
-@pytest.mark.parametrize("checkpoint", ["none", "full"])
+@pytest.mark.parametrize("model,checkpoint", [
+    ("qwen2-moe", "none"), ("qwen2-moe", "full"), ("qwen2-moe", "moe"),
+    ("nanomoe", "none"), ("nanomoe", "full"),  # no module to checkpoint: moe is refused
+])
 def test_moe_all_to_alls_match_the_plan(tmp_path, checkpoint, model):
     from autopar.analysis.admissibility import facts_of
     from autopar.core.specs import Checkpoint
