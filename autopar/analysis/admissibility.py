@@ -179,10 +179,9 @@ def facts_of(model: object) -> ModelFacts:
     found["split_calls"] = bool(expert_layers) and all(
         layer.split_tokens is not None for layer in expert_layers)
     found["fold_refused"] = _fold_refused(expert_layers, found)
-    found["moe_modules_refused"] = (
-        found["experts_refused"] or _NO_MODULE if found["num_experts"] is not None
-        and (not expert_layers or any(layer.module is None for layer in expert_layers))
-        else None)
+    if found["num_experts"] is not None and (
+            not expert_layers or any(layer.module is None for layer in expert_layers)):
+        found["moe_modules_refused"] = found.get("experts_refused") or _NO_MODULE
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), tensor_layout=layout, **found)
 

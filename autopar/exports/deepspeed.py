@@ -28,8 +28,8 @@ num_microbatches,      ``gradient_accumulation_steps``, ``train_batch_size``
 global_batch
 sequence_parallel      no equivalent in AutoTP: norm activations kept whole per rank     close
 checkpoint             full: ``activation_checkpointing`` (+ ``pipeline.                 exact /
-                       activation_checkpoint_interval`` 1); selective, matmuls: none     close /
-                                                                                         none
+                       activation_checkpoint_interval`` 1); selective, matmuls, moe:     close /
+                       none                                                              none
 offload                ``zero_optimization.offload_optimizer`` on the CPU (ZeRO >= 1)    exact
 precision              ``bf16`` / ``fp16`` (dynamic loss scaling as autopar's) / fp32;   exact
                        bf16-pure: ``bf16_master_weights_and_grads`` and
@@ -222,6 +222,12 @@ def _checkpoint(plan: Plan, cfg: dict[str, object], row) -> None:
             "(deepspeed.checkpointing.checkpoint around each attention core) the attention "
             "core's scores and probabilities are kept, more memory than the plan's (with fused "
             "attention, as much)")
+        return
+    if c.checkpoint is Checkpoint.MOE:
+        row("config.checkpoint", text, "", Fit.NONE,
+            "DeepSpeed has no policy recomputing the MoE layers alone: without code of yours "
+            "(deepspeed.checkpointing.checkpoint around each MoE layer's forward) every "
+            "activation is kept, more memory than the plan's")
         return
     if c.checkpoint is Checkpoint.MATMULS:
         row("config.checkpoint", text, "", Fit.NONE,
