@@ -11,7 +11,8 @@ knows of an op:
   checkpointing; the ``matmuls`` policy of ``passes/checkpointing.py``, which keeps the block
   input and the outputs of the linear layers and of fused attention and recomputes every other
   op; and what the ``selective`` policy rebuilds instead of keeping: what an unfused attention
-  core makes (``ops.attention_core``), the 5*a*s^2 term. A fused kernel (``FusionPattern.kernel_saves``) keeps what its autograd saves instead of
+  core makes (``ops.attention_core``), the 5*a*s^2 term; and what the ``moe`` policy rebuilds:
+  what a mixture-of-experts layer makes inside (``GraphIR.in_moe_layer``). A fused kernel (``FusionPattern.kernel_saves``) keeps what its autograd saves instead of
   what its eager ops would; the loss also records what it holds only while it runs
   (``transient``).
 * **Costs per op** (``op_costs``): FLOPs and bytes per sequence, and which roofline applies.
