@@ -340,20 +340,24 @@ def estimate_op_s(
 def reruns(op: OpCost, policy: Checkpoint) -> bool:
     """Whether ``policy`` runs ``op``'s forward again in the backward: ``full`` every op,
     ``matmuls`` every op but the linear layers and fused attention, ``selective`` the unfused
-    attention core's (``passes/checkpointing.py``)."""
+    attention core's, ``moe`` the mixture-of-experts layers' (``passes/checkpointing.py``)."""
     if policy is Checkpoint.FULL:
         return True
     if policy is Checkpoint.MATMULS:
         return not op.kept_by_matmuls
     if policy is Checkpoint.SELECTIVE:
         return op.attention_core
+    if policy is Checkpoint.MOE:
+        return op.moe_layer
     return False
 
 
 def reissues(policy: Checkpoint) -> bool:
     """Whether ``policy``'s recomputation issues the block's forward collectives again (tp, cp,
     ep): ``full`` and ``matmuls`` rerun the ops around them; ``selective`` reruns the attention
-    core only, which issues none (under cp the attention is fused: nothing is rerun)."""
+    core only, which issues none (under cp the attention is fused: nothing is rerun); ``moe``
+    reruns the MoE layers only, which issue the ep all-to-alls (``costmodel/moe.py:
+    ep_reissues``) and no tp or cp collective of the attention's."""
     return policy in (Checkpoint.FULL, Checkpoint.MATMULS)
 
 

@@ -31,6 +31,10 @@ from the traced graph, under each checkpoint policy as ``passes/checkpointing.py
   fused. A row-parallel linear's output is cached before its all-reduce (or reduce-scatter):
   the full-size partial sum, divided neither by tp nor by sequence parallelism.
 * ``full``: the block input, ``2*s*b*h`` (``/t`` with SP).
+* ``moe`` (Megatron-Core's ``--recompute-modules moe``): what ``none`` keeps but the tensors
+  made inside the mixture-of-experts layers and saved only by their ops (``SavedTensor.
+  moe_layer``: router scores, the dispatched rows, the experts' activations), which the layer's
+  recomputation rebuilds; the layer's input, made outside it, stays kept.
 
 Fused kernels (``ParallelConfig.fusions``) keep what their autograd saves, for every policy: the
 norms and GELU their input (the statistics are recomputed), SwiGLU gate and up (not silu(gate)),
@@ -142,7 +146,10 @@ def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
         return (_bytes(layer, split, lambda t: t.without_checkpoint and not t.attention_core)
                 + gathered_kv_bytes(layer, split))
     kept = layer.held or layer.saved  # as the savers hold them, where the solve walked it
-    return (_sized((t for t in kept if t.without_checkpoint), split)
+    # moe: what none keeps but what the MoE layers make inside (their input is made outside)
+    inside = policy is Checkpoint.MOE
+    return (_sized((t for t in kept if t.without_checkpoint and not (inside and t.moe_layer)),
+                   split)
             + gathered_kv_bytes(layer, split))
 
 
@@ -206,6 +213,9 @@ def recompute_working_bytes(layer: LayerCost, split: Split, policy: Checkpoint) 
                 + gathered_kv_bytes(layer, split))
     if policy is Checkpoint.SELECTIVE:
         return _bytes(layer, split, lambda t: t.without_checkpoint and t.attention_core)
+    if policy is Checkpoint.MOE:  # the MoE layer's internals, rebuilt
+        return _sized((t for t in layer.held or layer.saved
+                       if t.without_checkpoint and t.moe_layer), split)
     return saved_bytes(layer, split, Checkpoint.NONE) - saved_bytes(layer, split, policy)
 
 
@@ -238,5 +248,7 @@ def _recomputed(t: SavedTensor, policy: Checkpoint) -> bool:
         return t.without_checkpoint and not t.matmuls
     if policy is Checkpoint.SELECTIVE:
         return t.without_checkpoint and t.attention_core
+    if policy is Checkpoint.MOE:
+        return t.without_checkpoint and t.moe_layer
     return False
 

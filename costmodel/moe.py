@@ -42,15 +42,22 @@ from .topology import MeshGroups
 from .workload import LayerCost, Shard
 
 
+def ep_reissues(policy: Checkpoint) -> bool:
+    """Whether ``policy``'s recomputation runs the MoE layers' forward all-to-alls (and etp
+    gathers) again in the backward: the block's (``compute.reissues``: ``full``, ``matmuls``)
+    and ``moe``'s, which reruns the MoE layers whole, dispatch and combine included."""
+    return reissues(policy) or policy is Checkpoint.MOE
+
+
 def ep_alltoalls(layer: LayerCost, policy: Checkpoint) -> tuple[int, int]:
     """(forward, backward) all-to-alls one MoE layer runs per micro-batch under expert
     parallelism (``passes/expert_parallel.py``): dispatch and combine forward (after the
     per-expert counts when dropless), their reverses backward, and the forward's again in the
-    backward when the block is recomputed."""
+    backward when the block or the MoE layer is recomputed (``ep_reissues``)."""
     if layer.ep_alltoall_elements == 0:
         return (0, 0)
     forward = 3 if layer.ep_dropless else 2
-    return forward, 2 + (forward if reissues(policy) else 0)
+    return forward, 2 + (forward if ep_reissues(policy) else 0)
 
 
 def remote_nodes_per_token(experts: int, top_k: int, nodes: int,
@@ -114,7 +121,7 @@ def ep_comm_s(layer: LayerCost, split: Split, policy: Checkpoint, config: Parall
     one = dispatch_s(rows, tokens, experts, top_k, g.ep, cluster, eff,
                      dedup=DEEPEP in config.fusions, groups=layer.route_groups)
     forward, backward = ep_alltoalls(layer, policy)
-    counts = 1 + reissues(policy) if layer.ep_dropless else 0
+    counts = 1 + ep_reissues(policy) if layer.ep_dropless else 0
     total = (forward + backward - counts) * one
     if counts and g.ep.size > 1:
         total += counts * estimate_collective_s(Collective.ALL_TO_ALL, 8.0 * g.ep.size, g.ep,
@@ -123,7 +130,7 @@ def ep_comm_s(layer: LayerCost, split: Split, policy: Checkpoint, config: Parall
         gathered = rows * g.etp.size
         pair = (estimate_collective_s(Collective.ALL_GATHER, gathered, g.etp, cluster, eff)
                 + estimate_collective_s(Collective.REDUCE_SCATTER, gathered, g.etp, cluster, eff))
-        total += pair * (2 + (1 if reissues(policy) else 0))
+        total += pair * (2 + (1 if ep_reissues(policy) else 0))
     if EP_A2A_OVERLAP in config.fusions:
         return total - eff.ep_overlap * min(total, compute_s)
     return total

@@ -48,6 +48,9 @@ class OpCost:
     attention_core: bool = False
     """An op of an unfused attention core (q.k^T to probabilities.v, ``ops.attention_core``):
     the one work the ``selective`` policy reruns in the backward."""
+    moe_layer: bool = False
+    """An op inside a mixture-of-experts layer (router, dispatch, experts, combine:
+    ``GraphIR.in_moe_layer``): the work the ``moe`` policy reruns in the backward."""
     expert: bool = False
     """Expert computation of an MoE layer (its weights are split by ep)."""
     kv_elements: float = 0.0
@@ -85,6 +88,10 @@ class SavedTensor:
     """Made by an unfused attention core and saved only by its ops (scores, probabilities, the
     dropout's mask and output; not the core's output): the ``selective`` policy rebuilds it in the backward instead of keeping it; it
     keeps every other tensor ``without_checkpoint`` keeps."""
+    moe_layer: bool = False
+    """Made inside a mixture-of-experts layer and saved only by its ops (``GraphIR.
+    in_moe_layer``; not the layer's input, made outside it): the ``moe`` policy rebuilds it in
+    the backward instead of keeping it; it keeps every other tensor ``none`` keeps."""
     transient: bool = False
     """Not kept from forward to backward but live while the layer runs, on top of what it
     keeps: the eager loss's fp32 gradients of the logits, the fused loss's chunk of logits.

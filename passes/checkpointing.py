@@ -21,6 +21,16 @@
   ``addmm``: the linear layers) and of fused attention, and recomputes everything else (norms,
   activations, rotary embedding, the unfused attention core's products, softmax and dropout).
   The expensive work is not redone; what is recomputed is memory-bound.
+* ``moe`` (Megatron-Core's ``--recompute-granularity selective --recompute-modules moe``):
+  the block runs as is, but each mixture-of-experts layer in it -- the module its family gives
+  (``ExpertLayer.module``; ``mark_moe_layers`` marks them when the program is built) -- runs
+  under non-reentrant ``torch.utils.checkpoint``: its input is kept, and the router, the
+  dispatch, the experts and the combine are recomputed in the backward, the dispatch and
+  combine all-to-alls under expert parallelism and the gather of a split call's routing
+  (``SplitCall``) included. The layer's forward is swapped for a checkpointed one (an instance
+  ``forward``) only while the block runs, and put back as it was after (a class's forward, or
+  an instance one a family set), so the module's hooks -- the fold's ``TokenShards`` slice and
+  gather -- run outside the checkpoint as before, and no name changes.
 * ``none``: the block runs as is.
 
 Non-reentrant checkpointing composes with DTensor, FSDP2 and pipelining
@@ -30,7 +40,8 @@ blocks, so parameter names (and checkpoint files) do not change with the policy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -43,6 +54,7 @@ from torch.utils.checkpoint import (
 
 from autopar.analysis.ops.registry import matmuls_aten_ops
 from autopar.core.specs import Checkpoint
+from autopar.models.expert_layers import ExpertLayer
 from autopar.models.family import ATTENTION_CORE_HOOK
 from autopar.passes.regather import regathered_saves
 
@@ -51,8 +63,9 @@ aten = torch.ops.aten
 CORE_HOOK = ATTENTION_CORE_HOOK
 
 
-def _recompute(core: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
-    return checkpoint(core, *args, use_reentrant=False)
+def _recompute(core: Callable[..., torch.Tensor], *args: object, **kwargs: object
+               ) -> torch.Tensor:
+    return checkpoint(core, *args, use_reentrant=False, **kwargs)
 
 
 def set_core_runners(block: nn.Module, policy: Checkpoint) -> None:
@@ -78,6 +91,40 @@ def matmuls_context() -> tuple:
     return create_selective_checkpoint_contexts(_save_matmuls)
 
 
+MOE_MARK = "_autopar_moe_layer"
+"""The attribute ``mark_moe_layers`` sets on a MoE layer's module: ``moe`` checkpoints it."""
+
+
+def mark_moe_layers(layers: Sequence[ExpertLayer]) -> None:
+    """Mark the modules of ``layers`` (a stage's ``Family.expert_layers``) as the ones the
+    ``moe`` policy checkpoints; a layer without a module is refused that policy by the
+    admissibility check (``moe_problem``)."""
+    for layer in layers:
+        if layer.module is not None:
+            layer.module.__dict__[MOE_MARK] = True
+
+
+@contextmanager
+def moe_layers_checkpointed(block: nn.Module) -> Iterator[None]:
+    """While the block runs, each marked MoE layer in it runs its forward under non-reentrant
+    checkpoint; after it, the forward is what it was (the checkpoint's recomputation calls
+    the forward it was given)."""
+    swapped = []
+    for module in block.modules():
+        if module.__dict__.get(MOE_MARK):
+            own = module.__dict__.get("forward")  # an instance forward a family set, or none
+            module.__dict__["forward"] = partial(_recompute, module.forward)
+            swapped.append((module, own))
+    try:
+        yield
+    finally:
+        for module, own in swapped:
+            if own is None:
+                del module.__dict__["forward"]
+            else:
+                module.__dict__["forward"] = own
+
+
 def run_block(call: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor], block: nn.Module,
               x: torch.Tensor, extra: tuple, policy: Checkpoint) -> torch.Tensor:
     """``call(block, x, extra)`` under ``policy``."""
@@ -87,6 +134,9 @@ def run_block(call: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor], bl
             return call(block, x, extra)
     if policy is Checkpoint.NONE:
         return call(block, x, extra)
+    if policy is Checkpoint.MOE:
+        with moe_layers_checkpointed(block):
+            return call(block, x, extra)
     context = matmuls_context if policy is Checkpoint.MATMULS else None
     kwargs = {"context_fn": context} if context is not None else {}
     return checkpoint(partial(call, block), x, extra, use_reentrant=False, **kwargs)

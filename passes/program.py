@@ -44,6 +44,7 @@ from autopar.analysis.admissibility import facts_of
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Precision
 from autopar.core.plan import Plan
+from autopar.passes.checkpointing import mark_moe_layers
 from autopar.passes.context_parallel import apply_context_parallel, chunk_positions, sequence_shard
 from autopar.models import prepare_training, set_aux_loss_grad_scale
 from autopar.models.init import tied_groups
@@ -283,6 +284,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
         apply_tensor_parallel(stage, plan, tp_mesh, parts, token_modules)
         apply_token_shards(plan, tp_mesh, layers)
         apply_call_tokens(plan, call_mesh, layers)
+        mark_moe_layers(layers)  # the modules the moe checkpoint policy runs checkpointed
         apply_async_tp(list(stage_blocks(stage).values()), plan, tp_mesh, device)
         experts = ([] if experts_mesh is None
                    else apply_expert_parallel(stage, plan, experts_mesh, layers))

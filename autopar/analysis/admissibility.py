@@ -25,6 +25,8 @@ The rules, each with the reason the program could not run otherwise:
   table has that many rows); under sequence parallelism tp divides the sequence (the engine's
   ``SequenceParallel`` shards it evenly, and so does Megatron-LM, which asserts it); context
   parallelism splits it into 2 x cp load-balanced chunks and needs fused attention.
+* **checkpointing**: the ``moe`` policy checkpoints the MoE layers the model's family gives as
+  modules (``ExpertLayer.module``), so it needs a model with such layers (``moe_problem``).
 * **experts**: ep divides the experts (and ep x etp the ranks the experts' mesh folds over,
   ``ParallelConfig``); ep > 1 needs experts, in layers the model's family describes
   (``Family.expert_layers``), since the passes split those layers only. Under sequence
@@ -52,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from autopar.core.errors import AutoparError
 from autopar.core.layout import ENGINE_STYLES, SPLITS, Style, splittable
-from autopar.core.specs import ParallelConfig, Schedule, TrainSpec
+from autopar.core.specs import Checkpoint, ParallelConfig, Schedule, TrainSpec
 
 if TYPE_CHECKING:
     from autopar.core.plan import Plan
@@ -120,6 +122,10 @@ class ModelFacts:
     """Why the passes cannot run this model's MoE layers on each tp rank's own tokens (the
     experts' fold under sequence parallelism, ``ParallelConfig.experts_fold_tp``); ``None``:
     they can, it has none, or only a traced graph is known."""
+    moe_modules_refused: str | None = None
+    """Why the ``moe`` checkpoint policy cannot run this model's MoE layers although it has
+    experts (its family gives no MoE module to checkpoint, ``ExpertLayer.module``); ``None``:
+    it can, it has none, or only a traced graph is known."""
     cross_stage_loss: str | None = None
     """Why the model's loss needs every block of a forward before its backward, so that it
     runs in one pipeline stage: transformers' load-balancing loss over all routers
@@ -173,6 +179,9 @@ def facts_of(model: object) -> ModelFacts:
     found["split_calls"] = bool(expert_layers) and all(
         layer.split_tokens is not None for layer in expert_layers)
     found["fold_refused"] = _fold_refused(expert_layers, found)
+    if found["num_experts"] is not None and (
+            not expert_layers or any(layer.module is None for layer in expert_layers)):
+        found["moe_modules_refused"] = found.get("experts_refused") or _NO_MODULE
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), tensor_layout=layout, **found)
 
@@ -203,14 +212,16 @@ def _expert_layers(model: object) -> list:
         return []
 
 
+_NO_MODULE = ("its family gives no MoE module taking the block's hidden states (a generic "
+              "decoder's experts are read off its graph: models/generic/experts.py)")
+
+
 def _fold_refused(expert_layers: list, found: dict) -> str | None:
     """Why the MoE layers ``expert_layers`` cannot run on each tp rank's own tokens."""
     if not expert_layers:
         return None
     if any(layer.module is None for layer in expert_layers):
-        return ("its family gives no MoE module taking the block's hidden states to run on a "
-                "rank's sequence shard (a generic decoder's experts are read off its graph: "
-                "models/generic/experts.py)")
+        return _NO_MODULE + ", to run on a rank's sequence shard"
     if found["cross_stage_loss"] is not None:
         return found["cross_stage_loss"] + ", which the fold splits over the tp ranks"
     if not (found["token_routing"] or found["split_calls"]):
@@ -418,6 +429,24 @@ def fold_problem(facts: ModelFacts, config: ParallelConfig) -> Problem | None:
                    "the same tokens, ep carved from dp x cp)")
 
 
+def moe_problem(facts: ModelFacts, config: ParallelConfig) -> Problem | None:
+    """The ``moe`` checkpoint policy runs each MoE layer's module under checkpoint
+    (``passes/checkpointing.py``): the model needs MoE layers its family gives as modules."""
+    policies = config.checkpoint if isinstance(config.checkpoint, tuple) else (config.checkpoint,)
+    if Checkpoint.MOE not in policies:
+        return None
+    fix = ("use checkpoint='selective', 'matmuls' or 'full' (or 'none') for this model, or "
+           "leave the policy to the search")
+    if not facts.num_experts:
+        return Problem("checkpoint='moe' recomputes the mixture-of-experts layers, and this "
+                       "model has none", "checkpoint", fix)
+    if facts.moe_modules_refused is not None:
+        return Problem("checkpoint='moe' checkpoints each mixture-of-experts layer's module, and "
+                       f"the passes cannot find this model's: {facts.moe_modules_refused}",
+                       "checkpoint", fix)
+    return None
+
+
 def batch_problem(global_batch: int, dp: int) -> Problem | None:
     """Each data-parallel replica reads an equal share of the global batch."""
     if global_batch % dp:
@@ -453,6 +482,7 @@ def problems(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> lis
              stages_problem(facts, config.pp, chunks),
              microbatch_problem(config, train), positions_problem(facts, train.seq_len),
              experts_problem(facts, config.ep), fold_problem(facts, config),
+             moe_problem(facts, config),
              context_parallel_problem(facts, train.seq_len, config.cp)]
     if config.sequence_parallel:
         found.append(sequence_parallel_problem(train.seq_len, config.tp, config.cp))

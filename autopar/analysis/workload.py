@@ -11,7 +11,8 @@ knows of an op:
   checkpointing; the ``matmuls`` policy of ``passes/checkpointing.py``, which keeps the block
   input and the outputs of the linear layers and of fused attention and recomputes every other
   op; and what the ``selective`` policy rebuilds instead of keeping: what an unfused attention
-  core makes (``ops.attention_core``), the 5*a*s^2 term. A fused kernel (``FusionPattern.kernel_saves``) keeps what its autograd saves instead of
+  core makes (``ops.attention_core``), the 5*a*s^2 term; and what the ``moe`` policy rebuilds:
+  what a mixture-of-experts layer makes inside (``GraphIR.in_moe_layer``). A fused kernel (``FusionPattern.kernel_saves``) keeps what its autograd saves instead of
   what its eager ops would; the loss also records what it holds only while it runs
   (``transient``).
 * **Costs per op** (``op_costs``): FLOPs and bytes per sequence, and which roofline applies.
@@ -116,11 +117,17 @@ def saved_tensors(graph: GraphIR, nodes: list[NodeInfo], fusions: tuple[str, ...
     _mark_matmuls(graph, nodes, saver)
     core = attention_core(graph, nodes)
     dropped = permuted_away(graph, nodes) if MOE_PERMUTE in fusions else frozenset()
-    # made inside a core and read by nothing outside it (the core's output is the projection's
-    # input, kept)
-    return tuple(replace(t, attention_core=True)
-                 if t.name.partition(".")[0] in core and all(s in core for s in t.savers) else t
+    moe = frozenset(n.name for n in nodes if graph.in_moe_layer(n))
+    # made inside a core (a MoE layer) and read by nothing outside it (the core's output is the
+    # projection's input, kept; a MoE layer's input is made outside it)
+    return tuple(_inside(_inside(t, core, attention_core=True), moe, moe_layer=True)
                  for t in saver.seen.values() if t.name.partition(".")[0] not in dropped)
+
+
+def _inside(t: SavedTensor, region: frozenset[str] | set[str], **flag: bool) -> SavedTensor:
+    """``t`` with ``flag`` set where ``region`` made it and only its nodes keep it."""
+    made = t.name.partition(".")[0] in region and all(s in region for s in t.savers)
+    return replace(t, **flag) if made else t
 
 
 def permuted_away(graph: GraphIR, nodes: list[NodeInfo]) -> frozenset[str]:
@@ -178,7 +185,8 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
             fused_bytes_, _ = permutes[n.name]
             costs.append(OpCost(name=f"{MOE_PERMUTE}:{n.name}", op=MOE_PERMUTE,
                                 kind=OpKind.MEMORY, flop=0.0,
-                                bytes=fused_bytes_ * per_seq * act_bytes, shard=Shard.REPLICATED))
+                                bytes=fused_bytes_ * per_seq * act_bytes, shard=Shard.REPLICATED,
+                                moe_layer=True))
             continue
         itemsize = n.out.dtype.itemsize if n.out is not None and n.out.dtype.is_floating_point \
             else act_bytes
@@ -194,6 +202,7 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
                 bytes=fused_bytes(graph, chain) * per_seq * scale, shard=Shard.REPLICATED,
                 kept_by_matmuls=any(kept_by_matmuls(c, graph) for c in chain),
                 attention_core=any(c.name in core for c in chain),
+                moe_layer=any(graph.in_moe_layer(c) for c in chain),
             ))
             continue
         kv = 0.0
@@ -204,7 +213,7 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
             name=n.name, op=n.op, kind=kind_of(n), flop=n.fwd_flop * per_seq,
             bytes=n.fwd_bytes * per_seq * scale, shard=Shard.REPLICATED,
             kept_by_matmuls=kept_by_matmuls(n, graph), attention_core=n.name in core,
-            expert=is_expert_gemm(n, graph), kv_elements=kv * per_seq,
+            moe_layer=graph.in_moe_layer(n), expert=is_expert_gemm(n, graph), kv_elements=kv * per_seq,
             causal=kind_of(n) is OpKind.ATTENTION and is_causal(n),
             weight_shape=linear_weight_shape(graph, n), expert_shape=expert_weight_shape(graph, n),
         ))

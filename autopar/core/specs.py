@@ -84,6 +84,14 @@ class Checkpoint(StrEnum):
     (``none`` under SP keeps DTensor's two all-gathered norm outputs whole: 2 x 2 x 7/8.)"""
     FULL = "full"
     """Keep only the block input; recompute the whole block in the backward pass."""
+    MOE = "moe"
+    """Megatron-Core's ``--recompute-granularity selective --recompute-modules moe``: each
+    mixture-of-experts layer of the block (router, dispatch, experts, combine: the family's
+    ``ExpertLayer.module``) runs under non-reentrant checkpoint -- its input is kept, everything
+    it makes inside is recomputed in the backward pass, the dispatch and combine all-to-alls
+    under expert parallelism (and the gather of a split call's routing, ``SplitCall``) issued
+    again; every other op of the block keeps what ``none`` keeps. Only for a model whose family
+    gives its MoE layers' modules (``analysis/admissibility.py``)."""
 
 
 def _choice(enum: type[StrEnum], value: object, name: str) -> StrEnum:

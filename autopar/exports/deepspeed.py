@@ -28,8 +28,8 @@ num_microbatches,      ``gradient_accumulation_steps``, ``train_batch_size``
 global_batch
 sequence_parallel      no equivalent in AutoTP: norm activations kept whole per rank     close
 checkpoint             full: ``activation_checkpointing`` (+ ``pipeline.                 exact /
-                       activation_checkpoint_interval`` 1); selective, matmuls: none     close /
-                                                                                         none
+                       activation_checkpoint_interval`` 1); selective, matmuls, moe:     close /
+                       none                                                              none
 offload                ``zero_optimization.offload_optimizer`` on the CPU (ZeRO >= 1)    exact
 precision              ``bf16`` / ``fp16`` (dynamic loss scaling as autopar's) / fp32;   exact
                        bf16-pure: ``bf16_master_weights_and_grads`` and
@@ -210,24 +210,29 @@ def _pipeline(plan: Plan, cfg: dict[str, object], row) -> None:
         "partition_method takes uniform, parameters or a layer-type regex, no list)")
 
 
+_NO_POLICY = {
+    Checkpoint.SELECTIVE: "DeepSpeed has no selective policy: without code of yours "
+                          "(deepspeed.checkpointing.checkpoint around each attention core) the "
+                          "attention core's scores and probabilities are kept, more memory than "
+                          "the plan's (with fused attention, as much)",
+    Checkpoint.MATMULS: "DeepSpeed has no selective policy: without code of yours (torch's "
+                        "create_selective_checkpoint_contexts around each block) every "
+                        "activation is kept, more memory than the plan's",
+    Checkpoint.MOE: "DeepSpeed has no policy recomputing the MoE layers alone: without code of "
+                    "yours (deepspeed.checkpointing.checkpoint around each MoE layer's forward) "
+                    "every activation is kept, more memory than the plan's",
+}
+"""The policies DeepSpeed's config cannot express, and what runs instead."""
+
+
 def _checkpoint(plan: Plan, cfg: dict[str, object], row) -> None:
     c = plan.config
     text = checkpoint_text(c.checkpoint)
     if c.checkpoint is Checkpoint.NONE:
         row("config.checkpoint", text, "", Fit.EXACT, "nothing recomputed")
         return
-    if c.checkpoint is Checkpoint.SELECTIVE:
-        row("config.checkpoint", text, "", Fit.NONE,
-            "DeepSpeed has no selective policy: without code of yours "
-            "(deepspeed.checkpointing.checkpoint around each attention core) the attention "
-            "core's scores and probabilities are kept, more memory than the plan's (with fused "
-            "attention, as much)")
-        return
-    if c.checkpoint is Checkpoint.MATMULS:
-        row("config.checkpoint", text, "", Fit.NONE,
-            "DeepSpeed has no selective policy: without code of yours (torch's "
-            "create_selective_checkpoint_contexts around each block) every activation is "
-            "kept, more memory than the plan's")
+    if c.checkpoint in _NO_POLICY:
+        row("config.checkpoint", text, "", Fit.NONE, _NO_POLICY[c.checkpoint])
         return
     cfg["activation_checkpointing"] = {"partition_activations": False,
                                        "contiguous_memory_optimization": False,

@@ -33,6 +33,8 @@ checkpoint selective   ``--recompute-granularity selective --recompute-modules  
                        core_attn`` (Korthikanti et al. 2022, the same policy)
 checkpoint matmuls     ``--recompute-granularity selective --recompute-modules           close
                        core_attn layernorm`` (+ ``moe_act``)
+checkpoint moe         ``--recompute-granularity selective --recompute-modules moe``    exact /
+                       (its MoE layer holds DeepSeek's shared experts: recomputed too)   close
 per-block checkpoint   ``--recompute-method block --recompute-num-layers N`` when it is  exact /
                        "the first N blocks of each chunk"; else the nearest that keeps   close
                        no more
@@ -216,6 +218,8 @@ def _checkpoint(plan: Plan, shape: ModelShape | None) -> Item:
         if policy is Checkpoint.FULL:
             return Item("config.checkpoint", value, _FULL_ALL, Fit.EXACT,
                         "every layer recomputed from its input")
+        if policy is Checkpoint.MOE:
+            return _moe_layers(value, shape)
         if policy is Checkpoint.SELECTIVE:
             return Item("config.checkpoint", value, _CORE_ATTN, Fit.EXACT,
                         "the attention core recomputed, every other activation kept "
@@ -223,7 +227,7 @@ def _checkpoint(plan: Plan, shape: ModelShape | None) -> Item:
                         "as in the plan)")
         return _matmuls(value, moe)
     policies = c.checkpoint
-    if Checkpoint.MATMULS in policies or Checkpoint.SELECTIVE in policies:
+    if any(p in policies for p in (Checkpoint.MATMULS, Checkpoint.SELECTIVE, Checkpoint.MOE)):
         return Item("config.checkpoint", value, _FULL_ALL, Fit.CLOSE,
                     "Megatron cannot mix selective and full recomputation, or selective and "
                     "none, across layers: every layer recomputed in full, so less activation "
@@ -247,6 +251,21 @@ _FULL_ALL: tuple[Setting, ...] = (("recompute_granularity", "full"),
 
 _CORE_ATTN: tuple[Setting, ...] = (("recompute_granularity", "selective"),
                                    ("recompute_modules", ["core_attn"]))
+
+
+def _moe_layers(value: str, shape: ModelShape | None) -> Item:
+    """``moe``: Megatron-Core's ``--recompute-modules moe`` checkpoints its ``MoELayer``
+    (router, dispatch, experts, combine, and the shared experts it holds)."""
+    settings = (("recompute_granularity", "selective"), ("recompute_modules", ["moe"]))
+    if shape is not None and shape.shared_expert_size > 0:
+        return Item("config.checkpoint", value, settings, Fit.CLOSE,
+                    "each MoE layer recomputed from its input; Megatron's MoE layer holds the "
+                    "shared experts and recomputes them with it, where the plan keeps their "
+                    "activations (they sit beside the layer here): less activation memory, "
+                    "more recompute than planned")
+    return Item("config.checkpoint", value, settings, Fit.EXACT,
+                "each MoE layer (router, dispatch, experts, combine) recomputed from its input, "
+                "every other activation kept")
 
 
 def _matmuls(value: str, moe: bool) -> Item:

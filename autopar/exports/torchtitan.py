@@ -35,7 +35,8 @@ global_batch,          ``num_tokens_per_train_step``, ``max_context_length``,
 num_microbatches       ``num_pp_microbatches`` (accumulation is derived)
 checkpoint             none: ``None``; full: ``FullAC``; selective and matmuls:           exact /
                        ``SelectiveAC`` (another policy: saves every second matmul);     close
-                       per block: one policy for all
+                       moe: ``FullAC`` (no MoE-layer-only AC); per block: one policy
+                       for all
 offload                ``enable_cpu_offload`` (FSDP2 offloads parameters and gradients  close
                        too); refused with ZeRO-0
 precision              bf16: ``mixed_precision_param`` bfloat16; fp32: float32;          exact /
@@ -263,8 +264,8 @@ def _checkpoint(plan: Plan, row) -> tuple[dict[str, object] | None, str | None]:
     text = checkpoint_text(c.checkpoint)
     policy = c.checkpoint
     if isinstance(policy, tuple):
-        most = next((p for p in (Checkpoint.FULL, Checkpoint.MATMULS, Checkpoint.SELECTIVE)
-                     if p in policy), Checkpoint.NONE)
+        most = next((p for p in (Checkpoint.FULL, Checkpoint.MOE, Checkpoint.MATMULS,
+                                 Checkpoint.SELECTIVE) if p in policy), Checkpoint.NONE)
         if most is not Checkpoint.NONE:
             row("config.checkpoint", text, f"{_AC_NAME[most]} on every block", Fit.CLOSE,
                 "torchtitan applies one policy to every block: the plan's most recomputing "
@@ -277,6 +278,12 @@ def _checkpoint(plan: Plan, row) -> tuple[dict[str, object] | None, str | None]:
     if policy is Checkpoint.FULL:
         row("config.checkpoint", text, "FullAC.Config()", Fit.EXACT,
             "every block recomputed from its input")
+        return FULL_AC, "FullAC"
+    if policy is Checkpoint.MOE:
+        row("config.checkpoint", text, "FullAC.Config()", Fit.CLOSE,
+            "torchtitan checkpoints whole blocks, not the MoE layers alone: every block "
+            "recomputed from its input, attention included, so less activation memory and "
+            "more recompute than planned")
         return FULL_AC, "FullAC"
     if policy is Checkpoint.SELECTIVE:
         row("config.checkpoint", text, "SelectiveAC.Config()", Fit.CLOSE,
@@ -293,9 +300,9 @@ def _checkpoint(plan: Plan, row) -> tuple[dict[str, object] | None, str | None]:
     return SELECTIVE_AC, "SelectiveAC"
 
 
-_AC = {Checkpoint.FULL: FULL_AC, Checkpoint.MATMULS: SELECTIVE_AC,
+_AC = {Checkpoint.FULL: FULL_AC, Checkpoint.MOE: FULL_AC, Checkpoint.MATMULS: SELECTIVE_AC,
        Checkpoint.SELECTIVE: SELECTIVE_AC}
-_AC_NAME = {Checkpoint.FULL: "FullAC", Checkpoint.MATMULS: "SelectiveAC",
+_AC_NAME = {Checkpoint.FULL: "FullAC", Checkpoint.MOE: "FullAC", Checkpoint.MATMULS: "SelectiveAC",
             Checkpoint.SELECTIVE: "SelectiveAC"}
 
 

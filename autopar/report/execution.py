@@ -93,6 +93,9 @@ _CHECKPOINT = {
     Checkpoint.MATMULS: "non-reentrant checkpoint saving matmul and fused attention outputs, "
                         "recomputing the rest",
     Checkpoint.FULL: "non-reentrant checkpoint of the block",
+    Checkpoint.MOE: "non-reentrant checkpoint of each MoE layer (router, dispatch, experts, "
+                    "combine; its all-to-alls issued again in the backward), the rest of the "
+                    "block as is",
 }
 """What each recomputing policy runs (``passes/checkpointing.py``); ``none`` keeps everything."""
 

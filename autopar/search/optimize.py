@@ -18,8 +18,10 @@ Each candidate is priced with its own workload (the per-op strategies solved for
   of a stage saves the same bytes and costs the same time, so the choice is how many blocks of
   each stage to recompute, not which. No recomputation when that fits (it only adds time);
   otherwise uniform selective (Korthikanti et al.'s: the eager attention core recomputed),
-  uniform matmuls, uniform full, and the mixes "k blocks full, the rest none", "... the rest
-  selective" and "... the rest matmuls" with the fewest full blocks per stage that fit (found
+  uniform matmuls, uniform moe (the MoE layers recomputed; for a model with MoE layers the
+  engine can checkpoint, ``partial_policies``), uniform full, and the mixes "k blocks full, the
+  rest none", "... the rest selective", "... the rest matmuls" and "... the rest moe" with
+  the fewest full blocks per stage that fit (found
   from the uniform policies' stage memory, which is linear in k, then checked by pricing the
   mix). A partial policy is tried only where it keeps less than ``none`` (selective with fused
   attention keeps the same).
@@ -54,7 +56,16 @@ from autopar.costmodel.workload import Workload
 from autopar.analysis.admissibility import ModelFacts
 from autopar.search.space import SpaceStats, outer_candidates
 
-POLICIES = (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS, Checkpoint.FULL)
+POLICIES = (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS, Checkpoint.MOE,
+            Checkpoint.FULL)
+
+
+def partial_policies(facts: ModelFacts) -> tuple[Checkpoint, ...]:
+    """The policies between ``none`` and ``full`` the search tries for the model of ``facts``:
+    selective and matmuls, and moe where it has MoE layers the engine can checkpoint
+    (``admissibility.moe_problem``)."""
+    moe = bool(facts.num_experts) and facts.moe_modules_refused is None
+    return (Checkpoint.SELECTIVE, Checkpoint.MATMULS) + ((Checkpoint.MOE,) if moe else ())
 
 
 @dataclass(frozen=True)
@@ -171,9 +182,11 @@ def _mixed(policies: tuple[Checkpoint, ...], base: Checkpoint, rest: Estimate, f
 
 
 def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: ParallelConfig,
-           eff: Efficiency, fixed_checkpoint: bool, part: StagePartition | None
+           eff: Efficiency, fixed_checkpoint: bool, part: StagePartition | None,
+           partials: tuple[Checkpoint, ...] = (Checkpoint.SELECTIVE, Checkpoint.MATMULS)
            ) -> tuple[Estimate | None, Estimate]:
-    """(fastest fitting estimate or None, smallest estimate) over the checkpoint choices."""
+    """(fastest fitting estimate or None, smallest estimate) over the checkpoint choices:
+    ``none``, ``full``, the ``partials`` (``partial_policies``) and their mixes with ``full``."""
     if fixed_checkpoint:
         est = _estimate(work, cluster, train, config, eff, part)
         return (est if est.fits else None), est
@@ -190,7 +203,7 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
         return None, min(full, none, key=lambda e: e.peak_memory_bytes)
     fitting = [full]
     bases = [(Checkpoint.NONE, none)]
-    for policy in (Checkpoint.SELECTIVE, Checkpoint.MATMULS):
+    for policy in partials:
         partial = _estimate(work, cluster, train, config.with_(checkpoint=policy), eff, part)
         if partial.peak_memory_bytes < none.peak_memory_bytes:  # it drops something
             if partial.fits:
@@ -243,6 +256,7 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
     best: list[Estimate] = []
     smallest: Estimate | None = None
     fixed_ckpt = "checkpoint" in constraints
+    partials = partial_policies(facts)
     priced = 0
     for i, (bound, config, part) in enumerate(bounded):
         if len(best) >= keep and bound >= best[keep - 1].step_time_s:
@@ -258,10 +272,10 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
             progress(i, len(bounded))
         w = workload_for(config)
         part = part if config.pp > 1 else None
-        fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt, part)
+        fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt, part, partials)
         if fit is None and "offload" not in constraints:
             fit, small_off = _price(w, cluster, train, config.with_(offload=True),
-                                    efficiency, fixed_ckpt, part)
+                                    efficiency, fixed_ckpt, part, partials)
             if small_off.peak_memory_bytes < small.peak_memory_bytes:
                 small = small_off
         if smallest is None or small.peak_memory_bytes < smallest.peak_memory_bytes:

@@ -118,11 +118,12 @@ def _moe_block_and_blocks(spec: ModelSpec, train: TrainSpec, config: ParallelCon
     return work.block, work.num_blocks
 
 
-@pytest.mark.parametrize("checkpoint", ["none", "full"])
+@pytest.mark.parametrize("checkpoint", ["none", "full", "moe"])
 def test_ep_all_to_alls_match_the_plan(fake_world, checkpoint):
     """dp 2 x ep 2 (capacity dispatch, static shapes: the fake backend moves no data, which a
     dropless layer's count exchange needs): forward and backward all-to-alls per step equal
-    the cost model's ``ep_alltoalls`` per MoE layer times the blocks."""
+    the cost model's ``ep_alltoalls`` per MoE layer times the blocks (``full`` and ``moe``
+    recompute the MoE layers, their dispatch and combine again)."""
     from autopar.core.specs import Checkpoint
     from autopar.costmodel.step import ep_alltoalls
 

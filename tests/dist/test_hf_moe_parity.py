@@ -75,6 +75,9 @@ CASES = {
                                          dict(dp=2, ep=2, tp=2, micro_batch=1), 4),
     "qwen2-moe-aux-loss-ep2xtp2-ckpt-full": (QWEN2_MOE_AUX_LOSS, dict(
         dp=2, ep=2, tp=2, micro_batch=1, checkpoint="full"), 4),
+    # moe checkpointing: the sparse block (router, experts, shared expert) recomputed, its
+    # all-to-alls again. Measured: loss 4.3e-8 relative, gradients 1.5e-6 of the tensor max
+    "qwen2-moe-ep2-ckpt-moe": (QWEN2_MOE, dict(dp=2, ep=2, micro_batch=1, checkpoint="moe"), 4),
     "qwen2-moe-ep2xpp2": (QWEN2_MOE, dict(dp=2, ep=2, pp=2, zero=1, micro_batch=1), 8),
     # the experts' fold: the sparse block on each tp rank's own tokens, ep over tp and dp (its
     # shared expert split by tp over those tokens, its gates' gradients summed over tp).
@@ -147,8 +150,10 @@ NANOMOE = ModelSpec.parse(f"{Path(__file__).resolve().parents[1] / 'data' / 'nan
 dispatch, its rows recorded by a first pass of the user's forward."""
 
 
-@pytest.mark.parametrize("model", ["qwen2-moe", "nanomoe"])
-@pytest.mark.parametrize("checkpoint", ["none", "full"])
+@pytest.mark.parametrize("model,checkpoint", [
+    ("qwen2-moe", "none"), ("qwen2-moe", "full"), ("qwen2-moe", "moe"),
+    ("nanomoe", "none"), ("nanomoe", "full"),  # no module to checkpoint: moe is refused
+])
 def test_moe_all_to_alls_match_the_plan(tmp_path, checkpoint, model):
     from autopar.analysis.admissibility import facts_of
     from autopar.core.specs import Checkpoint

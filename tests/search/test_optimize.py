@@ -80,3 +80,35 @@ def test_memory_pressure_gives_a_per_block_checkpoint_mix() -> None:
     assert isinstance(policies, tuple) and "full" in policies and len(set(policies)) == 2
     assert fit.step_time_s < autopar.estimate(work, cluster, train,
                                               config.with_(checkpoint="full")).step_time_s
+
+
+def test_a_moe_model_just_short_of_memory_recomputes_its_moe_layers():
+    """Mixtral 8x7B, dp 8 x ep 8 ZeRO-3: with memory just above what ``moe`` keeps (the
+    experts' rows and activations dropped, attention kept), the search recomputes the MoE
+    layers (``partial_policies``) and is faster than without that policy; a dense model is
+    never offered it."""
+    from dataclasses import replace
+
+    from autopar.analysis.admissibility import facts_of
+    from autopar.core.specs import Checkpoint
+    from autopar.costmodel.step import estimate_step
+    from autopar.search.optimize import _price, partial_policies
+
+    model = autopar.models.build("mixtral-8x7b", device="meta")
+    train = autopar.TrainSpec(global_batch=64, seq_len=4096)
+    work = workload_of(model, train)
+    config = autopar.ParallelConfig(dp=8, ep=8, micro_batch=1, zero=3)
+    base = autopar.ClusterSpec.preset("hgx-h100-80g", nodes=1)
+    peak = {p: estimate_step(work, base, train, config.with_(checkpoint=p)).peak_memory_bytes
+            for p in ("none", "moe")}
+    assert peak["moe"] < 0.8 * peak["none"]
+    usable = peak["moe"] + 2**30
+    gpu = replace(base.gpu, hbm_bytes=int(usable) + (base.gpu.hbm_bytes - base.usable_hbm_bytes))
+    cluster = replace(base, gpu=gpu)
+    partials = partial_policies(facts_of(model))
+    assert Checkpoint.MOE in partials
+    fit, _ = _price(work, cluster, train, config, DEFAULT_EFFICIENCY, False, None, partials)
+    without, _ = _price(work, cluster, train, config, DEFAULT_EFFICIENCY, False, None)
+    assert fit is not None and "moe" in fit.config.checkpoint_of(work.num_blocks)
+    assert without is None or fit.step_time_s < without.step_time_s
+    assert Checkpoint.MOE not in partial_policies(ModelFacts(num_blocks=2))

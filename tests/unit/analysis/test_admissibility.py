@@ -211,3 +211,25 @@ def test_the_zoo_moe_families_run_the_fold_and_split_calls(model, refused):
 
     facts = facts_of(ModelSpec(model).build("meta"))
     assert facts.split_calls and facts.fold_refused is refused
+
+
+def test_the_moe_policy_is_refused_without_moe_layers_the_passes_can_checkpoint(facts):
+    """``moe`` checkpoints each MoE layer's module: a dense model has none, a generic decoder's
+    experts have no module (``ExpertLayer.module``); the zoo's and transformers' run it."""
+    from pathlib import Path
+
+    from autopar.models.training import ModelSpec
+
+    dense = problems(facts, ParallelConfig(dp=2, checkpoint="moe"), TRAIN)
+    assert [(p.where, "has none" in p.what) for p in dense] == [("checkpoint", True)]
+    assert "selective" in dense[0].fix
+    per_block = ParallelConfig(pp=2, micro_batch=1, checkpoint=("full", "moe"))
+    assert any("checkpoint='moe'" in w for w in _what(facts, **per_block.to_dict()))
+    nanomoe = Path(__file__).resolve().parents[2] / "data" / "nanomoe.py"
+    generic = facts_of(ModelSpec.parse(f"{nanomoe}:make").build("meta"))
+    found = _what(generic, dp=2, checkpoint="moe")
+    assert any("no MoE module" in w for w in found), found
+    for name in ("tiny-moe", "tiny-deepseek"):
+        moe_facts = facts_of(ModelSpec(name).build("meta"))
+        assert moe_facts.moe_modules_refused is None
+        assert _what(moe_facts, dp=2, ep=2, checkpoint="moe") == []

@@ -466,3 +466,23 @@ def test_cli_refusals_and_bad_formats_exit_2_and_write_nothing(llama_interleaved
     assert main(["export", str(plan_file), str(out), "--format", "megatron-lm"]) == 2
     assert "unknown export format megatron-lm" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "none.json"), str(out), "--format", "deepspeed"]) == 2
+
+
+@pytest.mark.parametrize("model,fit", [("tiny-moe", Fit.EXACT), ("tiny-deepseek", Fit.CLOSE)])
+def test_moe_maps_to_megatron_recompute_modules_moe_and_the_nearest_elsewhere(model, fit,
+                                                                            tmp_path):
+    from autopar.costmodel.cluster import process_cluster
+
+    plan = autopar.plan_for(autopar.models.build(model, device="meta"), process_cluster(2),
+                            TrainSpec(global_batch=4, seq_len=32),
+                            ParallelConfig(dp=2, ep=2, zero=1, checkpoint="moe"), name=model)
+    a = _megatron_args(plan, tmp_path)
+    assert a.recompute_granularity == "selective" and a.recompute_modules == ["moe"]
+    rows = {r.field: r for r in export_target(plan, "megatron").rows}
+    # DeepSeek's shared experts sit beside the layer here, inside Megatron's MoE layer
+    assert rows["config.checkpoint"].fit is fit
+    rows = {r.field: r for r in export_target(plan, "torchtitan").rows}
+    assert rows["config.checkpoint"].fit is Fit.CLOSE and "FullAC" in rows[
+        "config.checkpoint"].target
+    rows = {r.field: r for r in export_target(plan, "deepspeed").rows}
+    assert rows["config.checkpoint"].fit is Fit.NONE
