@@ -9,9 +9,11 @@ sequence, and its parallel layout as autopar expresses it (``run_config``):
   ranks, so ep 32 with tp 2 and dp 16 is expressible;
 * Megatron's distributed optimizer -> ZeRO 1, Megatron-FSDP -> ZeRO 3;
 * the virtual pipeline size -> the interleaved schedule with that many chunks per rank;
-* recomputation: Megatron's ``full`` -> ``full``; its selective modules (``layernorm``,
-  ``moe_act``, ``mla_up_proj``: a few element-wise ops rerun) and none -> ``none``, the policy
-  whose time is theirs to within the reruns of those element-wise ops;
+* recomputation: Megatron's ``full`` -> ``full``; its selective module ``moe`` (the whole MoE
+  layer) -> ``moe``, the same policy; its other selective modules (``layernorm``,
+  ``moe_act``, ``mla_up_proj``: a few element-wise ops and up-projections rerun) and none ->
+  ``none``, the policy whose time is theirs to within those reruns, and which keeps what they
+  drop (``recompute_policy``);
 * what the engines ran that autopar's engine does not, as the priced fusions that name it
   (``core.specs.MOE_FUSIONS``): the fused token permutation (``moe_permute``, unless the run
   states ``moe_permute_fusion=false``: ``train.permute_fusion``), DeepEP's or HybridEP's
@@ -114,6 +116,16 @@ def run_fusions(train: dict) -> tuple[str, ...]:
     return tuple(out)
 
 
+def recompute_policy(recompute: str) -> str:
+    """autopar's checkpoint policy for a run's recomputation as its source states it
+    (module docstring)."""
+    text = recompute.lower()
+    if text.startswith("full"):
+        return "full"
+    modules = {m.strip(" ,;:()[]'\"") for m in text.replace(",", " ").split()}
+    return "moe" if "moe" in modules else "none"
+
+
 def run_config(run: dict) -> ParallelConfig:
     """The run's parallel layout as autopar expresses it (module docstring)."""
     t, gpus = run["train"], run["cluster"]["num_gpus"]
@@ -128,7 +140,7 @@ def run_config(run: dict) -> ParallelConfig:
         schedule="interleaved" if vpp > 1 else "1f1b", virtual_stages=vpp,
         # Megatron-Core runs a mixture of experts under tp > 1 with sequence parallelism only
         sequence_parallel=tp > 1,
-        checkpoint="full" if recompute.startswith("full") else "none",
+        checkpoint=recompute_policy(recompute),
         fusions=run_fusions(t))
 
 
