@@ -80,6 +80,19 @@ GRID = [
     Case("8b-fused", "llama3-8b", "hgx-h100-80g", 1, 16, 8192,
          dict(dp=8, zero=3, micro_batch=1,
               fusions=("rms_norm", "swiglu", "rope", "linear_cross_entropy")), layers=4),
+    # mixtures of experts (issue 30): Qwen3-style 128 x top-8, the experts' mesh folded over
+    # tp, DeepSeek-style shared experts and dense first layers with MLA, Mixtral-style 8 x top-2
+    # with a capacity, pipelining, the moe checkpoint policy
+    Case("qwen3-30b-ep8", "qwen3-30b-a3b", "hgx-h100-80g", 1, 16, 4096,
+         dict(dp=8, ep=8, zero=1, micro_batch=1), layers=4),
+    Case("qwen3-30b-fold-tp2-ep8", "qwen3-30b-a3b", "hgx-h100-80g", 1, 16, 4096,
+         dict(dp=4, tp=2, ep=8, zero=1, micro_batch=1, sequence_parallel=True), layers=4),
+    Case("qwen3-30b-ep8-moe-ckpt", "qwen3-30b-a3b", "hgx-h100-80g", 1, 16, 4096,
+         dict(dp=8, ep=8, zero=1, micro_batch=1, checkpoint="moe"), layers=4),
+    Case("dsv3-pp2-ep8", "deepseek-v3", "hgx-h100-80g", 2, 16, 4096,
+         dict(dp=8, pp=2, ep=8, zero=1, micro_batch=1), layers=5),
+    Case("mixtral-ep2-zero3", "mixtral-8x7b", "hgx-h100-80g", 1, 16, 4096,
+         dict(dp=8, ep=2, zero=3, micro_batch=1), layers=2),
 ]
 
 
