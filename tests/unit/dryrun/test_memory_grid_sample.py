@@ -19,7 +19,11 @@ TARGET = 0.03
 
 GRID = load("memory_grid", "memory_grid")
 SAMPLE = ("8b-fsdp-full", "8b-zero1-matmuls", "8b-ddp-fp32", "8b-tp4-nosp-pure",
-          "8b-tp2-sp-sel", "70b-pp2-gpipe-sel", "70b-pp2-zero3", "8b-fused")
+          "8b-tp2-sp-sel", "70b-pp2-gpipe-sel", "70b-pp2-zero3", "8b-fused",
+          # mixtures of experts: the experts' fold over tp, the moe policy, DeepSeek-V3's MLA
+          # and dense first layers under pp, a capacity with ZeRO-3
+          "qwen3-30b-ep8", "qwen3-30b-fold-tp2-ep8", "qwen3-30b-ep8-moe-ckpt", "dsv3-pp2-ep8",
+          "mixtral-ep2-zero3")
 
 
 @pytest.mark.parametrize("name", SAMPLE)
