@@ -7,8 +7,8 @@ engine; ``passes/data_parallel.py`` applies exactly these choices.
 from __future__ import annotations
 
 from autopar.core.estimate import checkpoint_text
-from autopar.core.specs import (ASYNC_TP, ENGINE_FUSIONS, Checkpoint, ParallelConfig, Precision,
-                                TrainSpec)
+from autopar.core.specs import (ASYNC_TP, ENGINE_FUSIONS, MOE_FUSIONS, Checkpoint, ParallelConfig,
+                                Precision, TrainSpec)
 from autopar.costmodel.memory import dtype_bytes
 
 ENGINE_ZERO = {
@@ -146,7 +146,7 @@ def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
     rows.append(("checkpointing", checkpoint_line(config, num_blocks)))
     rows.append(("precision", _PRECISION[train.precision]))
     rows.append(("model states", state_text(train)))
-    kernels = [f for f in config.fusions if f not in ENGINE_FUSIONS]
+    kernels = [f for f in config.fusions if f not in ENGINE_FUSIONS and f not in MOE_FUSIONS]
     if kernels:
         rows.append(("fused kernels", ", ".join(kernels) + " (Triton, autopar.kernels; "
                                       "swapped in by passes/fuse.py before the pipeline split)"))
@@ -165,9 +165,18 @@ def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
                      f"cp {config.cp}: each rank two of {2 * config.cp} chunks of every "
                      "sequence (load-balanced); K/V all-gathered with autograd per attention "
                      "(passes/context_parallel.py); FSDP2 reduces gradients over dp x cp"))
-    if config.ep > 1:
-        rows.append(("experts", f"ep {config.ep}: each MoE layer's experts DTensor Shard(0) over "
-                                f"the ep ranks, tokens sent with the autograd all-to-all, the "
-                                f"experts' FSDP2 over dp/ep = {config.dp // config.ep} ranks "
+    if config.ep > 1 or config.experts_fold_tp:
+        over = ("dp x cp x tp: each tp rank routes its own sequence shard"
+                if config.experts_fold_tp else "dp x cp")
+        rows.append(("experts", f"ep {config.ep} x etp {config.etp} over {over}: each MoE "
+                                f"layer's experts DTensor Shard(0) over the ep ranks, tokens sent "
+                                f"with the autograd all-to-all, the experts' FSDP2 over their "
+                                f"{config.edp} expert-data-parallel ranks "
                                 "(passes/expert_parallel.py)"))
+    priced = [f for f in config.fusions if f in MOE_FUSIONS]
+    if priced:
+        rows.append(("not run here", ", ".join(priced) + ": priced as the MoE engines run "
+                                     "them (core.specs.MOE_FUSIONS); autopar's passes refuse "
+                                     "to execute the plan, the Megatron export sets their "
+                                     "flags"))
     return rows

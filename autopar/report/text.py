@@ -85,7 +85,9 @@ def head_table(est: Estimate, cluster: ClusterSpec | None) -> Table:
     if cluster is not None:
         head.add_row("cluster", f"{cluster.name}: {cluster.nodes} x {cluster.gpus_per_node} "
                                 f"{cluster.gpu.name}")
-    head.add_row("parallel", f"dp {c.dp}  tp {c.tp}  pp {c.pp}  cp {c.cp}  ep {c.ep}  "
+    experts = f"ep {c.ep}" + (f"  etp {c.etp}" if c.etp > 1 else "") + (
+        " (over tp)" if c.experts_fold_tp and c.ep > 1 else "")
+    head.add_row("parallel", f"dp {c.dp}  tp {c.tp}  pp {c.pp}  cp {c.cp}  {experts}  "
                              f"zero {c.zero}  sp {'on' if c.sequence_parallel else 'off'}")
     head.add_row("pipeline", f"{c.schedule}  v={c.virtual_stages}  micro-batch {c.micro_batch} x "
                              f"{est.num_microbatches}")
