@@ -17,6 +17,9 @@ nodes x gpus           ``torchrun --nnodes --nproc-per-node`` in the script     
 dp                     derived: WORLD_SIZE / (tp * pp * cp)                              exact
 tp, pp, cp, ep         ``--tensor-/--pipeline-model-parallel-size``,                     exact
                        ``--context-parallel-size``, ``--expert-model-parallel-size``
+etp                    ``--expert-tensor-parallel-size`` (always set: Megatron's default  exact /
+                       is tp); the plan's experts folded over tp under SP as Megatron   close
+                       folds them; without SP autopar's whole experts per tp rank
 zero 0 / 1             DDP / ``--use-distributed-optimizer``                             exact
 zero 2 / 3             ``--use-megatron-fsdp --data-parallel-sharding-strategy``         exact
                        ``optim_grads`` / ``optim_grads_params``
@@ -41,6 +44,10 @@ per-block checkpoint   ``--recompute-method block --recompute-num-layers N`` whe
 offload                ``--optimizer-cpu-offload --use-precision-aware-optimizer         exact
                        --optimizer-offload-fraction 1.0`` (refused without ZeRO >= 1)
 fusions                Megatron's own fused kernels; ``--cross-entropy-loss-fusion``     close
+                       ``moe_permute``: ``--moe-permute-fusion --moe-grouped-gemm``;
+                       ``deepep``: ``--moe-token-dispatcher-type flex
+                       --moe-flex-dispatcher-backend deepep``; ``ep_a2a_overlap``:
+                       ``--overlap-moe-expert-parallel-comm``
 global_batch, seq_len  ``--global-batch-size``, ``--seq-length``                         exact
 precision              ``--bf16`` / ``--fp16`` with autopar's loss scaling / fp32        exact
                        default; bf16-pure refused (main params are fp32 or fp16)
