@@ -135,6 +135,19 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rotary_qkv(attention: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(b, heads, s, head_dim) queries, keys and values of ``attention``'s ``q_proj``,
+    ``k_proj`` and ``v_proj`` over ``x`` (b, s, h), RoPE on q and k. -1 heads: the same code
+    runs on a tensor-parallel shard holding a subset of heads."""
+    b, s, _ = x.shape
+    d = attention.head_dim
+    q = attention.q_proj(x).view(b, s, -1, d).transpose(1, 2)
+    k = attention.k_proj(x).view(b, s, -1, d).transpose(1, 2)
+    v = attention.v_proj(x).view(b, s, -1, d).transpose(1, 2)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` (batch, heads, seq, head_dim) by the (seq, head_dim) tables."""
     return x * cos + rotate_half(x) * sin
@@ -158,11 +171,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        # -1 heads: the same code runs on a tensor-parallel shard holding a subset of heads.
-        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = rotary_qkv(self, x, cos, sin)
         # enable_gqa broadcasts each kv head over its group of query heads (torch >= 2.5; checked
         # on CPU and meta in tests/unit/models/test_models.py), so k and v are never repeated in memory.
         if self.context_parallel is not None:

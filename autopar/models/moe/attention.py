@@ -35,7 +35,7 @@ import torch.fx
 from torch import nn
 
 from autopar.models.family import ATTENTION_CORE_HOOK, HEAD_PARAMS
-from autopar.models.llama.model import DecoderConfig, apply_rope
+from autopar.models.llama.model import DecoderConfig, rotary_qkv
 from autopar.models.routing import local_weight
 
 
@@ -91,11 +91,7 @@ class SinkAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        # -1 heads: the same code runs on a tensor-parallel shard holding a subset of heads
-        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = rotary_qkv(self, x, cos, sin)
         # the rank's heads of a DTensor split by heads (tensor parallelism)
         sinks = None if self.sinks is None else local_weight(self.sinks)
         window, scale = self.window or 0, self.scale
