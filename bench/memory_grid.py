@@ -80,6 +80,18 @@ GRID = [
     Case("8b-fused", "llama3-8b", "hgx-h100-80g", 1, 16, 8192,
          dict(dp=8, zero=3, micro_batch=1,
               fusions=("rms_norm", "swiglu", "rope", "linear_cross_entropy")), layers=4),
+    # context parallelism: the gathered K/V, the query chunks' lower-right causal attention
+    Case("8b-cp2", "llama3-8b", "hgx-h100-80g", 1, 8, 32768,
+         dict(dp=4, cp=2, zero=3, micro_batch=1), layers=4, overrides=dict(seq_len=32768)),
+    Case("8b-cp4-tp2-sp", "llama3-8b", "hgx-h100-80g", 1, 4, 65536,
+         dict(dp=1, cp=4, tp=2, zero=1, micro_batch=1, sequence_parallel=True,
+              checkpoint="selective"), layers=4, overrides=dict(seq_len=65536)),
+    Case("8b-cp8-full", "llama3-8b", "hgx-h100-80g", 1, 4, 131072,
+         dict(dp=1, cp=8, zero=3, micro_batch=1, checkpoint="full"), layers=4,
+         overrides=dict(seq_len=131072)),
+    Case("70b-cp4-pp2", "llama3-70b", "hgx-h100-80g", 8, 8, 32768,
+         dict(dp=2, cp=4, tp=4, pp=2, zero=1, micro_batch=1, sequence_parallel=True,
+              schedule="1f1b", checkpoint="selective"), layers=8, overrides=dict(seq_len=32768)),
     # mixtures of experts (issue 30): Qwen3-style 128 x top-8, the experts' mesh folded over
     # tp, DeepSeek-style shared experts and dense first layers with MLA, Mixtral-style 8 x top-2
     # with a capacity, pipelining, the moe checkpoint policy

@@ -326,9 +326,9 @@ def estimate_op_s(
             fwd = max(work / (peak * eff.attention_fwd), nbytes / hbm) + k
         if bwd is None:
             bwd = max(2 * work / (peak * eff.attention_bwd), 2 * nbytes / hbm) + k
-        # under context parallelism: this rank's queries against the whole gathered K/V with
-        # an explicit causal mask (passes/context_parallel.py), 1/cp of the full score matrix
-        # the FLOPs count (ops/attention.py), no ring steps to merge
+        # under context parallelism: each of this rank's query chunks against the gathered K/V
+        # up to its end, causal (passes/context_parallel.py), 1/cp of the full score matrix the
+        # FLOPs count (ops/attention.py), no ring steps to merge
         return PhaseTimes(fwd, bwd, 0.0)
     bwd_bytes = 2 * nbytes if op.backward_bytes is None else op.backward_bytes * s
     fwd = measured("memory-bound", p and p.memory_s(nbytes), cluster)

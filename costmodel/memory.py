@@ -156,12 +156,15 @@ def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
 def gathered_kv_bytes(layer: LayerCost, split: Split) -> float:
     """What context parallelism adds to what an attention saves for its backward, beyond the
     traced model's (which saved this rank's 1/cp of K and V): the whole sequence's K and V,
-    all-gathered (``passes/context_parallel.py``), and the causal mask of the rank's queries
-    against the whole sequence, which SDPA keeps in the query's dtype (measured on the CPU
-    kernel, ``_scaled_dot_product_flash_attention_for_cpu``: a bool (s/cp, s) mask is saved
-    as a float one), once per attention and micro-batch. Kept under ``selective`` too (the
-    gathering attention is fused); not under ``matmuls``, which keeps the attention's output,
-    not its inputs."""
+    all-gathered (``passes/context_parallel.py``), once per attention and micro-batch. A causal
+    attention (``OpCost.causal``) runs each query chunk against the keys up to its end through
+    the fused causal kernel, no mask kept (its outputs and row statistics are the traced
+    model's, cut in two). An attention the traced model masks explicitly (a sliding window)
+    keeps the band's mask of the rank's queries: counted as the whole (s/cp, s) in the query's
+    dtype (SDPA's CPU kernel, ``_scaled_dot_product_flash_attention_for_cpu``, saves a bool
+    mask as a float one), an upper bound the window does not reach. Kept under ``selective``
+    too (the gathering attention is fused); not under ``matmuls``, which keeps the attention's
+    output, not its inputs."""
     if split.cp == 1:
         return 0.0
     total = 0.0
@@ -171,7 +174,7 @@ def gathered_kv_bytes(layer: LayerCost, split: Split) -> float:
         heads = split.tp if op.shard is Shard.TP else 1
         total += (op.kv_elements * split.micro_batch * split.act_bytes / heads
                   * (1.0 - 1.0 / split.cp))
-        if split.seq_len is not None:
+        if split.seq_len is not None and not op.causal:
             total += split.seq_len * split.seq_len / split.cp * split.act_bytes
     return total
 

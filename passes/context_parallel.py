@@ -14,11 +14,13 @@ a generic model's blocks, through a function mode over their SDPA calls:
 ``models/generic/context.py``). The rank's queries stay local; its K
 and V are all-gathered over the cp group with autograd (``_functional_collectives``'
 ``all_gather_single``: the backward reduce-scatters -- sums -- dK and dV back to their
-owners), put back into sequence order, and SDPA runs with the causal mask of the queries'
-global positions against the whole sequence. That is the variant found to match one process on
-CPU (``torch.distributed.tensor.experimental.context_parallel`` does not run there:
-../shared/design/FINDINGS.md); ring attention, which overlaps the exchange with compute, is not
-built. The cost model prices this variant (``costmodel/step.py:_cp_comm_s``).
+owners), put back into sequence order, and each of the rank's two query chunks attends to the
+keys up to its own end, causal aligned lower-right (``lower_right_attention``: no mask tensor,
+the GPU's fused causal kernel; a sliding window adds the band's mask). That is the variant found
+to match one process on CPU (``torch.distributed.tensor.experimental.context_parallel`` does not
+run there: ../shared/design/FINDINGS.md); ring attention, which overlaps the exchange with
+compute, is not built. The cost model prices this variant (``costmodel/step.py:_cp_comm_s``,
+``costmodel/memory.py:gathered_kv_bytes``).
 
 Positions: the stage's blocks are told the global positions of its tokens
 (``StageModule.positions``; RoPE tables and GPT's learned positions read them through
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed import ProcessGroup
 from torch.distributed._functional_collectives import all_gather_single_autograd, wait_tensor
+from torch.nn.attention.bias import causal_lower_right
 
 from autopar.core.errors import AutoparError
 from autopar.core.plan import Plan
@@ -82,13 +85,17 @@ class GatheredKVAttention(nn.Module):
         itself included (transformers' sliding window), ``None``: every earlier key."""
         seq_len = q.shape[2] * self.cp
         k, v = self._gather(k, v, seq_len)
-        mine = chunk_positions(seq_len, self.cp, self.rank, q.device)
-        behind = mine[:, None] - torch.arange(seq_len, device=q.device)[None, :]
-        mask = behind >= 0
-        if window is not None:
-            mask = mask & (behind < window)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                              scale=scale, enable_gqa=enable_gqa)
+        c = seq_len // (2 * self.cp)
+        outs = []
+        for half, chunk in enumerate((self.rank, 2 * self.cp - 1 - self.rank)):
+            # the chunk's queries see the keys up to their chunk's end, lower-right causal
+            end = (chunk + 1) * c
+            start = 0 if window is None else max(0, chunk * c - window + 1)
+            outs.append(lower_right_attention(
+                q.narrow(2, half * c, c), k.narrow(2, start, end - start),
+                v.narrow(2, start, end - start), dropout_p=dropout_p, scale=scale,
+                enable_gqa=enable_gqa, window=window))
+        return torch.cat(outs, dim=2)
 
     def _gather(self, k: torch.Tensor, v: torch.Tensor, seq_len: int
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,6 +110,33 @@ class GatheredKVAttention(nn.Module):
                           for r in range(self.cp)])
         ordered = gathered.index_select(0, held.argsort()).permute(1, 2, 0, 3)
         return ordered.split((k.size(-1), v.size(-1)), dim=-1)
+
+
+def lower_right_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                          dropout_p: float = 0.0, scale: float | None = None,
+                          enable_gqa: bool = False, window: int | None = None) -> torch.Tensor:
+    """Causal SDPA of queries that are the last ``q.size(2)`` positions of the keys' span: query
+    ``i`` sees keys up to ``k.size(2) - q.size(2) + i`` (the causal mask aligned lower-right),
+    and with ``window`` only its ``window`` latest keys.
+
+    Without a window no mask tensor is made: ``torch.nn.attention.bias.causal_lower_right`` is
+    dispatched by SDPA to the fused causal kernel on the GPU (FlashAttention's bottom-right
+    alignment) and materialised only on the CPU's math path. A window needs the explicit band
+    of (queries x keys). The dry run swaps this function for what the GPU's fused kernel keeps
+    (``autopar/dryrun/gpu_kernels.py``)."""
+    lq, lk = q.size(2), k.size(2)
+    if window is None:
+        if lq == lk:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
+                                                  scale=scale, enable_gqa=enable_gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk),
+                                              dropout_p=dropout_p, scale=scale,
+                                              enable_gqa=enable_gqa)
+    behind = (torch.arange(lq, device=q.device)[:, None] + (lk - lq)
+              - torch.arange(lk, device=q.device)[None, :])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=(behind >= 0) & (behind < window),
+                                          dropout_p=dropout_p, scale=scale,
+                                          enable_gqa=enable_gqa)
 
 
 def context_attention(model: nn.Module, family: Family) -> list[nn.Module]:

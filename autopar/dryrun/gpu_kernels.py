@@ -25,6 +25,12 @@ kernel's autograd formula keeps (``tools/autograd/derivatives.yaml`` of torch 2.
   (memory-efficient, cuDNN) keep q, k, v, the output and the fp32 log-sum-exp per query row;
   its backward makes the three gradients and an fp32 row statistic, no score matrix.
 
+* ``lower_right_attention`` (context parallelism's query chunks against the gathered keys up
+  to their end, ``passes/context_parallel.py``): the GPU's fused causal kernel keeps what it
+  keeps for any attention, and no mask; the CPU build materialises the (queries x keys) mask
+  (``CausalBias`` outside a fused kernel), and a ``CausalBias`` cannot be made under the fake
+  tensor mode at all.
+
 ``gpu_saved_tensors()`` installs them for the dry run; the real program never uses them.
 """
 
@@ -35,6 +41,8 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
+
+from autopar.passes import context_parallel
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -90,6 +98,7 @@ class _GroupedMM(torch.autograd.Function):
 
 _GROUPED_MM = F.grouped_mm if hasattr(F, "grouped_mm") else None
 _SDPA = F.scaled_dot_product_attention
+_LOWER_RIGHT = context_parallel.lower_right_attention
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -122,6 +131,17 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
+def lower_right_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                          dropout_p: float = 0.0, scale: float | None = None,
+                          enable_gqa: bool = False, window: int | None = None) -> torch.Tensor:
+    """``passes.context_parallel.lower_right_attention`` for the dry run: without a window as
+    the fused causal kernel keeps it; a window's explicit band as the program runs it."""
+    if window is None:
+        return _FusedAttention.apply(q, k, v)
+    return _LOWER_RIGHT(q, k, v, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa,
+                        window=window)
+
+
 def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, *, offs: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None
                ) -> torch.Tensor:
@@ -135,17 +155,19 @@ def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, *, offs: torch.Tensor |
 
 @contextmanager
 def gpu_saved_tensors() -> Iterator[None]:
-    """``F.rms_norm``, ``F.grouped_mm`` and attention of unequal head sizes as the GPU keeps
-    them, while the program runs (see the module docstring)."""
+    """``F.rms_norm``, ``F.grouped_mm``, attention of unequal head sizes and context
+    parallelism's lower-right causal attention as the GPU keeps them, while the program runs (see the module docstring)."""
     swapped = [("rms_norm", rms_norm),
                ("scaled_dot_product_attention", scaled_dot_product_attention)]
     if _GROUPED_MM is not None:
         swapped.append(("grouped_mm", grouped_mm))
-    originals = [(name, getattr(F, name)) for name, _ in swapped]
-    for name, fn in swapped:
-        setattr(F, name, fn)
+    swaps = [(F, name, fn) for name, fn in swapped]
+    swaps.append((context_parallel, "lower_right_attention", lower_right_attention))
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in swaps]
+    for owner, name, fn in swaps:
+        setattr(owner, name, fn)
     try:
         yield
     finally:
-        for name, fn in originals:
-            setattr(F, name, fn)
+        for owner, name, fn in originals:
+            setattr(owner, name, fn)

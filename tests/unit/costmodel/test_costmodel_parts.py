@@ -4,6 +4,8 @@ stage."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autopar.costmodel.cluster import ClusterSpec
@@ -259,11 +261,16 @@ def test_context_parallel_prices_the_kv_all_gather_it_runs(a100: ClusterSpec) ->
     assert _cp_comm_s(layer, split, Checkpoint.FULL, g, a100, EFF) == pytest.approx(2 * ag + rs)
     assert _cp_comm_s(layer, Split(2, 2, 1, False, a, "bf16"), Checkpoint.NONE, g, a100,
                       EFF) == 0.0
-    # memory: the whole sequence's K/V (this tp rank's heads) and the (s/cp, s) mask in the
-    # activation dtype are saved beyond the traced 1/cp share, without checkpointing only
+    # memory: the whole sequence's K/V (this tp rank's heads) is saved beyond the traced 1/cp
+    # share, without checkpointing only; an attention masked explicitly (a sliding window)
+    # adds the (s/cp, s) mask in the activation dtype, a causal one none (its query chunks run
+    # the fused causal kernel, passes/context_parallel.py:lower_right_attention)
     with_seq = Split(2, 2, 8, False, a, "bf16", s)
     assert saved_bytes(layer, with_seq, Checkpoint.NONE) == pytest.approx(
         gathered * (1 - 1 / 8) + s * s / 8 * a)
+    causal = LayerCost("block", (replace(sdpa, causal=True),), (), 0.0, 0.0, 0, 0)
+    assert saved_bytes(causal, with_seq, Checkpoint.NONE) == pytest.approx(
+        gathered * (1 - 1 / 8))
     assert saved_bytes(layer, with_seq, Checkpoint.MATMULS) == 0.0
     one = estimate_op_s(sdpa, Split(2, 2, 1, False, a, "bf16"), a100, EFF)
     eight = estimate_op_s(sdpa, split, a100, EFF)

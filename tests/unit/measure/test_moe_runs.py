@@ -57,11 +57,12 @@ REFUSED = {
 NOT_FITTING = {
     "q235b-h100-longctx-16k": "77.5 of 72.2 GiB: priced under the moe policy (the run's "
     "--recompute-modules layernorm moe), whose norms' recomputation autopar does not run",
-    "q235b-h100-longctx-32k": "195 GiB: autopar's context parallelism (all-gathered K/V "
-    "under an explicit causal mask, passes/context_parallel.py) keeps a (s/cp x s) mask per "
-    "attention, 1 GiB a layer here; Megatron's ring attention keeps none",
-    "q235b-h100-longctx-64k": "as the 32k run (314 GiB)",
-    "q235b-h100-longctx-128k": "as the 32k run (552 GiB)",
+    "q235b-h100-longctx-32k": "78.4 GiB: as the 16k run, and the whole sequence's K/V that "
+    "autopar's context parallelism all-gathers and keeps (passes/context_parallel.py), where "
+    "Megatron's ring attention keeps its own chunk's (195 GiB with the explicit (s/cp x s) mask "
+    "autopar's cp kept until 2026-11-27)",
+    "q235b-h100-longctx-64k": "as the 32k run (80.2 GiB)",
+    "q235b-h100-longctx-128k": "as the 32k run (83.9 GiB)",
     "q30b-h100-a2a-noovl": "74.5 of 72.2 GiB: without the fused permutation the zoo's "
     "dropless layer keeps more than Megatron's unfused one",
     "q30b-h100-a2a-ovl": "as the run without overlap",
