@@ -9,8 +9,19 @@ expert_strides``, the ranks ``costmodel/topology.py`` prices the all-to-all and 
 gradient reduction over (torchtitan's ``dp_shard`` -> (``dp_shard_mod_ep``,
 ``dp_shard_in_ep``), with the tp ranks in it). It is one ``DeviceMesh`` with the world mesh as
 its root (``DeviceMesh._flatten`` / ``_unflatten``), so FSDP2 can shard an ep DTensor over the
-expert data-parallel ranks (its FSDP + EP layout). The engine runs etp = 1 only
-(``passes/mesh.check_executable`` refuses more).
+expert data-parallel ranks (its FSDP + EP layout, and FSDP + EP + TP under etp).
+
+**Expert tensor parallelism** (etp > 1, of the tp ranks under the fold; Megatron-Core's
+``--expert-tensor-parallel-size``): each expert's hidden width is split over the etp ranks --
+the family says which dim of each stacked weight (``ExpertLayer.etp_dims``; the zoo's
+``Experts``: gate and up by columns, down by rows, the output bias whole), the weights are
+DTensors ``(Shard(0), Shard(dim))`` on the (ep, etp) mesh. After the dispatch every etp rank's
+received rows are gathered (capacity: an all-gather of the equal slots; dropless: an
+all-to-all of uneven splits, every rank's rows to each), each rank runs its part of the width
+on all of them, and the parts are summed back to the rows' rank (a reduce-scatter, or the
+reverse all-to-all and a sum); the backward of each is the other. Only the first etp rank adds
+the output's bias (the others add it as zero, keeping its gradient: every etp rank computes
+the same rows). The cost model prices the same gather and scatter (``costmodel/moe.py``).
 
 **The fold** (``ParallelConfig.experts_fold_tp``: tp > 1 with sequence parallelism): every MoE
 layer (``ExpertLayer.module``) runs on its tp rank's own tokens -- ``TokenShards`` takes the
@@ -82,8 +93,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._functional_collectives import (all_to_all_single,
-                                                      all_to_all_single_autograd)
+from torch.distributed._functional_collectives import (
+    all_gather_tensor,
+    all_gather_tensor_autograd,
+    all_to_all_single,
+    all_to_all_single_autograd,
+    reduce_scatter_tensor_autograd,
+)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
@@ -131,10 +147,6 @@ def expert_mesh(plan: Plan, mesh: DeviceMesh) -> DeviceMesh:
         raise AutoparError("expert_mesh of a plan without expert parallelism",
                            where="passes.expert_parallel.expert_mesh",
                            fix="call it for ep > 1, or tp > 1 with sequence parallelism")
-    if c.etp > 1:
-        raise AutoparError(f"etp={c.etp}: the engine runs every expert whole on its ep rank "
-                           "(expert tensor parallelism is priced, not yet executed)",
-                           where="plan.config.etp", fix="plan etp=1")
     names = (*(a.value for a in DATA_PARALLEL), MeshAxis.CP.value,
              *((MeshAxis.TP.value,) if c.experts_fold_tp else ()))
     flat = mesh[names]._flatten("_".join(("experts", *names)))
@@ -166,6 +178,7 @@ def apply_expert_parallel(stage: nn.Module, plan: Plan, ep_mesh: DeviceMesh,
     dispatch; returns the layers' experts modules (for FSDP over the expert data-parallel
     ranks)."""
     ep = ep_mesh[EP]
+    etp = plan.config.etp
     out = []
     for layer in layers:
         if layer.num_experts % ep.size():
@@ -173,7 +186,9 @@ def apply_expert_parallel(stage: nn.Module, plan: Plan, ep_mesh: DeviceMesh,
                                where="plan.config.ep",
                                fix=f"choose ep among the divisors of {layer.num_experts}")
         experts = layer.experts
-        if layer.shard is not None:
+        if etp > 1:
+            out.append(_split_experts_etp(layer, ep_mesh, etp))
+        elif layer.shard is not None:
             out.extend(layer.shard(ep))
         else:
             for name in layer.weights if ep.size() > 1 else ():
@@ -181,11 +196,36 @@ def apply_expert_parallel(stage: nn.Module, plan: Plan, ep_mesh: DeviceMesh,
                 sharded = distribute_tensor(param.data, ep, [Shard(0)], src_data_rank=None)
                 setattr(experts, name, nn.Parameter(sharded, requires_grad=param.requires_grad))
             out.append(experts)
-        dispatch = ExpertDispatch(ep, layer, expert_grad_scale(plan))
+        dispatch = ExpertDispatch(ep, layer, expert_grad_scale(plan),
+                                  ep_mesh[ETP] if etp > 1 else None)
         layer.install(dispatch)
         if ep.size() > 1:
             experts.ep_dispatch = dispatch  # found again by ep_load
     return out
+
+
+def _split_experts_etp(layer: ExpertLayer, ep_mesh: DeviceMesh, etp: int) -> nn.Module:
+    """The stacked weights of ``layer`` as DTensors on the (ep, etp) mesh: experts
+    ``Shard(0)`` over ep, each weight's hidden width (``ExpertLayer.etp_dims``) over etp -- or
+    ``Replicate`` for one every etp rank holds whole; returns the experts module (FSDP2's unit
+    over the expert data-parallel ranks: its "EP + TP" layout)."""
+    if layer.etp_dims is None or layer.shard is not None:
+        raise AutoparError(f"etp={etp}: this model's MoE layers do not say how to split an "
+                           "expert's weights (ExpertLayer.etp_dims)", where="plan.config.etp",
+                           fix="plan etp=1")
+    if layer.ffn_size is None or layer.ffn_size % etp:
+        raise AutoparError(f"etp={etp} does not divide the experts' hidden width "
+                           f"{layer.ffn_size}", where="plan.config.etp",
+                           fix="choose etp among the divisors of the experts' hidden width")
+    mesh = ep_mesh[(EP, ETP)]
+    experts = layer.experts
+    for name in layer.weights:
+        param = getattr(experts, name)
+        dim = layer.etp_dims[name]
+        placements = [Shard(0), Replicate() if dim is None else Shard(dim)]
+        sharded = distribute_tensor(param.data, mesh, placements, src_data_rank=None)
+        setattr(experts, name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+    return experts
 
 
 def call_tokens_mesh(plan: Plan, mesh: DeviceMesh) -> DeviceMesh | None:
@@ -354,12 +394,15 @@ class ExpertDispatch:
     """The all-to-all dispatch and combine of one MoE layer over the ep group (see the
     module docstring); the layer calls it with its routing in place of its local experts."""
 
-    def __init__(self, ep_mesh: DeviceMesh, layer: ExpertLayer, grad_scale: float) -> None:
+    def __init__(self, ep_mesh: DeviceMesh, layer: ExpertLayer, grad_scale: float,
+                 etp_mesh: DeviceMesh | None = None) -> None:
         self.mesh = ep_mesh
         self.ep = ep_mesh.size()
         self.layer = layer
         self.grad_scale = grad_scale
         """``expert_grad_scale``: the experts' weights' gradients are scaled by it."""
+        self.etp_mesh = etp_mesh
+        """The ranks splitting each local expert's hidden width (``None``: etp 1)."""
         self.rows_sent: torch.Tensor | None = None
         """Assignments this rank sent to each ep rank's experts (ep,), summed over the calls
         (kept ones only in capacity mode): ``ep_load`` adds them up over the group."""
@@ -395,11 +438,11 @@ class ExpertDispatch:
         layer, ep = self.layer, self.ep
         e, capacity, h = buf.shape
         if ep == 1:
-            return layer.run(buf, None, self.grad_scale)
+            return self._run_slots(buf)
         recv = all_to_all_single_autograd(buf.reshape(-1, h), None, None, self.mesh)
         local = e // ep  # recv: (source rank, local expert, slot, h)
         x = recv.view(ep, local, capacity, h).transpose(0, 1).reshape(local, ep * capacity, h)
-        y = layer.run(x, None, self.grad_scale)
+        y = self._run_slots(x)
         y = y.view(local, ep, capacity, h).transpose(0, 1).reshape(-1, h)
         return all_to_all_single_autograd(y, None, None, self.mesh).view(e, capacity, h)
 
@@ -416,7 +459,7 @@ class ExpertDispatch:
         e, ep = self.layer.num_experts, self.ep
         local = e // ep
         if ep == 1:
-            return self.layer.run(rows, counts.tolist(), self.grad_scale)
+            return self._run_rows(rows, counts.to("cpu").tolist())
         counts = counts.to(rows.device)
         # counts[j] of every source for this rank's experts: (ep sources x local experts)
         got = all_to_all_single(counts, None, None, self.mesh).view(ep, local)
@@ -427,12 +470,51 @@ class ExpertDispatch:
         # regroup (source, expert) blocks as (expert, source): each expert's rows together
         blocks = list(torch.split(recv, got.reshape(-1).tolist()))
         by_expert = [blocks[s * local + j] for j in range(local) for s in range(ep)]
-        y = self.layer.run(torch.cat(by_expert), got.sum(dim=0).tolist(), self.grad_scale)
+        y = self._run_rows(torch.cat(by_expert), got.sum(dim=0).tolist())
         out_blocks = list(torch.split(y, [int(got[s, j]) for j in range(local)
                                           for s in range(ep)]))
         by_source = [out_blocks[j * ep + s] for s in range(ep) for j in range(local)]
         return all_to_all_single_autograd(torch.cat(by_source), send_splits, recv_splits,
                                           self.mesh)
+
+
+    def _run_slots(self, x: torch.Tensor) -> torch.Tensor:
+        """(E_local, slots, h) through the local experts; under etp every etp rank's slots
+        all-gathered (its backward sums the rows' gradients back to their rank), this rank's
+        part of each expert's hidden width run on all of them, and the parts summed back to
+        the rows' rank (reduce-scatter; its backward all-gathers)."""
+        if self.etp_mesh is None:
+            return self.layer.run(x, None, self.grad_scale)
+        group = self.etp_mesh.get_group()
+        n = self.etp_mesh.size()
+        whole = all_gather_tensor_autograd(x.contiguous(), 1, group)
+        y = self.layer.run(whole, None, self.grad_scale, self.etp_mesh.get_local_rank() == 0)
+        return reduce_scatter_tensor_autograd(y.contiguous(), "sum", 1, group) \
+            if n > 1 else y
+
+    def _run_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Rows grouped by local expert (``counts``) through the local experts; under etp as
+        ``_run_slots``, with each etp rank's uneven rows exchanged by all-to-alls (every rank
+        sends its rows to each, and receives its rows' parts from each)."""
+        if self.etp_mesh is None:
+            return self.layer.run(rows, counts, self.grad_scale)
+        n = self.etp_mesh.size()
+        local = len(counts)
+        mine = torch.tensor(counts, dtype=torch.int64, device=rows.device)
+        every = all_gather_tensor(mine, 0, self.etp_mesh.get_group()).view(n, local)
+        sizes = every.sum(dim=1).tolist()
+        got = all_to_all_single_autograd(rows.repeat(n, 1), sizes, [rows.size(0)] * n,
+                                         self.etp_mesh)
+        # regroup (member, expert) blocks as (expert, member): each expert's rows together
+        blocks = list(torch.split(got, every.reshape(-1).tolist()))
+        by_expert = [blocks[m * local + j] for j in range(local) for m in range(n)]
+        y = self.layer.run(torch.cat(by_expert), every.sum(dim=0).tolist(), self.grad_scale,
+                           self.etp_mesh.get_local_rank() == 0)
+        parts = list(torch.split(y, [int(every[m, j]) for j in range(local) for m in range(n)]))
+        by_member = [parts[j * n + m] for m in range(n) for j in range(local)]
+        back = all_to_all_single_autograd(torch.cat(by_member), [rows.size(0)] * n, sizes,
+                                          self.etp_mesh)
+        return back.view(n, rows.size(0), -1).sum(dim=0)
 
 
 def ep_load(modules: list[nn.Module]) -> float | None:

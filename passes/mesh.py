@@ -24,10 +24,10 @@ AXES: tuple[MeshAxis, ...] = ORDER
 def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
     """Refuse, with what to do, a plan this version cannot run: the admissibility check for the
     model of ``facts`` (``autopar.analysis.admissibility.check_plan``; without ``facts``, the checks that
-    need no model), then the passes' own limits -- fused kernels that exist (and
-    ``linear_cross_entropy`` at tp 1), and expert tensor parallelism (etp > 1), which they do
-    not run. Context and expert parallelism run, together too (``passes/context_parallel.py``,
-    ``passes/expert_parallel.py``)."""
+    need no model), then the passes' own limits: fused kernels that exist (and
+    ``linear_cross_entropy`` at tp 1). Context and expert parallelism run, together too, and
+    expert tensor parallelism where the model's family says how to split an expert
+    (``passes/context_parallel.py``, ``passes/expert_parallel.py``)."""
     from autopar.passes.fuse import check_fusions  # the kernels' import, only when checking
 
     c = plan.config
@@ -38,12 +38,6 @@ def check_executable(plan: Plan, facts: ModelFacts | None = None) -> None:
         if problem is not None:
             raise problem.error()
     check_fusions(c.fusions, c.tp)
-    if c.etp > 1:
-        raise AutoparError(
-            f"etp={c.etp}: the engine runs every expert whole on its ep rank; expert tensor "
-            "parallelism is priced and exported (Megatron-Core's --expert-tensor-parallel-size), "
-            "not executed by autopar's passes", where="plan.config.etp",
-            fix="plan etp=1 to run or verify it here, or export the plan to Megatron-LM")
 
 
 def executable_spec(plan: Plan, given: ModelSpec | None = None) -> ModelSpec:

@@ -32,7 +32,8 @@ The rules, each with the reason the program could not run otherwise:
   (``Family.expert_layers``), since the passes split those layers only. Under sequence
   parallelism with tp > 1 the MoE layers run on each tp rank's own tokens (the fold), which
   needs a family that gives the MoE module and routes over a split call (``fold_problem``); a
-  mixture of experts under cp needs the latter too.
+  mixture of experts under cp needs the latter too. etp > 1 needs a family that says how to
+  split an expert (``etp_problem``).
 
 ``check_plan`` adds what a solved plan decides: its stages hold the model's blocks, every
 module it names exists in the model (a plan made for another model fails here), and every
@@ -126,6 +127,12 @@ class ModelFacts:
     """Why the ``moe`` checkpoint policy cannot run this model's MoE layers although it has
     experts (its family gives no MoE module to checkpoint, ``ExpertLayer.module``); ``None``:
     it can, it has none, or only a traced graph is known."""
+    etp_refused: str | None = None
+    """Why the passes cannot split this model's experts over etp ranks (a family that does not
+    say which dim of an expert's weights to split: ``ExpertLayer.etp_dims``); ``None``: they
+    can, it has none, or only a traced graph is known."""
+    expert_ffn: int | None = None
+    """The experts' hidden width (the smallest over its MoE layers), which etp divides."""
     cross_stage_loss: str | None = None
     """Why the model's loss needs every block of a forward before its backward, so that it
     runs in one pipeline stage: transformers' load-balancing loss over all routers
@@ -182,6 +189,14 @@ def facts_of(model: object) -> ModelFacts:
     if found["num_experts"] is not None and (
             not expert_layers or any(layer.module is None for layer in expert_layers)):
         found["moe_modules_refused"] = found.get("experts_refused") or _NO_MODULE
+    if found["num_experts"] is not None and (
+            not expert_layers or any(layer.etp_dims is None for layer in expert_layers)):
+        found["etp_refused"] = found.get("experts_refused") or (
+            "its family does not say which dim of an expert's weights to split "
+            "(ExpertLayer.etp_dims: transformers' fused gate_up experts, a generic decoder's "
+            "expert modules)")
+    if expert_layers and all(layer.ffn_size for layer in expert_layers):
+        found["expert_ffn"] = min(layer.ffn_size for layer in expert_layers)
     return ModelFacts(num_blocks=group.count if group is not None else 0,
                       layers=layers_of(model), tensor_layout=layout, **found)
 
@@ -429,6 +444,22 @@ def fold_problem(facts: ModelFacts, config: ParallelConfig) -> Problem | None:
                    "the same tokens, ep carved from dp x cp)")
 
 
+def etp_problem(facts: ModelFacts, config: ParallelConfig) -> Problem | None:
+    """Expert tensor parallelism splits each expert's hidden width over etp ranks: the
+    model's family says which dims (``ExpertLayer.etp_dims``), and etp divides the width."""
+    if config.etp == 1 or not facts.num_experts:
+        return None
+    fix = "plan etp=1 (each expert whole on its ep rank)"
+    if facts.etp_refused is not None:
+        return Problem(f"etp={config.etp} splits each expert over {config.etp} ranks, and the "
+                       f"passes cannot split this model's: {facts.etp_refused}", "etp", fix)
+    if facts.expert_ffn is not None and facts.expert_ffn % config.etp:
+        return Problem(f"etp={config.etp} does not divide the experts' hidden width "
+                       f"{facts.expert_ffn}", "etp",
+                       f"choose etp among the divisors of {facts.expert_ffn}, or {fix}")
+    return None
+
+
 def moe_problem(facts: ModelFacts, config: ParallelConfig) -> Problem | None:
     """The ``moe`` checkpoint policy runs each MoE layer's module under checkpoint
     (``passes/checkpointing.py``): the model needs MoE layers its family gives as modules."""
@@ -482,7 +513,7 @@ def problems(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> lis
              stages_problem(facts, config.pp, chunks),
              microbatch_problem(config, train), positions_problem(facts, train.seq_len),
              experts_problem(facts, config.ep), fold_problem(facts, config),
-             moe_problem(facts, config),
+             etp_problem(facts, config), moe_problem(facts, config),
              context_parallel_problem(facts, train.seq_len, config.cp)]
     if config.sequence_parallel:
         found.append(sequence_parallel_problem(train.seq_len, config.tp, config.cp))

@@ -113,6 +113,7 @@ class Estimate:
         parts = [f"dp{c.dp}", f"tp{c.tp}", f"pp{c.pp}"]
         parts += [f"cp{c.cp}"] if c.cp > 1 else []
         parts += [f"ep{c.ep}"] if c.ep > 1 else []
+        parts += [f"etp{c.etp}"] if c.etp > 1 else []
         parts += [f"zero{c.zero}", f"mb{c.micro_batch}x{self.num_microbatches}"]
         if c.pp > 1 or c.virtual_stages > 1:
             parts.append(str(c.schedule) + (f"(v{c.virtual_stages})" if c.virtual_stages > 1

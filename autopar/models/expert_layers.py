@@ -14,7 +14,7 @@ one dispatch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -58,10 +58,14 @@ class ExpertLayer:
     top_k: int
     capacity_factor: float | None
     """Slots per expert as a factor of the mean load; ``None``: dropless (every assignment)."""
-    run: Callable[[torch.Tensor, list[int] | None, float], torch.Tensor]
-    """(x, counts, grad_scale) -> the local experts' outputs: ``x`` (E_local, C, h) with
-    ``counts`` ``None``, else rows grouped by expert, ``counts[i]`` rows for local expert i;
-    the weights' local shards are used and their gradients scaled by ``grad_scale``."""
+    run: Callable[..., torch.Tensor]
+    """(x, counts, grad_scale[, out_bias]) -> the local experts' outputs: ``x`` (E_local, C, h)
+    with ``counts`` ``None``, else rows grouped by expert, ``counts[i]`` rows for local expert
+    i; the weights' local shards are used and their gradients scaled by ``grad_scale``. Under
+    expert tensor parallelism (``etp_dims``) the output is this rank's part of a sum over the
+    etp ranks, and ``out_bias=False`` (every etp rank but the first) adds the output's bias as
+    zero with its gradient (each etp rank computes the same rows, so each gets the whole
+    bias gradient)."""
     install: Callable[[Dispatch | None], None]
     """Make the layer call the dispatch in place of its local experts (``None``: local again);
     the dispatch is ``passes/expert_parallel.ExpertDispatch``, whose ``exchange`` a layer that
@@ -75,6 +79,14 @@ class ExpertLayer:
     gate or shared expert inside it, which it calls on (b * s, h) tokens -- so that under the
     experts' fold it runs on the rank's own sequence shard (``passes/expert_parallel.py``:
     ``apply_token_shards``); ``None``: the family cannot run it so (the fold is refused)."""
+    etp_dims: Mapping[str, int | None] | None = None
+    """Expert tensor parallelism (``ParallelConfig.etp``): for each of ``weights``, the dim the
+    etp ranks split -- the hidden (ffn) width: a column-split projection's output, a row-split
+    one's input, their biases' -- or ``None`` for a weight each etp rank holds whole (the
+    output projection's bias); ``None``: the layer cannot split its experts (etp > 1 refused,
+    ``ModelFacts.etp_refused``)."""
+    ffn_size: int | None = None
+    """The experts' hidden width, which etp divides (with ``etp_dims``)."""
     split_tokens: Callable[[CallTokens | None], None] | None = None
     """Hand the layer the ranks holding one call's tokens (``None``: all here), for a layer
     whose routing or loss spans the call's tokens (capacity slots, the load-balancing loss);

@@ -201,6 +201,9 @@ class Experts(nn.Module):
 
     WEIGHTS = ("w_gate", "w_up", "w_down")
     BIASES = ("b_gate", "b_up", "b_down")
+    ETP_DIMS = {"w_gate": 2, "w_up": 2, "w_down": 1, "b_gate": 1, "b_up": 1, "b_down": None}
+    """The dim of each stacked weight expert tensor parallelism splits: the hidden width f
+    (gate and up by columns, down by rows); ``b_down`` whole (``ExpertLayer.etp_dims``)."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int,
                  bias: bool = False, limit: float | None = None, alpha: float = 1.702) -> None:
@@ -241,16 +244,19 @@ class Experts(nn.Module):
         return out + b[2].unsqueeze(1) if b else out
 
     def forward(self, x: torch.Tensor, counts: list[int] | None = None,
-                grad_scale: float | None = None) -> torch.Tensor:
+                grad_scale: float | None = None, out_bias: bool = True) -> torch.Tensor:
         """(E, C, h) to (E, C, h); with ``counts``, expert ``i`` on its ``counts[i]``
         consecutive rows of ``x`` (rows, h) instead (dropless). ``grad_scale`` (expert
         parallelism) runs the local shards of DTensor parameters and scales their gradients
-        by it. A call through ``__call__`` in every case, so FSDP2 gathers the weights
-        first."""
+        by it; ``out_bias=False`` adds ``b_down`` as zero with its gradient (an etp rank's
+        part of a sum one other rank adds the bias to: ``ExpertLayer.run``). A call through
+        ``__call__`` in every case, so FSDP2 gathers the weights first."""
         if counts is None and grad_scale is None:  # the one-process, traced form
             return self._run(x, [getattr(self, n) for n in self.names])
         scale = 1.0 if grad_scale is None else grad_scale
         params = [_local(getattr(self, n), scale) for n in self.names]
+        if self.bias and not out_bias:
+            params[-1] = params[-1] - params[-1].detach()
         if counts is None:
             return self._run(x, params)
         w_gate, w_up, w_down, *b = params
@@ -412,9 +418,10 @@ def expert_layers(module: nn.Module) -> list[ExpertLayer]:
 
 
 def _expert_layer(layer: MoELayer) -> ExpertLayer:
-    def run(x: torch.Tensor, counts: list[int] | None, grad_scale: float) -> torch.Tensor:
+    def run(x: torch.Tensor, counts: list[int] | None, grad_scale: float,
+            out_bias: bool = True) -> torch.Tensor:
         # through Experts.__call__, so FSDP2 gathers the weights first
-        return layer.experts(x, counts=counts, grad_scale=grad_scale)
+        return layer.experts(x, counts=counts, grad_scale=grad_scale, out_bias=out_bias)
 
     def install(dispatch) -> None:
         layer.dispatch = dispatch
@@ -425,7 +432,9 @@ def _expert_layer(layer: MoELayer) -> ExpertLayer:
     return ExpertLayer(experts=layer.experts, weights=layer.experts.names,
                        num_experts=layer.num_experts, top_k=layer.top_k,
                        capacity_factor=layer.capacity_factor, run=run, install=install,
-                       module=layer, split_tokens=split_tokens)
+                       module=layer, split_tokens=split_tokens,
+                       etp_dims={n: Experts.ETP_DIMS[n] for n in layer.experts.names},
+                       ffn_size=layer.experts.w_gate.shape[-1])
 
 
 class MoEBlock(nn.Module):

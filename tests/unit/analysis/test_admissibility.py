@@ -233,3 +233,27 @@ def test_the_moe_policy_is_refused_without_moe_layers_the_passes_can_checkpoint(
         moe_facts = facts_of(ModelSpec(name).build("meta"))
         assert moe_facts.moe_modules_refused is None
         assert _what(moe_facts, dp=2, ep=2, checkpoint="moe") == []
+
+
+def test_etp_needs_a_family_that_splits_an_expert_and_a_width_it_divides():
+    """etp > 1 splits each expert's hidden width: the zoo's experts say how
+    (``ExpertLayer.etp_dims``), transformers' fused gate_up experts and a generic decoder's
+    expert modules do not and are refused with the reason; a width etp does not divide too."""
+    from pathlib import Path
+
+    from autopar.analysis.admissibility import facts_of
+    from autopar.models.training import ModelSpec
+
+    fold = dict(dp=2, tp=2, sequence_parallel=True, ep=2, etp=2, micro_batch=1)
+    zoo = facts_of(ModelSpec("tiny-moe").build("meta"))
+    assert zoo.etp_refused is None and zoo.expert_ffn
+    assert _what(zoo, **fold) == []
+    odd = dataclasses.replace(zoo, expert_ffn=zoo.expert_ffn + 1)
+    found = _what(odd, **fold)
+    assert any("does not divide the experts' hidden width" in f for f in found), found
+    nanomoe = Path(__file__).resolve().parents[2] / "data" / "nanomoe.py"
+    generic = facts_of(ModelSpec.parse(f"{nanomoe}:make").build("meta"))
+    assert generic.etp_refused is not None
+    found = _what(generic, **fold)
+    assert any(f.startswith("etp=2 splits each expert") for f in found), found
+    assert not any(f.startswith("etp=") for f in _what(generic, **{**fold, "etp": 1}))
