@@ -135,7 +135,7 @@ def outer_candidates(num_gpus: int, facts: ModelFacts, train: TrainSpec,
     constraints = dict(constraints or {})
     check_constraints(constraints)
     stats = stats if stats is not None else SpaceStats()
-    fixed = {k: constraints[k] for k in ("checkpoint", "fusions", "num_microbatches", "etp")
+    fixed = {k: constraints[k] for k in ("checkpoint", "fusions", "num_microbatches")
              if k in constraints}
     for dp, tp, pp, cp in meshes(num_gpus, facts, train, constraints, stats):
         per_replica = train.global_batch // dp
@@ -146,11 +146,13 @@ def outer_candidates(num_gpus: int, facts: ModelFacts, train: TrainSpec,
             for schedule, v in _schedules(pp, m, facts.num_blocks, constraints, stats):
                 for zero in _zero_stages(dp * cp, pp, constraints, stats):
                     for sp in _sequence_parallel(tp, cp, train.seq_len, constraints, stats):
-                        for ep in _allowed(_expert_degrees(facts, dp * cp * (tp if sp else 1)),
-                                           "ep", constraints):
+                        ranks = dp * cp * (tp if sp else 1)
+                        for ep, etp in _expert_layouts(facts, ranks, tp if sp else 1,
+                                                       constraints, stats):
                             config = ParallelConfig(
-                                dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, micro_batch=mb,
-                                schedule=schedule, virtual_stages=v, sequence_parallel=sp,
+                                dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, zero=zero,
+                                micro_batch=mb, schedule=schedule, virtual_stages=v,
+                                sequence_parallel=sp,
                                 offload=bool(constraints.get("offload", False)), **fixed)
                             found = problems(facts, config, train)
                             if found:
@@ -166,6 +168,39 @@ def _expert_degrees(facts: ModelFacts, ranks: int) -> list[int]:
     if not facts.num_experts:
         return [1]
     return [e for e in divisors(ranks) if facts.num_experts % e == 0]
+
+
+def _expert_layouts(facts: ModelFacts, ranks: int, folded_tp: int,
+                    constraints: Mapping[str, object], stats: SpaceStats
+                    ) -> list[tuple[int, int]]:
+    """(ep, etp) of a model's experts over ``ranks``: ep as ``_expert_degrees``; etp 1 (each
+    expert whole), and under the fold (``folded_tp`` > 1) the whole tp -- each expert's width
+    over the tp ranks -- where the model's family can split an expert
+    (``ModelFacts.etp_refused``), ep x etp divides the ranks, and the experts cannot be spread
+    whole over ep x etp ranks instead: that layout holds the same expert weights per rank over
+    the same expert data-parallel ranks without etp's gather and scatter, so etp is searched
+    where it goes past the experts' count (a few wide experts: Mixtral's 8 over 16 ranks),
+    pruned elsewhere (``SpaceStats.pruned["etp"]``). An etp the user names, only."""
+    experts = facts.num_experts or 0
+    named = "etp" in constraints
+    if named:
+        etps = [int(constraints["etp"])]  # type: ignore[call-overload]
+    elif folded_tp > 1 and experts and facts.etp_refused is None:
+        etps = [1, folded_tp]
+    else:
+        etps = [1]
+    out = []
+    for etp in etps:
+        if etp > 1 and folded_tp % etp:
+            continue
+        for ep in _allowed(_expert_degrees(facts, ranks), "ep", constraints):
+            if ranks % (ep * etp):
+                continue
+            if etp > 1 and not named and experts % (ep * etp) == 0:
+                stats.prune("etp")
+                continue
+            out.append((ep, etp))
+    return out
 
 
 def _schedules(pp: int, m: int, num_blocks: int, constraints: Mapping[str, object],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autopar.core.errors import AutoparError
@@ -48,8 +50,17 @@ def test_moe_expert_parallel_divides_experts_and_the_ranks_it_folds_over() -> No
     # under sequence parallelism the experts' mesh folds over the tp ranks too (core.mesh)
     assert all(8 % c.ep == 0 and c.expert_ranks % c.ep == 0 for c in configs)
     assert any(c.ep > c.dp * c.cp for c in configs)  # ep spanning tp ranks is searched
-    assert all(c.etp == 1 for c in configs)  # the engine runs each expert whole
     assert all(2 % c.tp == 0 for c in configs)  # kv heads bound tp
+    # etp (the whole tp under the fold) only where ep x etp goes past the 8 experts: below,
+    # ep x etp whole experts hold as much per rank without etp's gather and scatter
+    split = [c for c in configs if c.etp > 1]
+    assert split and all(c.etp == c.tp and c.sequence_parallel for c in split)
+    assert all(c.ep * c.etp > 8 for c in split)
+    assert {(c.ep, c.etp) for c in split} >= {(8, 2)}
+    named = list(outer_candidates(16, moe, train, {"etp": 2, "ep": 2}))
+    assert named and all(c.etp == 2 and c.ep == 2 for c in named)
+    whole = dataclasses.replace(moe, etp_refused="its family does not say")
+    assert all(c.etp == 1 for c in outer_candidates(16, whole, train))
 
 
 def test_unknown_constraint_is_an_error() -> None:
