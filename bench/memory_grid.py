@@ -103,6 +103,9 @@ GRID = [
          dict(dp=8, ep=8, zero=1, micro_batch=1, checkpoint="moe"), layers=4),
     Case("dsv3-pp2-ep8", "deepseek-v3", "hgx-h100-80g", 2, 16, 4096,
          dict(dp=8, pp=2, ep=8, zero=1, micro_batch=1), layers=5),
+    Case("mixtral-ep8-etp2-zero1", "mixtral-8x7b", "hgx-h100-80g", 2, 32, 4096,
+         dict(dp=8, tp=2, ep=8, etp=2, zero=1, micro_batch=1, sequence_parallel=True),
+         layers=2),
     Case("mixtral-ep2-zero3", "mixtral-8x7b", "hgx-h100-80g", 1, 16, 4096,
          dict(dp=8, ep=2, zero=3, micro_batch=1), layers=2),
 ]
