@@ -11,7 +11,10 @@ behind the backward pass and the optimizer step, and sizes every stage's memory.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from .cluster import ClusterSpec
 from .collectives import Collective, Group, estimate_collective_s
@@ -216,31 +219,73 @@ def _layer_time(
                       t.forward + t.backward + recompute))
 
 
-_LAYER_TIMES: dict[tuple, tuple[LayerCost, tuple[PhaseTimes, float, float, float, float]]] = {}
-"""``_layer_time`` of the candidates priced so far, by what it depends on: the search prices
-the same layer under the same split for many candidates (other dp, pp, ZeRO, schedules)."""
+_T = TypeVar("_T")
+
+
+class _ByLayer:
+    """Values of a layer remembered across estimates, by the layer and what else they depend
+    on: the search prices the same layer under the same split for many candidates (other dp,
+    pp, ZeRO, schedules). The layer is held with its entry, so its ``id`` is not reused while
+    the entry lives; at ``kept`` entries the table starts again."""
+
+    def __init__(self, kept: int) -> None:
+        self.kept = kept
+        self.table: dict[tuple, tuple[LayerCost, object]] = {}
+
+    def get(self, layer: LayerCost, key: tuple, make: Callable[[], _T]) -> _T:
+        full = (id(layer), *key)
+        hit = self.table.get(full)
+        if hit is not None and hit[0] is layer:
+            return hit[1]  # type: ignore[return-value]
+        if len(self.table) >= self.kept:
+            self.table.clear()
+        value = make()
+        self.table[full] = (layer, value)
+        return value
+
+
 LAYER_TIMES_KEPT = 4096
+_LAYER_TIMES = _ByLayer(LAYER_TIMES_KEPT)
+"""``_layer_time`` of the candidates priced so far."""
+_LAYER_SIZES = _ByLayer(LAYER_TIMES_KEPT)
+"""A layer's memory terms (``_layer_bytes``) of the candidates priced so far."""
+_RECOMPUTED = _ByLayer(256)
+"""A block's FLOPs recomputed per policy (``_recomputed_flop``)."""
 
 
 def _shared_layer_time(
     layer: LayerCost, policy: Checkpoint, split: Split, config: ParallelConfig, g: MeshGroups,
     cluster: ClusterSpec, eff: Efficiency,
 ) -> tuple[PhaseTimes, float, float, float, float]:
-    """``_layer_time``, remembered across estimates (``_LAYER_TIMES``; the layer itself is
-    held with its entry, so its ``id`` is not reused while the entry lives). Not with a
-    measured profile, whose lookups each note which terms it priced."""
+    """``_layer_time``, remembered across estimates (``_LAYER_TIMES``). Not with a measured
+    profile, whose lookups each note which terms it priced."""
     if cluster.profile is not None:
         return _layer_time(layer, policy, split, config, g, cluster, eff)
-    key = (id(layer), policy, split, config.ep, config.etp, config.tp, config.fusions, g,
-           cluster, eff)
-    hit = _LAYER_TIMES.get(key)
-    if hit is not None and hit[0] is layer:
-        return hit[1]
-    if len(_LAYER_TIMES) >= LAYER_TIMES_KEPT:
-        _LAYER_TIMES.clear()
-    value = _layer_time(layer, policy, split, config, g, cluster, eff)
-    _LAYER_TIMES[key] = (layer, value)
-    return value
+    return _LAYER_TIMES.get(
+        layer, (policy, split, config.ep, config.etp, config.tp, config.fusions, g, cluster,
+                eff),
+        lambda: _layer_time(layer, policy, split, config, g, cluster, eff))
+
+
+def _layer_bytes(layer: LayerCost, split: Split, policy: Checkpoint, block_grad_bytes: float
+                 ) -> tuple[float, float, tuple[float, float]]:
+    """(saved, working, backward peak) bytes of one micro-batch of ``layer`` on one GPU
+    (``costmodel/memory.py``), remembered across estimates (``_LAYER_SIZES``)."""
+    def make() -> tuple[float, float, tuple[float, float]]:
+        working = recompute_working_bytes(layer, split, policy) + transient_bytes(layer, split)
+        return (saved_bytes(layer, split, policy), working,
+                backward_peak(layer, split, policy, block_grad_bytes)
+                or (working, block_grad_bytes))
+    return _LAYER_SIZES.get(layer, (policy, split, block_grad_bytes), make)
+
+
+def _recomputed_flop(block: LayerCost, policy: Checkpoint) -> float:
+    """FLOPs of the GEMMs and attention ``policy`` runs again in one block's backward."""
+    if policy is Checkpoint.FULL:
+        return block.matmul_flop
+    return _RECOMPUTED.get(block, (policy,), lambda: sum(
+        o.flop for o in block.ops
+        if reruns(o, policy) and o.kind in (OpKind.MATMUL, OpKind.ATTENTION)))
 
 
 def _stage_time(
@@ -486,12 +531,8 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     step = sum(breakdown.values())
 
     fwd = workload.pre.matmul_flop + L * workload.block.matmul_flop + workload.post.matmul_flop
-    recomputed = sum(
-        workload.block.matmul_flop if p is Checkpoint.FULL else
-        sum(o.flop for o in workload.block.ops
-            if reruns(o, p) and o.kind in (OpKind.MATMUL, OpKind.ATTENTION))
-        for p in policies
-    )
+    recomputed = sum(n * _recomputed_flop(workload.block, p)
+                     for p, n in Counter(policies).items())
     model_flops = 3 * fwd * train.global_batch
     hw_flops = model_flops + recomputed * train.global_batch
     peak = cluster.gpu.peak(split.compute_dtype) * cluster.num_gpus
@@ -538,11 +579,7 @@ def _stage_memory(
     for layer, policy, n in groups:
         key = (layer.name, policy)
         if key not in memo:  # every block costs the same: size it once
-            working_bytes = recompute_working_bytes(layer, split, policy) \
-                + transient_bytes(layer, split)
-            memo[key] = (saved_bytes(layer, split, policy), working_bytes,
-                         backward_peak(layer, split, policy, block_grad_bytes)
-                         or (working_bytes, block_grad_bytes))
+            memo[key] = _layer_bytes(layer, split, policy, block_grad_bytes)
         kept += n * memo[key][0]
         if layer is workload.post:
             loss_kept = n * memo[key][0]
