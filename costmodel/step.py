@@ -201,15 +201,14 @@ def _layer_time(
     # a capacity layer's experts compute their static slots; a dropless one's busiest rank
     # computes its share of the rows
     imbalance = eff.moe_load_imbalance if config.ep > 1 and layer.ep_dropless else 1.0
-    t = estimate_layer_s(layer, split, cluster, eff, expert_scale=imbalance)
+    t = layer_compute_s(layer, split, cluster, eff, imbalance)
     recompute = 0.0
     if policy is Checkpoint.FULL:
         recompute = t.forward
     elif policy is not Checkpoint.NONE:
         # matmuls: every op but the linear layers and fused attention runs again in the
         # backward; selective: the unfused attention core's
-        recompute = estimate_layer_s(layer, split, cluster, eff, recomputed_by=policy,
-                                     expert_scale=imbalance).forward
+        recompute = layer_compute_s(layer, split, cluster, eff, imbalance, policy).forward
     overlapped = (tp_gemm_s(layer, split, policy, cluster, eff)
                   if ASYNC_TP in config.fusions and config.tp > 1 else None)
     return (t, recompute, tp_comm_s(layer, split, policy, g, cluster, eff,
@@ -277,6 +276,24 @@ def _layer_bytes(layer: LayerCost, split: Split, policy: Checkpoint, block_grad_
                 backward_peak(layer, split, policy, block_grad_bytes)
                 or (working, block_grad_bytes))
     return _LAYER_SIZES.get(layer, (policy, split, block_grad_bytes), make)
+
+
+_LAYER_COMPUTE = _ByLayer(LAYER_TIMES_KEPT)
+"""``estimate_layer_s`` of the candidates priced so far (``layer_compute_s``)."""
+
+
+def layer_compute_s(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: Efficiency,
+                    expert_scale: float = 1.0, recomputed_by: Checkpoint | None = None
+                    ) -> PhaseTimes:
+    """``compute.estimate_layer_s`` of ``layer``, remembered across estimates and the
+    search's bounds (``_LAYER_COMPUTE``); not with a measured profile, whose lookups each note
+    which terms it priced."""
+    def make() -> PhaseTimes:
+        return estimate_layer_s(layer, split, cluster, eff, recomputed_by=recomputed_by,
+                                expert_scale=expert_scale)
+    if cluster.profile is not None:
+        return make()
+    return _LAYER_COMPUTE.get(layer, (split, cluster, eff, expert_scale, recomputed_by), make)
 
 
 def _recomputed_flop(block: LayerCost, policy: Checkpoint) -> float:

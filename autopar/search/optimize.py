@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.compute import Split, estimate_layer_s
+from autopar.costmodel.compute import Split
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate
@@ -50,7 +50,8 @@ from autopar.costmodel.pipeline import (
 )
 from autopar.core.specs import (ASYNC_TP, EP_A2A_OVERLAP, Checkpoint, ParallelConfig, Schedule,
                                  TrainSpec)
-from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step, tp_comm_s, tp_gemm_s
+from autopar.costmodel.step import (COMPUTE_DTYPE, estimate_step, layer_compute_s, tp_comm_s,
+                                    tp_gemm_s)
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.analysis.admissibility import ModelFacts
@@ -130,7 +131,7 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
         for layer in (work.pre, work.block, work.post):
             # the busiest rank's load, as the estimate prices it (``step._layer_time``)
             scale = (eff.moe_load_imbalance if config.ep > 1 and layer.ep_dropless else 1.0)
-            t = estimate_layer_s(layer, split, cluster, eff, expert_scale=scale)
+            t = layer_compute_s(layer, split, cluster, eff, scale)
             gemm = (tp_gemm_s(layer, split, Checkpoint.NONE, cluster, eff) if overlap
                     else None)
             plain = config.with_(fusions=tuple(f for f in config.fusions
