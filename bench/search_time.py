@@ -65,6 +65,8 @@ CASES = (
     Case("llama3-70b", "hgx-h100-80g", nodes=64, global_batch=1024, seq_len=8192),
     Case("mixtral-8x7b", "hgx-h100-80g", nodes=8, global_batch=512, seq_len=4096),
     Case("gpt-1t", "dgx-a100-80g", nodes=384, global_batch=3072, seq_len=2048, target_s=10.0),
+    # DeepSeek-V3 (MLA, 256 experts top-8, 3 dense layers) on 256 H100: ep folded over tp, cp
+    Case("deepseek-v3", "hgx-h100-80g", nodes=32, global_batch=512, seq_len=4096),
 )
 
 
