@@ -7,8 +7,13 @@ of a preset cites its datasheet in ``autopar.costmodel.hardware``. Every number 
 whether it comes from a file or from Python: a number in the wrong unit (``bytes_per_s: 400`` for
 400 Gbit/s) is refused with the conversion it needs.
 
-Presets, 8 GPUs per node each; host memory from NVIDIA's DGX user guides ("2TB" is 32 x 64 GB
-DIMMs, i.e. 2 TiB binary):
+A node is a host (what ``torchrun --nproc-per-node`` and a scheduler count); the GPUs joined by
+``intra_node`` (NVLink through NVSwitch) are its NVLink domain, one node by default or
+``nvlink_domain`` GPUs across several hosts (GB200 NVL72: 72 GPUs over 18 hosts of 4). The cost
+model places the communication groups by the domain (``costmodel/topology.py``).
+
+Presets, 8 GPUs per node each unless said; host memory from NVIDIA's DGX user guides ("2TB" is
+32 x 64 GB DIMMs, i.e. 2 TiB binary):
   dgx-a100-80g   A100-SXM4-80GB, NVLink3, IB HDR 200G per GPU, PCIe Gen4, 2 TiB (DGX A100 640GB)
   dgx-a100-40g   A100-SXM4-40GB, as above with 1 TiB host (DGX A100 320GB)
   hgx-h100-80g   H100-SXM5-80GB, NVLink4, IB NDR 400G per GPU, PCIe Gen5, 2 TiB host (DGX H100)
@@ -17,6 +22,10 @@ DIMMs, i.e. 2 TiB binary):
   hgx-h800       H800-SXM5-80GB, NVLink 400 GB/s total, IB 50 GB/s per GPU, PCIe Gen5 (DeepSeek-V3's
                  cluster, arXiv 2412.19437 section 3.1: 2048 GPUs = ``--nodes 256``); host
                  memory not published, taken as DGX H100's 2 TiB
+  dgx-b200       B200-180GB, NVLink5, IB NDR 400G per GPU, PCIe Gen5, 2 TB host (DGX B200)
+  gb200-nvl72    B200-GB200-186GB, 4 GPUs a host (compute tray) in a 72-GPU NVLink5 domain (one
+                 rack: ``--nodes 18``), IB NDR 400G per GPU between racks, NVLink-C2C to the
+                 Grace CPUs, 2 x 480 GB LPDDR5X a host (GB200 NVL72 datasheet)
 """
 
 from __future__ import annotations
@@ -33,9 +42,10 @@ import yaml
 
 from autopar.core.collectives import Collective
 from autopar.core.errors import AutoparError
-from .hardware import (A100_SXM4_40GB, A100_SXM4_80GB, H100_SXM5_80GB, H200_SXM_141GB,
-                       H800_SXM5_80GB, IB_HDR, IB_NDR, NVLINK3, NVLINK4, NVLINK4_H800, PCIE4_X16,
-                       PCIE5_X16, PLAUSIBLE, ROCE_400G, GiB, GPUSpec, LinkSpec, TiB,
+from .hardware import (A100_SXM4_40GB, A100_SXM4_80GB, B200_180GB, B200_GB200_186GB,
+                       H100_SXM5_80GB, H200_SXM_141GB, H800_SXM5_80GB, IB_HDR, IB_NDR, NVLINK3,
+                       NVLINK4, NVLINK4_H800, NVLINK5, NVLINK_C2C, PCIE4_X16, PCIE5_X16,
+                       PLAUSIBLE, ROCE_400G, GB, TB, GiB, GPUSpec, LinkSpec, TiB,
                        check_plausible, check_positive, did_you_mean,
                        format_bytes, format_bytes_per_s, gpu_preset, link_preset)
 from .profile import Profile, collective_key
@@ -61,12 +71,13 @@ allocator's fragmentation) is measured when a GPU is lent; until then it is in
 CLUSTER_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 """The extensions of a cluster file (YAML or JSON)."""
 _LINKS = ("intra_node", "inter_node", "host_link")
-_TOP_KEYS = ("name", "base", "nodes", "gpus_per_node", "gpu", *_LINKS, "host_memory_bytes",
-             "hbm_reserved_bytes", "memory_headroom")
+_TOP_KEYS = ("name", "base", "nodes", "gpus_per_node", "nvlink_domain", "gpu", *_LINKS,
+             "host_memory_bytes", "hbm_reserved_bytes", "memory_headroom")
 _SECTION_KEYS = {"gpu": ("name", "peak_flop_per_s", "hbm_bytes", "hbm_bytes_per_s", "source",
                          "sm_count"),
                  **{k: ("name", "bytes_per_s", "latency_s", "source") for k in _LINKS}}
 _HINT = {"nodes": "an integer, e.g. 4", "gpus_per_node": "an integer, e.g. 8", "name": "a name",
+         "nvlink_domain": "GPUs in one NVLink domain, a multiple of gpus_per_node, e.g. 72",
          "hbm_bytes": "bytes, e.g. 85899345920 (80 GiB)", "hbm_bytes_per_s": "B/s, e.g. 3.35e12",
          "sm_count": "an integer, e.g. 132",
          "peak_flop_per_s": "a map of dtype to dense FLOP/s, e.g. {bf16: 989e12}",
@@ -85,13 +96,14 @@ class ClusterSpec:
     gpu: GPUSpec
     """The GPU in every slot."""
     gpus_per_node: int
-    """GPUs joined by ``intra_node``."""
+    """GPUs of one host (node): the processes ``torchrun`` starts on it."""
     nodes: int
-    """Nodes joined by ``inter_node``."""
+    """Hosts."""
     intra_node: LinkSpec
-    """GPU-to-GPU link inside a node (NVLink through NVSwitch), per GPU per direction."""
+    """GPU-to-GPU link inside an NVLink domain (NVLink through NVSwitch), per GPU per
+    direction."""
     inter_node: LinkSpec
-    """Network between nodes (InfiniBand, RoCE), per GPU per direction."""
+    """Network between NVLink domains (InfiniBand, RoCE), per GPU per direction."""
     host_link: LinkSpec
     """GPU-to-CPU link (PCIe), used for offload, per GPU per direction."""
     host_memory_bytes: int
@@ -100,6 +112,10 @@ class ClusterSpec:
     """HBM per GPU the training program cannot use; see ``DEFAULT_HBM_RESERVED_BYTES``."""
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM
     """Fraction of the rest the planner keeps free (``DEFAULT_MEMORY_HEADROOM``)."""
+    nvlink_domain: int | None = None
+    """GPUs joined by ``intra_node`` across hosts (a multi-node NVLink domain: GB200 NVL72's
+    72 over 18 hosts of 4), a multiple of ``gpus_per_node``; ``None``: each host is its own
+    domain. Ranks fill the domains in order (``domain_gpus``)."""
     profile: Profile | None = field(default=None, compare=False, repr=False)
     """Measured times of this machine (``autopar profile``); the cost model asks it first and
     prices what it does not cover analytically. Not part of the cluster file: ``--profile``."""
@@ -113,6 +129,13 @@ class ClusterSpec:
                                    fix=f"pass a {kind.__name__}, e.g. a preset of hardware.py")
         for key in ("gpus_per_node", "nodes", "host_memory_bytes"):
             check_positive(getattr(self, key), key, integer=True)
+        if self.nvlink_domain is not None:
+            check_positive(self.nvlink_domain, "nvlink_domain", integer=True)
+            if self.nvlink_domain % self.gpus_per_node:
+                raise AutoparError(
+                    f"nvlink_domain={self.nvlink_domain} is not a multiple of gpus_per_node="
+                    f"{self.gpus_per_node}: a domain joins whole hosts", where="nvlink_domain",
+                    fix=_HINT["nvlink_domain"] + ", or leave it out (one host a domain)")
         check_plausible(self.host_memory_bytes, "host_memory_bytes", "host_memory_bytes")
         reserved = self.hbm_reserved_bytes
         if isinstance(reserved, bool) or not isinstance(reserved, int) or \
@@ -133,6 +156,11 @@ class ClusterSpec:
     @property
     def num_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs of one NVLink domain (``nvlink_domain``, or a host's), at most the cluster's."""
+        return min(self.nvlink_domain or self.gpus_per_node, self.num_gpus)
 
     @property
     def usable_hbm_bytes(self) -> int:
@@ -208,7 +236,9 @@ class ClusterSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The file layout: ``from_dict(to_dict())`` gives back an equal spec."""
+        domain = {"nvlink_domain": self.nvlink_domain} if self.nvlink_domain else {}
         return {"name": self.name, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+                **domain,
                 "gpu": asdict(self.gpu), **{k: asdict(getattr(self, k)) for k in _LINKS},
                 "host_memory_bytes": self.host_memory_bytes,
                 "hbm_reserved_bytes": self.hbm_reserved_bytes,
@@ -231,6 +261,11 @@ class ClusterSpec:
                 ("HBM usable", f"{format_bytes(self.usable_hbm_bytes)} "
                                f"({format_bytes(self.hbm_reserved_bytes)} reserved, "
                                f"{self.memory_headroom:.0%} headroom)")]
+        if self.nvlink_domain:
+            hosts = self.nvlink_domain // self.gpus_per_node
+            rows.append(("NVLink domain", f"{self.nvlink_domain} GPUs ({hosts} nodes of "
+                                          f"{self.gpus_per_node}) joined by "
+                                          f"{self.intra_node.name}"))
         for label, lk in zip(("Intra-node", "Inter-node", "Host link"),
                              (self.intra_node, self.inter_node, self.host_link)):
             rows.append((label, f"{lk.name}: {format_bytes_per_s(lk.bytes_per_s)} per GPU per "
@@ -331,6 +366,8 @@ def _build(d: dict[str, Any], loc: str) -> ClusterSpec:
                                   str(s.get("source", "")))
     ints = {k: _number(d, k, k, loc, integer=True) for k in
             ("gpus_per_node", "nodes", "host_memory_bytes")}
+    if d.get("nvlink_domain") is not None:
+        ints["nvlink_domain"] = _number(d, "nvlink_domain", "nvlink_domain", loc, integer=True)
     ints["hbm_reserved_bytes"] = _number(d, "hbm_reserved_bytes", "hbm_reserved_bytes", loc,
                                          integer=True, default=DEFAULT_HBM_RESERVED_BYTES)
     headroom = _number(d, "memory_headroom", "memory_headroom", loc,
@@ -361,7 +398,11 @@ _PRESETS: dict[str, ClusterSpec] = {name: ClusterSpec(name, gpu, 8, 1, intra, in
     ("hgx-h100-roce", H100_SXM5_80GB, NVLINK4, ROCE_400G, PCIE5_X16, 2 * TiB),
     ("hgx-h200", H200_SXM_141GB, NVLINK4, IB_NDR, PCIE5_X16, 2 * TiB),
     ("hgx-h800", H800_SXM5_80GB, NVLINK4_H800, IB_NDR, PCIE5_X16, 2 * TiB),
+    ("dgx-b200", B200_180GB, NVLINK5, IB_NDR, PCIE5_X16, 2 * TB),  # [DGXB200] 2 TB
 )}
+_PRESETS["gb200-nvl72"] = ClusterSpec(  # [GB200]: a compute tray is a host of 4 GPUs
+    "gb200-nvl72", B200_GB200_186GB, 4, 1, NVLINK5, IB_NDR, NVLINK_C2C, 2 * 480 * GB,
+    nvlink_domain=72)
 
 
 def profile_cluster(profile: Profile) -> ClusterSpec:

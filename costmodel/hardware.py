@@ -24,6 +24,22 @@ Sources:
          (arXiv 2412.19437), section 3.1: 2048 H800, 8 per node over NVLink/NVSwitch, InfiniBand
          between nodes; section 3.2.2: "NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times
          that of IB (50 GB/s)" -- the achieved figures in their all-to-all kernels.
+  [DGXB200] NVIDIA DGX B200 datasheet: 8x NVIDIA Blackwell GPUs, 1,440 GB HBM3e total (180 GB
+         each), 64 TB/s HBM3e bandwidth (8 TB/s each), FP8 training 72 PFLOPS and FP4 inference
+         144 PFLOPS for the system (sparse: 9 / 18 PFLOPS a GPU, 4.5 / 9 dense), fifth-generation
+         NVLink 1.8 TB/s per GPU (14.4 TB/s aggregate, two NVSwitch chips), 8x single-port
+         ConnectX-7 VPI 400 Gb/s for the compute fabric, 2 TB system memory (up to 4 TB), two
+         Intel Xeon Platinum 8570 (PCIe Gen5).
+  [B200]  NVIDIA Blackwell datasheet, "HGX B200" column (per GPU, 1,000 W): FP4 Tensor Core 18
+         PFLOPS sparse, FP8/FP6 9 PFLOPS sparse, FP16/BF16 4.5 PFLOPS sparse, TF32 2.2 PFLOPS
+         sparse, FP64/FP64 Tensor Core 40 TFLOPS; 180 GB HBM3e, 8 TB/s; NVLink 1.8 TB/s.
+  [GB200] NVIDIA GB200 NVL72 datasheet: 72 Blackwell GPUs and 36 Grace CPUs in one rack, one
+         72-GPU NVLink domain (130 TB/s of NVLink: 1.8 TB/s a GPU) across 18 compute trays of 4
+         GPUs and 2 Grace CPUs; per rack FP4 1,440 PFLOPS, FP8/FP6 720 PFLOPS, FP16/BF16 360
+         PFLOPS, TF32 180 PFLOPS (sparse), FP64 3,240 TFLOPS; HBM3e up to 13.4 TB at 576 TB/s
+         (186 GB and 8 TB/s a GPU); per GB200 superchip (1 Grace + 2 B200) up to 480 GB LPDDR5X
+         and NVLink-C2C 900 GB/s between the Grace and its GPUs. Compute fabric per GPU: one
+         ConnectX-7 400 Gb/s (DGX GB200 user guide).
   [A100-WP] NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): SMs per product.
   [H100-WP] NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): SMs per product.
   [PCIe] PCI-SIG base specifications 4.0 (16 GT/s) and 5.0 (32 GT/s) per lane, 128b/130b coding.
@@ -43,7 +59,7 @@ from typing import Iterable, Mapping, TypeVar
 
 from autopar.core.errors import AutoparError
 
-DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 """Dtype names a ``GPUSpec`` may give a peak for."""
 
 GiB = 2**30
@@ -52,6 +68,8 @@ TiB = 2**40
 """Binary tebibyte, for host memory."""
 GB = 10**9
 """Decimal gigabyte, for bandwidths (and capacities a vendor states in decimal)."""
+TB = 10**12
+"""Decimal terabyte, for a capacity a vendor states in decimal (DGX B200's "2 TB")."""
 
 
 def check_positive(value: object, name: str, *, integer: bool = False) -> None:
@@ -323,9 +341,39 @@ H800_SXM5_80GB = GPUSpec(
     sm_count=132,  # [H800]: the H100 SXM5's GH100 configuration
 )
 
+# Blackwell, dense (half the datasheet's sparse figures); the GB200's GPU runs at 1,200 W and
+# its peaks are the rack's / 72 [GB200], the HGX/DGX B200's at 1,000 W [B200]. The SM count is
+# not in the datasheets: no wave quantisation is priced for these (sm_count None).
+B200_180GB = GPUSpec(
+    "B200-180GB",
+    {"fp64": 40e12,  # [B200] FP64 Tensor Core 40 TFLOPS
+     "tf32": 1.1e15,  # [B200] TF32 2.2 PFLOPS sparse -> 1.1 dense
+     "bf16": 2.25e15,  # [B200] BF16 4.5 PFLOPS sparse -> 2.25 dense
+     "fp16": 2.25e15,  # [B200] FP16 4.5 PFLOPS sparse -> 2.25 dense
+     "fp8": 4.5e15,  # [B200] FP8 9 PFLOPS sparse -> 4.5 dense; [DGXB200] 72 PFLOPS / 8 sparse
+     "fp4": 9e15},  # [B200] FP4 18 PFLOPS sparse -> 9 dense
+    hbm_bytes=180 * GB,  # [DGXB200] 1,440 GB / 8, decimal
+    hbm_bytes_per_s=8e12,  # [DGXB200] 64 TB/s / 8
+    source="NVIDIA Blackwell (HGX B200, 1,000 W) and DGX B200 datasheets: dense TC peaks (half "
+    "the sparse), 180 GB (decimal) HBM3e at 8 TB/s",
+)
+B200_GB200_186GB = GPUSpec(
+    "B200-GB200-186GB",
+    {"fp64": 45e12,  # [GB200] FP64 3,240 TFLOPS / 72
+     "tf32": 1.25e15,  # [GB200] TF32 180 PFLOPS sparse / 72 -> 1.25 dense
+     "bf16": 2.5e15,  # [GB200] BF16 360 PFLOPS sparse / 72 -> 2.5 dense
+     "fp16": 2.5e15,  # [GB200] FP16 360 PFLOPS sparse / 72 -> 2.5 dense
+     "fp8": 5e15,  # [GB200] FP8 720 PFLOPS sparse / 72 -> 5 dense
+     "fp4": 10e15},  # [GB200] FP4 1,440 PFLOPS sparse / 72 -> 10 dense
+    hbm_bytes=186 * GB,  # [GB200] 13.4 TB / 72 (186 GB a GPU, decimal)
+    hbm_bytes_per_s=8e12,  # [GB200] 576 TB/s / 72
+    source="NVIDIA GB200 NVL72 datasheet: the rack's dense TC peaks (half the sparse) / 72, "
+    "186 GB (decimal) HBM3e at 8 TB/s a GPU",
+)
+
 GPUS: dict[str, GPUSpec] = {g.name: g for g in (A100_SXM4_80GB, A100_SXM4_40GB,
                                                 H100_SXM5_80GB, H200_SXM_141GB,
-                                                H800_SXM5_80GB)}
+                                                H800_SXM5_80GB, B200_180GB, B200_GB200_186GB)}
 
 # --- Links ------------------------------------------------------------------------------------
 
@@ -343,11 +391,20 @@ NVLINK4_H800 = LinkSpec("NVLink4-H800", 200e9, _NVLINK_LAT,
                         "[H800] NVLink 400 GB/s total (both directions) -> 200 GB/s per "
                         "direction (DeepSeek-V3 measured 160 GB/s in its all-to-all); latency: "
                         "NCCL tuning model (typical, LL128)")  # no datasheet in the sources
+NVLINK5 = LinkSpec("NVLink5", 900e9, _NVLINK_LAT,
+                   "[DGXB200]/[GB200] fifth-generation NVLink 1.8 TB/s per GPU (both directions) "
+                   "-> 900 GB/s per direction, inside a DGX B200 and across a GB200 NVL72's "
+                   "72-GPU domain alike; latency: NCCL tuning model (typical, LL128)")
+NVLINK_C2C = LinkSpec("NVLink-C2C", 225e9, _PCIE_LAT,
+                      "[GB200] NVLink-C2C 900 GB/s (both directions) between a Grace CPU and its "
+                      "two GPUs -> 450 GB/s a GPU, 225 GB/s per direction (an even share); "
+                      "latency: NCCL's PCI figure (LL128), for want of a C2C one")
 IB_HDR = LinkSpec("IB-HDR-200G", 25e9, _NET_LAT,
                   "[DGXA100] one ConnectX-6 HDR 200 Gb/s per GPU = 25 GB/s per direction; "
                   "latency: NCCL tuning model (typical, LL128)")
 IB_NDR = LinkSpec("IB-NDR-400G", 50e9, _NET_LAT,
-                  "[DGXH100] one ConnectX-7 NDR 400 Gb/s per GPU = 50 GB/s per direction; "
+                  "[DGXH100]/[DGXB200]/[GB200] one ConnectX-7 NDR 400 Gb/s per GPU = 50 GB/s per "
+                  "direction; "
                   "latency: NCCL tuning model (typical, LL128)")
 ROCE_400G = LinkSpec("RoCE-400GbE", 50e9, _NET_LAT,
                      "one ConnectX-7 400GbE port per GPU (RoCE v2) = 50 GB/s per direction; "
@@ -359,8 +416,9 @@ PCIE5_X16 = LinkSpec("PCIe-Gen5-x16", 64e9, _PCIE_LAT,
                      "[PCIe] 32 GT/s x 16 lanes = 64 GB/s per direction nominal (63 after "
                      "128b/130b); [H100] lists 128 GB/s both directions; latency: NCCL PCI (LL128)")
 
-LINKS: dict[str, LinkSpec] = {lk.name: lk for lk in (NVLINK3, NVLINK4, NVLINK4_H800, IB_HDR,
-                                                     IB_NDR, ROCE_400G, PCIE4_X16, PCIE5_X16)}
+LINKS: dict[str, LinkSpec] = {lk.name: lk for lk in (NVLINK3, NVLINK4, NVLINK4_H800, NVLINK5,
+                                                     NVLINK_C2C, IB_HDR, IB_NDR, ROCE_400G,
+                                                     PCIE4_X16, PCIE5_X16)}
 
 
 def gpu_preset(name: str) -> GPUSpec:

@@ -42,7 +42,7 @@ from .pipeline import (StagePartition, even_partition, in_flight_microbatches,
                        loss_in_flight_microbatches, pipeline_s)
 from autopar.core.specs import (ASYNC_TP, Checkpoint, Optimizer, ParallelConfig, Precision,
                                 Schedule, TrainSpec)
-from .topology import MeshGroups, mesh_groups
+from .topology import MeshGroups, domain_notes, mesh_groups, placed_group
 from .workload import LayerCost, OpCost, OpKind, Phase, Shard, TPCollective, Workload
 
 BUCKET_BYTES = 25 * 2**20
@@ -454,7 +454,7 @@ def _loss_scaling_s(shard: float, sb: StateBytes, config: ParallelConfig, train:
     if train.precision is not Precision.FP16:
         return 0.0
     unscale = shard * 2 * sb.grads / (cluster.gpu.hbm_bytes_per_s * eff.memory)
-    world = Group(size=config.world_size, per_node=min(config.world_size, cluster.gpus_per_node))
+    world = placed_group(config.world_size, 1, cluster.domain_gpus)
     return unscale + estimate_collective_s(Collective.ALL_REDUCE, 4.0, world, cluster, eff)
 
 
@@ -554,7 +554,7 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     hw_flops = model_flops + recomputed * train.global_batch
     peak = cluster.gpu.peak(split.compute_dtype) * cluster.num_gpus
     worst = max(stage_mem, key=lambda sm: sm.peak_bytes)
-    notes = list(workload.notes)
+    notes = list(workload.notes) + domain_notes(config, cluster, g)
     no_rule = {op for layer in (workload.pre, workload.block, workload.post)
                for op in layer.no_rule_ops}
     if no_rule:

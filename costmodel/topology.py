@@ -1,4 +1,5 @@
-"""Where the mesh axes sit: which communication groups stay inside a node.
+"""Where the mesh axes sit: which communication groups stay inside an NVLink domain (a node,
+or several hosts joined by NVLink: GB200 NVL72's 72 GPUs).
 
 The axes, their order and strides are ``autopar.core.mesh``'s, the ones the engine's
 ``DeviceMesh`` is built with: tensor parallelism innermost, then cp, dp, pipeline outermost.
@@ -16,7 +17,9 @@ from .collectives import Group
 from autopar.core.mesh import MeshAxis, expert_strides, mesh_strides
 from autopar.core.specs import ParallelConfig
 
-def _group(size: int, stride: int, gpus_per_node: int) -> Group:
+def placed_group(size: int, stride: int, gpus_per_node: int) -> Group:
+    """A group of ``size`` ranks ``stride`` apart, placed on domains of ``gpus_per_node``
+    consecutive ranks: its ranks in one domain (``per_node``), a divisor of ``size``."""
     if stride >= gpus_per_node:
         per_node = 1
     else:
@@ -46,20 +49,43 @@ class MeshGroups:
 
 def mesh_groups(config: ParallelConfig, cluster: ClusterSpec) -> MeshGroups:
     """The groups of ``config`` on ``cluster``, placed by the mesh's strides
-    (``autopar.core.mesh``): a group whose ranks fit inside a node talks over NVLink."""
+    (``autopar.core.mesh``): a group whose ranks fit inside an NVLink domain (a node, or a
+    multi-node domain: ``ClusterSpec.domain_gpus``) talks over NVLink; a group's ``per_node``
+    counts its ranks in one domain."""
     stride = mesh_strides(config)
-    gpn = cluster.gpus_per_node
-    tp = _group(config.tp, stride[MeshAxis.TP], gpn)
-    cp = _group(config.cp, stride[MeshAxis.CP], gpn)
-    dp = _group(config.dp, stride[MeshAxis.DP_SHARD], gpn)  # dp_shard inside dp_replicate
-    pp = _group(config.pp, stride[MeshAxis.PP], gpn)
+    gpn = cluster.domain_gpus
+    tp = placed_group(config.tp, stride[MeshAxis.TP], gpn)
+    cp = placed_group(config.cp, stride[MeshAxis.CP], gpn)
+    dp = placed_group(config.dp, stride[MeshAxis.DP_SHARD], gpn)  # dp_shard inside dp_replicate
+    pp = placed_group(config.pp, stride[MeshAxis.PP], gpn)
     # cp and dp are adjacent in the order; their union is contiguous from cp's stride.
     inner = stride[MeshAxis.CP]
-    dp_cp = _group(config.dp * config.cp, inner, gpn)
+    dp_cp = placed_group(config.dp * config.cp, inner, gpn)
     estride = expert_strides(config)
-    ep = _group(config.ep, estride["ep"], gpn)
-    etp = _group(config.etp, estride["etp"], gpn)
-    expert_dp = _group(config.edp, estride["edp"], gpn)
+    ep = placed_group(config.ep, estride["ep"], gpn)
+    etp = placed_group(config.etp, estride["etp"], gpn)
+    expert_dp = placed_group(config.edp, estride["edp"], gpn)
     pp_cross = config.pp > 1 and stride[MeshAxis.PP] * config.pp > gpn
     return MeshGroups(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, dp_cp=dp_cp, expert_dp=expert_dp,
                       pp_crosses_node=pp_cross, etp=etp)
+
+
+def domain_notes(config: ParallelConfig, cluster: ClusterSpec, g: MeshGroups) -> list[str]:
+    """Where each communication group of ``config`` sits on a cluster whose NVLink domain
+    spans several hosts (``ClusterSpec.nvlink_domain``): inside one domain (NVLink) or across
+    how many; nothing on a cluster whose domain is a host (the node is the domain there)."""
+    if not cluster.nvlink_domain:
+        return []
+    domain = cluster.domain_gpus
+    parts = []
+    for name, group in (("tp", g.tp), ("cp", g.cp), ("ep", g.ep), ("etp", g.etp),
+                        ("dp", g.dp_cp), ("pp", g.pp)):
+        if group.size == 1:
+            continue
+        where = ("inside one domain (" + cluster.intra_node.name + ")" if group.nodes == 1
+                 else f"across {group.nodes} domains, {group.per_node} a domain")
+        parts.append(f"{name} {group.size} {where}")
+    size = cluster.nvlink_domain
+    used = f", {domain} of them used" if domain < size else ""
+    return [f"NVLink domains of {size} GPUs ({size // cluster.gpus_per_node} nodes of "
+            f"{cluster.gpus_per_node}{used}): " + "; ".join(parts)] if parts else []

@@ -83,8 +83,10 @@ def head_table(est: Estimate, cluster: ClusterSpec | None) -> Table:
     head.add_column(style="bold")
     head.add_column()
     if cluster is not None:
+        domain = (f", NVLink domains of {cluster.domain_gpus}" if cluster.nvlink_domain
+                  else "")
         head.add_row("cluster", f"{cluster.name}: {cluster.nodes} x {cluster.gpus_per_node} "
-                                f"{cluster.gpu.name}")
+                                f"{cluster.gpu.name}{domain}")
     experts = f"ep {c.ep}" + (f"  etp {c.etp}" if c.etp > 1 else "") + (
         " (over tp)" if c.experts_fold_tp and c.ep > 1 else "")
     head.add_row("parallel", f"dp {c.dp}  tp {c.tp}  pp {c.pp}  cp {c.cp}  {experts}  "

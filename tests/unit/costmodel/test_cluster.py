@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -118,8 +119,8 @@ def test_reserved_must_leave_some_hbm() -> None:
 def test_specs_validate_their_fields() -> None:
     with pytest.raises(AutoparError, match="latency_s"):
         LinkSpec("x", 1e9, -1.0)
-    with pytest.raises(AutoparError, match="fp4"):
-        GPUSpec("x", {"fp4": 1e15}, 1, 1.0)
+    with pytest.raises(AutoparError, match="fp2"):
+        GPUSpec("x", {"fp2": 1e15}, 1, 1.0)
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -372,3 +373,32 @@ def test_memory_headroom_comes_from_the_file_and_is_checked(tmp_path: Path) -> N
     assert ClusterSpec.from_dict(c.to_dict()) == c
     with pytest.raises(AutoparError, match="memory_headroom must be a fraction"):
         ClusterSpec.from_file(_write(tmp_path, {"base": "hgx-h100-80g", "memory_headroom": 0.6}))
+
+
+def test_blackwell_presets_have_datasheet_numbers() -> None:
+    """DGX B200 and GB200 NVL72 (``hardware.py`` [DGXB200], [B200], [GB200]): dense peaks are
+    half the sparse figures, fp4 included; 180 GB and 186 GB (decimal) of HBM3e at 8 TB/s;
+    NVLink 5 at 900 GB/s per direction; a GB200 host is a tray of 4 GPUs in a 72-GPU domain."""
+    b200 = ClusterSpec.preset("dgx-b200", nodes=2)
+    assert b200.gpu.peak("bf16") == 2.25e15 and b200.gpu.peak("fp8") == 4.5e15
+    assert b200.gpu.peak("fp4") == 9e15
+    assert b200.gpu.hbm_bytes == 180 * 10**9 and b200.gpu.hbm_bytes_per_s == 8e12
+    assert b200.intra_node is hardware.NVLINK5 and b200.intra_node.bytes_per_s == 900e9
+    assert b200.gpus_per_node == 8 and b200.nvlink_domain is None and b200.domain_gpus == 8
+    rack = ClusterSpec.preset("gb200-nvl72", nodes=18)
+    assert rack.gpus_per_node == 4 and rack.nvlink_domain == 72 and rack.num_gpus == 72
+    assert rack.gpu.peak("bf16") == 2.5e15 and rack.gpu.peak("fp8") == 5e15
+    assert rack.gpu.hbm_bytes == 186 * 10**9
+    assert rack.host_memory_bytes == 960 * 10**9 and rack.host_link is hardware.NVLINK_C2C
+    assert ClusterSpec.preset("gb200-nvl72", nodes=2).domain_gpus == 8  # part of a rack
+    assert ClusterSpec.from_dict(rack.to_dict()) == rack
+    assert ("NVLink domain", "72 GPUs (18 nodes of 4) joined by NVLink5") in rack.describe()
+
+
+def test_an_nvlink_domain_joins_whole_hosts(tmp_path: Path) -> None:
+    with pytest.raises(AutoparError, match="nvlink_domain=70 is not a multiple of "
+                                           "gpus_per_node=4"):
+        dataclasses.replace(ClusterSpec.preset("gb200-nvl72"), nvlink_domain=70)
+    f = tmp_path / "nvl36.yaml"
+    f.write_text("base: gb200-nvl72\nnvlink_domain: 36\nnodes: 18\n")
+    assert ClusterSpec.from_file(f).domain_gpus == 36

@@ -113,3 +113,25 @@ def test_group_size_for_an_ep_group_inside_one_node_rides_nvlink():
         "hgx-h100-80g", nodes=8)).ep == Group(8, 8)
     eff = dataclasses.replace(DEFAULT_EFFICIENCY, ep_overlap=0.5)
     assert eff.ep_overlap == 0.5
+
+
+def test_ep_64_inside_one_gb200_nvl72_domain_rides_nvlink():
+    """On a GB200 NVL72 rack (72 GPUs, 18 hosts of 4, one NVLink domain) an ep group of 64
+    spans 16 hosts and stays on NVLink; on HGX H100 (a host is the domain) it crosses 8 nodes.
+    The all-to-all is priced accordingly, and the plan's notes say where each group sits."""
+    config = ParallelConfig(dp=64, ep=64, zero=1)
+    rack = ClusterSpec.preset("gb200-nvl72", nodes=16)
+    hgx = ClusterSpec.preset("hgx-h100-80g", nodes=8)
+    assert mesh_groups(config, rack).ep == Group(64, 64)
+    assert mesh_groups(config, hgx).ep == Group(64, 8)
+    model = ModelSpec("qwen3-30b-a3b", {"num_layers": 2}).build("meta")
+    train = TrainSpec(global_batch=64, seq_len=4096)
+    on_rack = autopar.estimate(model, rack, train, config)
+    assert any("ep 64 inside one domain (NVLink5)" in n for n in on_rack.notes), on_rack.notes
+    # the same GPUs as 8-GPU NVLink domains: the all-to-all crosses the network
+    split = dataclasses.replace(rack, nvlink_domain=8)
+    across = autopar.estimate(model, split, train, config)
+    assert any("ep 64 across 8 domains" in n for n in across.notes), across.notes
+    assert across.time_breakdown["comm_ep"] > 5 * on_rack.time_breakdown["comm_ep"]
+    assert not any("NVLink domains" in n for n in autopar.estimate(model, hgx, train,
+                                                                  config).notes)
