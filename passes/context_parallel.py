@@ -39,6 +39,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 from torch.distributed._functional_collectives import all_gather_single_autograd, wait_tensor
 from torch.nn.attention.bias import causal_lower_right
+from torch.utils._python_dispatch import _disable_current_modes
 
 from autopar.core.errors import AutoparError
 from autopar.core.plan import Plan
@@ -129,9 +130,13 @@ def lower_right_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         if lq == lk:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
                                                   scale=scale, enable_gqa=enable_gqa)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(lq, lk),
-                                              dropout_p=dropout_p, scale=scale,
-                                              enable_gqa=enable_gqa)
+        # the bias is a tensor subclass holding only the two lengths; a dispatch mode active
+        # while it is made (the fake tensor mode, CommDebugMode) would take its empty storage
+        # for its own and refuse the subclass, so it is made outside them
+        with _disable_current_modes():
+            bias = causal_lower_right(lq, lk)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
+                                              scale=scale, enable_gqa=enable_gqa)
     behind = (torch.arange(lq, device=q.device)[:, None] + (lk - lq)
               - torch.arange(lk, device=q.device)[None, :])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=(behind >= 0) & (behind < window),

@@ -435,7 +435,7 @@ class ExpertDispatch:
         """(E, C, h) rows in each expert's C slots -> the experts' outputs in the same slots:
         one all-to-all of equal parts to the owners, which run their ``E / ep`` experts on the
         ``ep * C`` rows each received, and one back."""
-        layer, ep = self.layer, self.ep
+        ep = self.ep
         e, capacity, h = buf.shape
         if ep == 1:
             return self._run_slots(buf)
@@ -486,11 +486,9 @@ class ExpertDispatch:
         if self.etp_mesh is None:
             return self.layer.run(x, None, self.grad_scale)
         group = self.etp_mesh.get_group()
-        n = self.etp_mesh.size()
         whole = all_gather_tensor_autograd(x.contiguous(), 1, group)
         y = self.layer.run(whole, None, self.grad_scale, self.etp_mesh.get_local_rank() == 0)
-        return reduce_scatter_tensor_autograd(y.contiguous(), "sum", 1, group) \
-            if n > 1 else y
+        return reduce_scatter_tensor_autograd(y.contiguous(), "sum", 1, group)
 
     def _run_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Rows grouped by local expert (``counts``) through the local experts; under etp as
