@@ -42,7 +42,8 @@ from autopar.core.specs import ParallelConfig, TrainSpec
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 
-CLUSTER = {"H100-SXM-80GB": "hgx-h100-80g", "H100-80GB": "hgx-h100-80g"}
+CLUSTER = {"H100-SXM-80GB": "hgx-h100-80g", "H100-80GB": "hgx-h100-80g",
+           "B200-GB200": "gb200-nvl72"}
 """The cluster preset of each GPU the runs name."""
 
 
@@ -182,7 +183,8 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
             raise AutoparError(f"no cluster preset for {gpu}", where="cluster.gpu",
                                fix=f"use one of {', '.join(CLUSTER)}")
         gpus = int(run["cluster"]["num_gpus"])
-        cluster = ClusterSpec.preset(CLUSTER[gpu], nodes=gpus // 8)
+        preset = ClusterSpec.preset(CLUSTER[gpu])
+        cluster = preset.with_nodes(gpus // preset.gpus_per_node)
         t = run["train"]
         train = TrainSpec(global_batch=int(t["global_batch"]), seq_len=int(t["seq_len"]),
                           precision="bf16")
