@@ -2,12 +2,22 @@
 them, and say how they failed. ``autopar verify`` (``autopar.verify.run``) and ``autopar profile``
 (``autopar.measure.profiling``) both start their ranks here; the protocol is ``torchrun``'s
 environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+
+The ranks are forked from a ``multiprocessing`` forkserver that has imported the workers once
+(``WORKER_MODULES``: torch, torch.distributed, autopar's passes -- about 3 s of CPU a process
+on the 2-core CI machine, paid once per session instead of once per rank); each rank sets
+its environment, sends its output to its log and runs the worker module as ``__main__``,
+as ``python -m`` would. Where a run needs an environment the forkserver's imports did not see
+(``TRITON_INTERPRET`` for Triton's CPU interpreter, read when Triton is imported), or on a
+platform without fork, the ranks start as fresh interpreters instead.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import runpy
 import socket
 import subprocess
 import sys
@@ -30,28 +40,92 @@ WORKER = ("-m", "autopar.verify.worker")
 is the rank side of ``start_ranks`` and ``wait_ranks``."""
 
 
+WORKER_MODULES = ("autopar.verify.worker", "autopar.measure.profiling_worker")
+"""The worker modules the forkserver imports once (module docstring)."""
+
+
+class ForkedRank:
+    """A rank forked from the forkserver, with the part of ``subprocess.Popen``'s interface
+    the launcher uses (``poll``, ``kill``, ``wait``)."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
+        self.process = process
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self.process.join(timeout)
+        return self.process.exitcode
+
+
+Rank = subprocess.Popen | ForkedRank
+"""A started rank."""
+
+_FORKSERVER: multiprocessing.context.BaseContext | None = None
+
+
+def _forkserver() -> multiprocessing.context.BaseContext | None:
+    """The forkserver context with the workers preloaded; ``None`` where fork is unavailable."""
+    global _FORKSERVER
+    if _FORKSERVER is None:
+        if "forkserver" not in multiprocessing.get_all_start_methods():
+            return None
+        _FORKSERVER = multiprocessing.get_context("forkserver")
+        _FORKSERVER.set_forkserver_preload(list(WORKER_MODULES))
+    return _FORKSERVER
+
+
+def _forked_rank(module: str, job: str, env: dict[str, str], log: str) -> None:
+    """A forked rank: its environment, its output to ``log``, ``module`` run as ``__main__``."""
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.argv = [module, job]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
 def start_ranks(job: dict, nproc: int, folder: Path, *, worker: tuple[str, ...] = WORKER,
-                env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+                env: dict[str, str] | None = None) -> list[Rank]:
     """Write ``job`` to ``folder/job.json`` and start ``nproc`` gloo ranks of ``worker`` on it
     with the environment torchrun gives (``env`` adds defaults; each rank's output in
     ``rank<R>.log``). They run while the caller goes on; ``wait_ranks`` collects them."""
     (folder / "job.json").write_text(json.dumps(job))
     port = _free_port()
-    procs = []
+    # a default the parent's environment lacks would reach the ranks after the forkserver's
+    # imports read it: such a run starts fresh interpreters
+    fresh = any(os.environ.get(k) != v for k, v in (env or {}).items() if k not in os.environ)
+    ctx = None if fresh or worker[0] != "-m" or worker[1] not in WORKER_MODULES \
+        else _forkserver()
+    procs: list[Rank] = []
     for rank in range(nproc):
         rank_env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
                         WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         for key, value in (env or {}).items():
             rank_env.setdefault(key, value)
-        with open(folder / f"rank{rank}.log", "w") as log:  # the child keeps its own handle
+        log = folder / f"rank{rank}.log"
+        if ctx is not None:
+            process = ctx.Process(target=_forked_rank, name=f"rank{rank}",
+                                  args=(worker[1], str(folder / "job.json"), rank_env,
+                                        str(log)))
+            process.start()
+            procs.append(ForkedRank(process))
+            continue
+        with open(log, "w") as out:  # the child keeps its own handle
             procs.append(subprocess.Popen(
                 [sys.executable, *worker, str(folder / "job.json")],
-                env=rank_env, stdout=log, stderr=subprocess.STDOUT))
+                env=rank_env, stdout=out, stderr=subprocess.STDOUT))
     return procs
 
 
-def wait_ranks(procs: list[subprocess.Popen], folder: Path, timeout_s: float) -> list[dict]:
+def wait_ranks(procs: list[Rank], folder: Path, timeout_s: float) -> list[dict]:
     """The ranks' results, read from the files they write (``rank<R>.pt``, not their exit
     codes); kills them all and raises ``ProgramFailed`` when one failed (after a grace for the
     others to report) or time ran out."""
@@ -73,7 +147,7 @@ def wait_ranks(procs: list[subprocess.Popen], folder: Path, timeout_s: float) ->
         time.sleep(0.05)
 
 
-def kill_ranks(procs: list[subprocess.Popen]) -> None:
+def kill_ranks(procs: list[Rank]) -> None:
     """Kill the ranks still running and reap them."""
     for p in procs:
         if p.poll() is None:
