@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Schedule
-from autopar.core.stages import rank_blocks
+from autopar.core.stages import ENDS_AS_CHUNKS, rank_blocks
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,12 @@ def even_partition(num_blocks: int, pp: int, virtual_stages: int = 1) -> StagePa
             fix=f"use at most {num_blocks} stages",
         )
     if virtual_stages > 1:
-        if pp * virtual_stages > num_blocks:
+        if pp * virtual_stages > num_blocks + ENDS_AS_CHUNKS:
             raise AutoparError(
                 f"pp={pp} x virtual_stages={virtual_stages} chunks for a model of {num_blocks} "
                 "blocks", where="virtual_stages",
-                fix=f"keep pp*virtual_stages at most {num_blocks}")
+                fix=f"keep pp*virtual_stages at most {num_blocks + ENDS_AS_CHUNKS} (the "
+                    "embedding and the loss may each be a chunk of their own)")
         return StagePartition(tuple(rank_blocks(num_blocks, pp, virtual_stages)))
     base, rest = divmod(num_blocks, pp)
     blocks = [base] * pp

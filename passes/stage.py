@@ -17,7 +17,9 @@ after the blocks.
 Stage ``i`` of ``n`` gets the blocks of ``stage_layout(plan)[i]``: the plan's ``stage_blocks``
 for GPipe and 1F1B (one stage per pipeline rank); for the interleaved schedule the blocks are
 cut into ``pp * virtual_stages`` chunks as evenly as possible and rank ``r`` holds chunks
-``r, r + pp, ...`` (Narayanan et al. 2021, section 2.2.2; torch's ``ScheduleInterleaved1F1B``).
+``r, r + pp, ...`` (Narayanan et al. 2021, section 2.2.2; torch's ``ScheduleInterleaved1F1B``);
+with one or two chunks more than blocks the first holds the embedding alone and the last the
+loss alone (``autopar.core.stages.chunk_sizes``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch import nn
 
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Checkpoint, Schedule
-from autopar.core.stages import chunk_sizes
+from autopar.core.stages import ENDS_AS_CHUNKS, chunk_sizes
 from autopar.core.plan import Plan
 from autopar.passes.checkpointing import run_block
 from autopar.models.blocks import BlockSpan, block_span
@@ -147,10 +149,11 @@ def stage_layout(plan: Plan, num_blocks: int) -> list[range]:
             where="plan.stage_blocks", fix="plan this model (autopar plan / autopar.plan_for)")
     if c.schedule is Schedule.INTERLEAVED:
         chunks = c.pp * c.virtual_stages
-        if chunks > num_blocks:
+        if chunks > num_blocks + ENDS_AS_CHUNKS:
             raise AutoparError(
                 f"the interleaved schedule needs {chunks} chunks (pp {c.pp} x virtual stages "
-                f"{c.virtual_stages}), the model has {num_blocks} blocks",
+                f"{c.virtual_stages}), the model has {num_blocks} blocks (and the embedding "
+                "and the loss may each be a chunk)",
                 where="plan.config.virtual_stages", fix="lower virtual_stages or pp")
         sizes = chunk_sizes(num_blocks, chunks)
     else:

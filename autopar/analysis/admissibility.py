@@ -53,6 +53,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from autopar.core.stages import ENDS_AS_CHUNKS
 from autopar.core.errors import AutoparError
 from autopar.core.layout import ENGINE_STYLES, SPLITS, Style, splittable
 from autopar.core.specs import Checkpoint, ParallelConfig, Schedule, TrainSpec
@@ -345,12 +346,18 @@ def stages_problem(facts: ModelFacts, pp: int, chunks: int) -> Problem | None:
     if pp > 1 and facts.num_blocks < 2:
         return Problem(f"pp={pp}: the model has {facts.num_blocks} repeated block(s) to cut "
                        "into pipeline stages", "pp", "use pp=1 for this model")
-    if chunks > max(facts.num_blocks, 1):
+    # model chunks of the interleaved schedule may hold the embedding or the loss alone
+    # (core.stages.chunk_sizes); a pipeline stage of the others holds a block at least
+    most = max(facts.num_blocks, 1) + (ENDS_AS_CHUNKS if chunks > pp else 0)
+    if chunks > most:
         what = (f"pp={pp}" if chunks == pp else f"pp={pp} x virtual_stages={chunks // pp} = "
                 f"{chunks} model chunks")
-        return Problem(f"{what} for a model of {facts.num_blocks} blocks: every chunk needs "
-                       "a block", "pp" if chunks == pp else "virtual_stages",
-                       f"use at most {facts.num_blocks} stages (chunks)")
+        need = ("every stage needs a block" if chunks == pp else
+                "every chunk needs a block, but the first may hold the embedding alone and "
+                "the last the loss alone")
+        return Problem(f"{what} for a model of {facts.num_blocks} blocks: {need}",
+                       "pp" if chunks == pp else "virtual_stages",
+                       f"use at most {most} {'stages' if chunks == pp else 'chunks'}")
     return None
 
 

@@ -4,11 +4,25 @@
 from __future__ import annotations
 
 
+ENDS_AS_CHUNKS = 2
+"""How many more chunks than blocks a model may be cut into: the embedding and the loss each
+count as one layer (``chunk_sizes``)."""
+
+
 def chunk_sizes(num_blocks: int, chunks: int) -> list[int]:
     """Blocks of each of ``chunks`` model chunks, as even as can be: the first
     ``num_blocks % chunks`` chunks one block more. Pipeline rank ``r`` of ``pp`` runs chunks
     ``r, r + pp, ...`` (Narayanan et al. 2021, sec. 2.2.2; torch's
-    ``ScheduleInterleaved1F1B``)."""
+    ``ScheduleInterleaved1F1B``).
+
+    With one or two more chunks than blocks, the embedding and then the loss count as a layer
+    each (Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``): the first chunk holds the embedding alone, the
+    last (with two more) the final norm, head and loss alone, every other chunk one block --
+    Qwen3-235B's 94 layers in 32 x 3 chunks."""
+    extra = chunks - num_blocks
+    if 0 < extra <= ENDS_AS_CHUNKS:
+        return [0] + [1] * num_blocks + [0] * (extra - 1)
     base, rest = divmod(num_blocks, chunks)
     return [base + (1 if i < rest else 0) for i in range(chunks)]
 

@@ -8,8 +8,9 @@ The ranks are forked from a ``multiprocessing`` forkserver that has imported the
 on the 2-core CI machine, paid once per session instead of once per rank); each rank sets
 its environment, sends its output to its log and runs the worker module as ``__main__``,
 as ``python -m`` would. Where a run needs an environment the forkserver's imports did not see
-(``TRITON_INTERPRET`` for Triton's CPU interpreter, read when Triton is imported), or on a
-platform without fork, the ranks start as fresh interpreters instead.
+(``TRITON_INTERPRET`` for Triton's CPU interpreter, read when Triton is imported), where the
+calling process's ``__main__`` is a script ``multiprocessing`` would run again in each rank,
+or on a platform without fork, the ranks start as fresh interpreters instead.
 """
 
 from __future__ import annotations
@@ -68,9 +69,24 @@ Rank = subprocess.Popen | ForkedRank
 _FORKSERVER: multiprocessing.context.BaseContext | None = None
 
 
+def _main_is_safe() -> bool:
+    """Whether a forked rank may import this process's ``__main__`` again, as
+    ``multiprocessing`` does in every child: a module run with ``python -m`` (pytest,
+    ``python -m autopar``, which multiprocessing leaves alone), an interactive session, or the
+    ``autopar`` console script; a script of the user's may have no ``__main__`` guard and
+    would run again in every rank."""
+    main = sys.modules.get("__main__")
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None) or ""
+    path = getattr(main, "__file__", None)
+    return path is None or spec_name.endswith("__main__") or Path(path).name == "autopar"
+
+
 def _forkserver() -> multiprocessing.context.BaseContext | None:
-    """The forkserver context with the workers preloaded; ``None`` where fork is unavailable."""
+    """The forkserver context with the workers preloaded; ``None`` where fork is unavailable
+    or this process's ``__main__`` is not safe to import again (``_main_is_safe``)."""
     global _FORKSERVER
+    if not _main_is_safe():
+        return None
     if _FORKSERVER is None:
         if "forkserver" not in multiprocessing.get_all_start_methods():
             return None
@@ -112,6 +128,7 @@ def start_ranks(job: dict, nproc: int, folder: Path, *, worker: tuple[str, ...] 
             rank_env.setdefault(key, value)
         log = folder / f"rank{rank}.log"
         if ctx is not None:
+            log.touch()  # there to read even if the rank dies before it opens it
             process = ctx.Process(target=_forked_rank, name=f"rank{rank}",
                                   args=(worker[1], str(folder / "job.json"), rank_env,
                                         str(log)))

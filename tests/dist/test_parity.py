@@ -94,6 +94,18 @@ CASES = {
     "dp2xpp2": (LLAMA, dict(dp=2, pp=2, zero=1, schedule="interleaved", micro_batch=1), 8),
     "dp2xtp2xpp2": (GPT, dict(dp=2, tp=2, pp=2, zero=2, sequence_parallel=True,
                               micro_batch=1), 8),
+    # more model chunks than blocks: the first holds the embedding alone, the last the loss
+    # alone (Megatron's --account-for-embedding/loss-in-pipeline-split; core.stages). Measured
+    # (fp32, 3 steps): Llama 4 blocks in pp2 x 3 chunks loss 4.3e-8 relative, gradients
+    # bit-exact; with dp2 ZeRO-3 4.3e-8 / 1.1e-6; GPT's tied head on the loss-only chunk
+    # 2.1e-8 / 4.9e-7 -- inside verify's fp32 tolerances (1e-5, 1e-3)
+    "pp2v3-ends-as-chunks": (LLAMA4, dict(pp=2, schedule="interleaved", virtual_stages=3,
+                                          micro_batch=1), 4),
+    "pp2v3-ends-as-chunks-dp2-zero3": (LLAMA4, dict(dp=2, pp=2, zero=3, schedule="interleaved",
+                                                    virtual_stages=3, micro_batch=1), 8),
+    "pp2v3-ends-as-chunks-gpt-tied": (ModelSpec("tiny-gpt", {"num_layers": 4}),
+                                      dict(pp=2, schedule="interleaved", virtual_stages=3,
+                                           micro_batch=1), 4),
     # context parallelism (passes/context_parallel.py): K/V all-gathered, load-balanced chunks.
     # Measured (fp32, 3 steps): cp2 loss 4.3e-8 relative, gradients 2.2e-6 of the tensor max;
     # cp2 x tp2 + SP 4.3e-8 / 2.5e-6; cp2 x pp2 6.4e-8 / 1.4e-6; GPT cp2 x dp2 ZeRO-3

@@ -48,7 +48,7 @@ def test_facts_come_from_the_config_and_the_module_tree(facts):
     (dict(tp=4), TRAIN, "tp=4 does not divide the 2 key/value heads"),
     (dict(tp=8), TRAIN, "tp=8 does not divide the 4 attention heads"),
     (dict(pp=4), TRAIN, "pp=4 for a model of 2 blocks"),
-    (dict(pp=2, schedule="interleaved", virtual_stages=2), TRAIN, "4 model chunks"),
+    (dict(pp=2, schedule="interleaved", virtual_stages=3), TRAIN, "6 model chunks"),
     (dict(tp=2, sequence_parallel=True), TrainSpec(global_batch=8, seq_len=31),
      "2 does not divide 31"),
     (dict(cp=2), TrainSpec(global_batch=8, seq_len=30), "4 does not divide 30"),
@@ -257,3 +257,17 @@ def test_etp_needs_a_family_that_splits_an_expert_and_a_width_it_divides():
     found = _what(generic, **fold)
     assert any(f.startswith("etp=2 splits each expert") for f in found), found
     assert not any(f.startswith("etp=") for f in _what(generic, **{**fold, "etp": 1}))
+
+
+def test_the_embedding_and_the_loss_may_each_be_a_chunk_of_their_own(facts):
+    """Up to two more interleaved chunks than blocks: the first holds the embedding alone, the
+    last the loss alone (``core.stages.chunk_sizes``, Megatron's account-for-embedding/loss
+    split); pipeline stages of 1F1B each need a block."""
+    from autopar.core.stages import chunk_sizes, rank_blocks
+
+    assert _what(facts, pp=2, schedule="interleaved", virtual_stages=2, micro_batch=1) == []
+    assert any("pp=3 for a model of 2 blocks" in w for w in _what(facts, pp=3, micro_batch=1))
+    assert chunk_sizes(2, 4) == [0, 1, 1, 0] and chunk_sizes(2, 3) == [0, 1, 1]
+    assert chunk_sizes(94, 96) == [0] + [1] * 94 + [0]  # Qwen3-235B in 32 x 3 chunks
+    assert rank_blocks(94, 32, 3)[0] == 2 and rank_blocks(94, 32, 3)[-1] == 2
+    assert chunk_sizes(10, 4) == [3, 3, 2, 2]  # no more chunks than blocks: as before

@@ -98,8 +98,10 @@ def test_even_partition_gives_the_remainder_to_middle_stages() -> None:
     # interleaved: each rank's chunks as the engine cuts them, uneven when they must be
     assert even_partition(10, 4, 2).blocks == (3, 3, 2, 2)
     assert sum(even_partition(126, 16, 2).blocks) == 126
+    # two chunks more than blocks: the embedding and the loss each alone (core.stages)
+    assert even_partition(10, 4, 3).blocks == (2, 3, 3, 2)
     with pytest.raises(AutoparError, match="virtual_stages"):
-        even_partition(10, 4, 3)
+        even_partition(10, 4, 4)
     with pytest.raises(AutoparError, match="pp"):
         even_partition(4, 8)
 
