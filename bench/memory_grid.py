@@ -69,6 +69,10 @@ GRID = [
          dict(dp=2, tp=8, pp=4, zero=1, micro_batch=1, sequence_parallel=True,
               schedule="interleaved", virtual_stages=2, checkpoint="full"), layers=16,
          quick=True),
+    # two chunks more than blocks: the embedding alone first, the loss alone last
+    Case("70b-pp2-ends-as-chunks", "llama3-70b", "hgx-h100-80g", 2, 16, 4096,
+         dict(dp=1, tp=8, pp=2, zero=0, micro_batch=1, sequence_parallel=True,
+              schedule="interleaved", virtual_stages=3, checkpoint="selective"), layers=4),
     Case("405b-pp4-zero3", "llama3-405b", "hgx-h100-80g", 8, 32, 8192,
          dict(dp=2, tp=8, pp=4, zero=3, micro_batch=1, sequence_parallel=True,
               schedule="1f1b", checkpoint="full"), layers=8),
