@@ -116,7 +116,7 @@ def start_ranks(job: dict, nproc: int, folder: Path, *, worker: tuple[str, ...] 
     port = _free_port()
     # a default the parent's environment lacks would reach the ranks after the forkserver's
     # imports read it: such a run starts fresh interpreters
-    fresh = any(os.environ.get(k) != v for k, v in (env or {}).items() if k not in os.environ)
+    fresh = any(k not in os.environ for k in (env or {}))
     ctx = None if fresh or worker[0] != "-m" or worker[1] not in WORKER_MODULES \
         else _forkserver()
     procs: list[Rank] = []
