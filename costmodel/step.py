@@ -309,16 +309,13 @@ def _stage_time(
     workload: Workload, part: StagePartition, stage: int, split: Split,
     policies: tuple[Checkpoint, ...], config: ParallelConfig, g: MeshGroups,
     cluster: ClusterSpec, eff: Efficiency,
-    memo: dict[tuple[str, Checkpoint], tuple[PhaseTimes, float, float, float, float]],
 ) -> _StageTime:
     compute = PhaseTimes()
     recompute = 0.0
     comm = {"comm_tp": 0.0, "comm_cp": 0.0, "comm_ep": 0.0, "comm_pp": 0.0}
     for layer, policy, n in _stage_groups(workload, part, stage, policies):
-        key = (layer.name, policy)
-        if key not in memo:  # every block of a stage costs the same: price it once
-            memo[key] = _shared_layer_time(layer, policy, split, config, g, cluster, eff)
-        t, rc, tp_s, cp_s, ep_s = memo[key]
+        t, rc, tp_s, cp_s, ep_s = _shared_layer_time(layer, policy, split, config, g,
+                                                     cluster, eff)
         compute = compute + PhaseTimes(n * t.forward, n * t.backward_act, n * t.backward_weight)
         recompute += n * rc
         comm["comm_tp"] += n * tp_s
@@ -517,8 +514,7 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
                   etp=config.etp)
     sb = state_bytes_per_param(train.precision, train.optimizer)
 
-    memo: dict[tuple[str, Checkpoint], tuple[PhaseTimes, float, float, float, float]] = {}
-    times = [_stage_time(workload, part, s, split, policies, config, g, cluster, eff, memo)
+    times = [_stage_time(workload, part, s, split, policies, config, g, cluster, eff)
              for s in range(config.pp)]
     slow = max(range(config.pp), key=lambda s: times[s].total)
     v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
@@ -526,7 +522,6 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
 
     dp_exposed, optimizer_s, offload_s, offloaded = 0.0, 0.0, 0.0, 0.0
     stage_mem = []
-    sized: dict[tuple[str, Checkpoint], tuple[float, float, tuple[float, float]]] = {}
     for s in range(config.pp):
         dense, expert = _stage_params(workload, part, s, config)
         exposed = _dp_comm_s(dense, expert, sb.grads, sb.weights, config, m, times[s].backward,
@@ -539,7 +534,7 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
                                      expert_dp=g.expert_dp.size, offload=False)
             offloaded = max(offloaded, held.optimizer)
         stage_mem.append(_stage_memory(workload, part, s, split, policies, config, m, v,
-                                       dense, expert, train, sb, g, sized))
+                                       dense, expert, train, sb, g))
 
     comm = {k: m * val for k, val in times[slow].comm.items()}
     comm["comm_dp"] = dp_exposed
@@ -584,7 +579,6 @@ def _stage_memory(
     workload: Workload, part: StagePartition, stage: int, split: Split,
     policies: tuple[Checkpoint, ...], config: ParallelConfig, m: int, v: int,
     dense: float, expert: float, train: TrainSpec, sb: StateBytes, g: MeshGroups,
-    memo: dict[tuple[str, Checkpoint], tuple[float, float, tuple[float, float]]],
 ) -> StageMemory:
     groups = _stage_groups(workload, part, stage, policies)
     kept = 0.0
@@ -594,15 +588,13 @@ def _stage_memory(
     walked: tuple[float, float] | None = None  # (activations, gradients) of a block's backward
     loss_kept = 0.0  # of ``kept``: what the loss layer (final norm, head, loss) keeps
     for layer, policy, n in groups:
-        key = (layer.name, policy)
-        if key not in memo:  # every block costs the same: size it once
-            memo[key] = _layer_bytes(layer, split, policy, block_grad_bytes)
-        kept += n * memo[key][0]
+        saved, layer_working, peak = _layer_bytes(layer, split, policy, block_grad_bytes)
+        kept += n * saved
         if layer is workload.post:
-            loss_kept = n * memo[key][0]
-        working = max(working, memo[key][1])
-        if layer is workload.block and (walked is None or sum(memo[key][2]) > sum(walked)):
-            walked = memo[key][2]
+            loss_kept = n * saved
+        working = max(working, layer_working)
+        if layer is workload.block and (walked is None or sum(peak) > sum(walked)):
+            walked = peak
     block_working, block_grads = walked if walked is not None else (0.0, block_grad_bytes)
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
     if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet

@@ -187,7 +187,7 @@ def apply_expert_parallel(stage: nn.Module, plan: Plan, ep_mesh: DeviceMesh,
                                fix=f"choose ep among the divisors of {layer.num_experts}")
         experts = layer.experts
         if etp > 1:
-            out.append(_split_experts_etp(layer, ep_mesh, etp))
+            out.append(_split_experts_etp(layer, ep_mesh))
         elif layer.shard is not None:
             out.extend(layer.shard(ep))
         else:
@@ -204,19 +204,14 @@ def apply_expert_parallel(stage: nn.Module, plan: Plan, ep_mesh: DeviceMesh,
     return out
 
 
-def _split_experts_etp(layer: ExpertLayer, ep_mesh: DeviceMesh, etp: int) -> nn.Module:
+def _split_experts_etp(layer: ExpertLayer, ep_mesh: DeviceMesh) -> nn.Module:
     """The stacked weights of ``layer`` as DTensors on the (ep, etp) mesh: experts
     ``Shard(0)`` over ep, each weight's hidden width (``ExpertLayer.etp_dims``) over etp -- or
     ``Replicate`` for one every etp rank holds whole; returns the experts module (FSDP2's unit
-    over the expert data-parallel ranks: its "EP + TP" layout)."""
-    if layer.etp_dims is None or layer.shard is not None:
-        raise AutoparError(f"etp={etp}: this model's MoE layers do not say how to split an "
-                           "expert's weights (ExpertLayer.etp_dims)", where="plan.config.etp",
-                           fix="plan etp=1")
-    if layer.ffn_size is None or layer.ffn_size % etp:
-        raise AutoparError(f"etp={etp} does not divide the experts' hidden width "
-                           f"{layer.ffn_size}", where="plan.config.etp",
-                           fix="choose etp among the divisors of the experts' hidden width")
+    over the expert data-parallel ranks: its "EP + TP" layout). Admissibility's
+    ``etp_problem`` (``check_executable``) has refused a family without ``etp_dims`` and a
+    width etp does not divide."""
+    assert layer.etp_dims is not None
     mesh = ep_mesh[(EP, ETP)]
     experts = layer.experts
     for name in layer.weights:
