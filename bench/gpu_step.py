@@ -17,7 +17,9 @@ checkpoint policy (``Checkpoint``: none, selective, matmuls, full) in every prec
   one-rank NCCL group, as an exported ``train.py`` builds it) trained ``WARMUP`` steps and then
   ``STEPS`` timed ones (CUDA events around each step, forward, backward and AdamW; the median),
   with ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over the timed steps
-  (any step after the first, as the dry run accounts one);
+  (any step after the first, as the dry run accounts one), less what was allocated before the
+  plan's program was built (a previous row's model is collected first: FSDP's hooks hold it in
+  reference cycles, and on the H200 of 2026-11-27 its 6.1 GB were counted in the next row);
 * **derived**: the allocator's fragmentation, ``max_memory_reserved - max_memory_allocated``,
   and what lives outside PyTorch's allocator -- the CUDA context, NCCL, the driver's share --,
   the card's used memory less ``memory_reserved`` after the steps. Their sum is what
@@ -179,6 +181,9 @@ def measure(precision: str, policy: str) -> dict:
     from autopar.verify.worker import sharded_program
 
     plan = plan_of(precision, policy, process_cluster(1, DEFAULT_PRESET))  # the program only
+    gc.collect()  # a previous row's model, held in reference cycles until a collection
+    torch.cuda.empty_cache()
+    start_allocated = torch.cuda.memory_allocated()
     model = MODEL.build("meta")
     began = time.perf_counter()
     program = sharded_program(model, plan, MODEL, 0, "cuda")
@@ -201,12 +206,13 @@ def measure(precision: str, policy: str) -> dict:
         losses.append(float(loss))  # read after the step's end is recorded
     free, total = torch.cuda.mem_get_info()
     result = {"step_s": statistics.median(times), "steps_s": times, "losses": losses,
-              "max_allocated_bytes": torch.cuda.max_memory_allocated(),
+              "max_allocated_bytes": torch.cuda.max_memory_allocated() - start_allocated,
+              "start_allocated_bytes": start_allocated,
               "max_reserved_bytes": torch.cuda.max_memory_reserved(),
               "reserved_bytes": torch.cuda.memory_reserved(),
               "outside_allocator_bytes": (total - free) - torch.cuda.memory_reserved(),
               "total_bytes": total, "build_s": built_s}
-    del program, opt
+    del program, opt, model
     gc.collect()
     torch.cuda.empty_cache()
     result["left_allocated_bytes"] = torch.cuda.memory_allocated()
@@ -289,7 +295,7 @@ def markdown(doc: dict) -> list[str]:
         alloc, reserved = ms.get("max_allocated_bytes"), ms.get("max_reserved_bytes")
         est = r.get("estimate", {}).get("peak_bytes")
         dry = r.get("dry_run", {}).get("peak_bytes")
-        frag = None if alloc is None else reserved - alloc
+        frag = None if alloc is None else reserved - alloc - ms.get("start_allocated_bytes", 0)
         lines.append(f"| {r['precision']} | {r['policy']} | {_gib(alloc)} | {_gib(est)} | "
                      f"{_pct(est, alloc)} | {_gib(dry)} | {_pct(dry, alloc)} | "
                      f"{_gib(reserved)} | {_gib(frag)} | "
@@ -297,6 +303,7 @@ def markdown(doc: dict) -> list[str]:
     measured = [r["measured"] for r in doc["rows"] if "measured" in r]
     if measured:
         worst = max(m["max_reserved_bytes"] - m["max_allocated_bytes"]
+                    - m.get("start_allocated_bytes", 0)
                     + m["outside_allocator_bytes"] for m in measured)
         lines += ["", f"Derived: fragmentation plus what lives outside the allocator, at most "
                       f"{_gib(worst)} GiB over the policies, against the "

@@ -33,6 +33,14 @@
   gather -- run outside the checkpoint as before, and no name changes.
 * ``none``: the block runs as is.
 
+Under FSDP2's mixed precision a block's floating inputs (the rotary tables, a mask) are cast to
+the parameters' dtype by FSDP's pre-forward hook; torch 2.11's FSDP2 skips that cast when the
+backward recomputes the block, so the recomputation would run on fp32 tables (q and k in fp32,
+v in bf16: SDPA refuses them, and the saved tensors' metadata no longer match). ``run_block``
+therefore casts them itself, inside the checkpointed function, to the dtype of ``x`` (what FSDP
+casts them to: ``x`` arrives in it), so the forward and its recomputation see the same inputs on
+every torch version (``_as_inputs_of``).
+
 Non-reentrant checkpointing composes with DTensor, FSDP2 and pipelining
 (../shared/design/FINDINGS.md); it is applied inside the stage's forward, not by wrapping the
 blocks, so parameter names (and checkpoint files) do not change with the policy.
@@ -46,6 +54,7 @@ from functools import partial
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -125,6 +134,22 @@ def moe_layers_checkpointed(block: nn.Module) -> Iterator[None]:
                 module.__dict__["forward"] = own
 
 
+def _cast(t: object, dtype: torch.dtype) -> object:
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
+        return t.to(dtype)
+    return t
+
+
+def _as_inputs_of(call: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor],
+                  block: nn.Module, x: torch.Tensor, extra: tuple) -> torch.Tensor:
+    """``call(block, x, extra)`` with the floating tensors of ``extra`` in ``x``'s dtype when
+    ``block`` is an FSDP2 module: the cast its mixed-precision hook makes in the forward, made
+    here too so that a recomputation sees it (see the module docstring)."""
+    if isinstance(block, FSDPModule) and x.is_floating_point():
+        extra = tuple(_cast(t, x.dtype) for t in extra)
+    return call(block, x, extra)
+
+
 def run_block(call: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor], block: nn.Module,
               x: torch.Tensor, extra: tuple, policy: Checkpoint) -> torch.Tensor:
     """``call(block, x, extra)`` under ``policy``."""
@@ -139,4 +164,5 @@ def run_block(call: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor], bl
             return call(block, x, extra)
     context = matmuls_context if policy is Checkpoint.MATMULS else None
     kwargs = {"context_fn": context} if context is not None else {}
-    return checkpoint(partial(call, block), x, extra, use_reentrant=False, **kwargs)
+    return checkpoint(partial(_as_inputs_of, call, block), x, extra, use_reentrant=False,
+                      **kwargs)

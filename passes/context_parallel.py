@@ -37,7 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed import ProcessGroup
-from torch.distributed._functional_collectives import all_gather_single_autograd, wait_tensor
+from torch.distributed._functional_collectives import wait_tensor
+
+try:  # torch >= 2.12 names it so; 2.11 (the GPU machines' image) has only the older name
+    from torch.distributed._functional_collectives import all_gather_single_autograd
+except ImportError:  # pragma: no cover - exercised on torch 2.11 only
+    from torch.distributed._functional_collectives import (
+        all_gather_tensor_autograd as all_gather_single_autograd)
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils._python_dispatch import _disable_current_modes
 

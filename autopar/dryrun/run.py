@@ -467,14 +467,13 @@ def _differentiable(t: torch.Tensor) -> torch.Tensor:
 def _skip_pipeline_vote(program) -> None:
     if program.schedule is None:
         return
-    from torch.distributed.pipelining.stage import InferenceMode
-
     schedule = program.schedule
     if not hasattr(schedule, "_warmup_p2p"):
         raise AutoparError(
             f"this torch ({torch.__version__}) has no pipeline start-up vote the dry run knows "
             "how to stand in for", where="torch.distributed.pipelining",
             fix="run the dry run with torch 2.13")
+    from torch.distributed.pipelining.stage import InferenceMode
 
     def static(stages, has_backward, p2p_done):
         for stage in stages:

@@ -116,13 +116,16 @@ def _first_held(params: dict[str, torch.Tensor]) -> set[str]:
 def main(argv: list[str], work: Callable[[dict], object] = run) -> None:
     """One rank: ``work`` on the job of the file ``argv[0]`` under a process group of the job's
     ``backend`` (default gloo), its
-    result saved as ``rank<R>.pt`` next to the job, or its failure as ``rank<R>.error``."""
+    result saved as ``rank<R>.pt`` next to the job, or its failure as ``rank<R>.error``.
+    Under nccl, CPU tensors (the profile's timings, votes) ride gloo beside it: one group with
+    a backend per device type (``"cuda:nccl,cpu:gloo"``)."""
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())
     out = job_path.parent
     torch.set_flush_denormal(True)
     torch.set_num_threads(1)
-    dist.init_process_group(job.get("backend", "gloo"))
+    backend = job.get("backend", "gloo")
+    dist.init_process_group("cuda:nccl,cpu:gloo" if backend == "nccl" else backend)
     rank = dist.get_rank()
     code = 0
     try:
