@@ -61,11 +61,10 @@ MICRO_BATCH = 4
 GLOBAL_BATCH = 8
 SEQ_LEN = 2048
 PRECISIONS = ("bf16", "fp8")
-"""The precisions the step is run in, each under every checkpoint policy. One that autopar's
-``Precision`` does not name is skipped with the reason in ``NOT_YET``; FP8 training is issue
-31's, and when it adds ``Precision("fp8")`` its rows are predicted and measured here with no
-other change (a different spelling is changed here, in this one place)."""
-NOT_YET = {"fp8": "autopar has no FP8 training yet (issue 31): Precision has no 'fp8'"}
+"""The precisions the step is run in, each under every checkpoint policy (fp8: torchao's
+float8 linears, tensorwise; ``bench/gpu_wheels.txt`` carries torchao to the GPU machine). One
+that autopar's ``Precision`` does not name is skipped with the reason in ``NOT_YET``."""
+NOT_YET: dict[str, str] = {}
 POLICIES = tuple(c.value for c in Checkpoint if c is not Checkpoint.MOE)
 """Every checkpoint policy but ``moe``, which recomputes MoE layers: this dense model has none
 (the admissibility check refuses it)."""

@@ -34,6 +34,7 @@ class Case:
     config: dict
     layers: int | None = None
     precision: str = "bf16"
+    fp8_recipe: str = "tensorwise"
     quick: bool = False
     overrides: dict = field(default_factory=dict)
 
@@ -112,6 +113,13 @@ GRID = [
          layers=2),
     Case("mixtral-ep2-zero3", "mixtral-8x7b", "hgx-h100-80g", 1, 16, 4096,
          dict(dp=8, ep=2, zero=3, micro_batch=1), layers=2),
+    # FP8 linears (torchao): the weights all-gathered in FP8 under ZeRO-3 (tensorwise), and
+    # rowwise under tp + SP
+    Case("8b-fp8-zero3", "llama3-8b", "hgx-h100-80g", 1, 16, 8192,
+         dict(dp=8, zero=3, micro_batch=1), layers=4, precision="fp8"),
+    Case("8b-fp8-rowwise-tp2-sp", "llama3-8b", "hgx-h100-80g", 1, 16, 8192,
+         dict(dp=4, tp=2, zero=1, micro_batch=1, sequence_parallel=True), layers=4,
+         precision="fp8", fp8_recipe="rowwise"),
 ]
 
 
@@ -123,7 +131,7 @@ def plan_of(case: Case):
     if overrides:
         spec = dataclasses.replace(spec, overrides=overrides)
     train = TrainSpec(global_batch=case.global_batch, seq_len=case.seq_len,
-                      precision=case.precision)
+                      precision=case.precision, fp8_recipe=case.fp8_recipe)
     cluster = autopar.ClusterSpec.preset(case.cluster, nodes=case.nodes)
     config = ParallelConfig(**case.config)
     return autopar.plan_for(spec.build("meta"), cluster, train, config, model_spec=spec)

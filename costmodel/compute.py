@@ -24,7 +24,7 @@ measured range (the measurement includes the launch cost); everything else stays
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from autopar.core.specs import Checkpoint
@@ -55,6 +55,9 @@ class Split:
     etp: int = 1
     """Expert tensor-parallel degree: each expert's width split, its rows gathered from the
     etp ranks (``grouped_gemms``)."""
+    fp8: bool = False
+    """The plan trains in ``fp8``: the linears marked ``OpCost.fp8`` run their GEMMs at the
+    GPU's FP8 peak, with their casts (``fp8_cast_s``)."""
 
     def divisor(self, shard: Shard) -> float:
         if shard is Shard.TP or (shard is Shard.SEQ and self.sequence_parallel):
@@ -247,6 +250,38 @@ def grouped_gemms(op: OpCost, split: Split, expert_scale: float = 1.0
                                     2.0 * a)))
 
 
+FP8_CAST_BYTES_PER_ELEMENT = 5.0
+"""HBM bytes to cast one bf16 element to FP8 with a dynamic scale, unfused: the amax pass reads
+it (2), the cast reads it again and writes one byte (3) -- torchao's eager float8 linear, two
+kernels per cast. torch.compile and Transformer Engine fuse the amax into the op before; this
+prices what autopar's engine runs."""
+
+
+def fp8_cast_s(op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency
+               ) -> tuple[float, float]:
+    """(forward, backward) seconds of an FP8 linear's casts for one micro-batch on one GPU
+    (``passes/float8.py``): forward, its input and its weight; backward, the output gradient,
+    and the input and weight again (torchao keeps them in bf16 for the backward and casts each
+    GEMM operand in the layout that GEMM reads). Memory-bound, ``FP8_CAST_BYTES_PER_ELEMENT``
+    per element, two kernels per cast. The tp split of the weight is ``linear_gemms``'."""
+    out_f, in_f = (float(x) for x in op.weight_shape)
+    m = split.micro_batch * float(split.seq_len) / split.cp
+    if op.shard is Shard.TP:  # the wider of the two is split, as linear_gemms has it
+        if out_f >= in_f:
+            out_f /= split.tp
+        else:
+            in_f /= split.tp
+    else:
+        m /= split.divisor(op.shard)
+    hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
+    b = FP8_CAST_BYTES_PER_ELEMENT
+    k = eff.kernel_overhead_s
+    weight = out_f * in_f
+    forward = b * (m * in_f + weight) / hbm + 4 * k
+    backward = b * (m * out_f + m * in_f + weight) / hbm + 6 * k
+    return forward, backward
+
+
 def measured(term: str, seconds: float | None, cluster: ClusterSpec) -> float | None:
     """``seconds`` (a profile lookup), counted as a measured or an analytical ``term`` of the
     step being priced (``profile.note``) when the cluster has a profile."""
@@ -299,10 +334,15 @@ def estimate_op_s(
         gemms = (grouped_gemms(op, split, expert_scale) if op.expert
                  else linear_gemms(op, split))
         if gemms is not None:
-            first, second, weight = (_gemm_s(g, split, cluster, eff) for g in gemms)
+            fp8 = split.fp8 and op.fp8 and not op.expert
+            at = replace(split, compute_dtype="fp8") if fp8 else split
+            first, second, weight = (_gemm_s(g, at, cluster, eff) for g in gemms)
             # forward and input gradient are the two activation GEMMs, in an order that depends
             # on column vs row split; each phase gets their mean
             act = (first + second) / 2
+            if fp8:
+                cast_fwd, cast_bwd = fp8_cast_s(op, split, cluster, eff)
+                return PhaseTimes(act + cast_fwd, act + cast_bwd, weight)
             return PhaseTimes(act, act, weight)
     s = split.scale(op.shard) * (expert_scale if op.expert else 1.0)
     flop, nbytes = op.flop * s, op.bytes * s

@@ -80,7 +80,7 @@ def state_bytes_per_param(precision: Precision, optimizer: Optimizer) -> StateBy
     """Bytes per parameter for a precision policy and optimizer (ZeRO's 2 + 2 + K): the
     optimizer's share holds the master copy where it is not the weights themselves."""
     master, low, moments = dtype_bytes(precision, optimizer)
-    mixed = precision in (Precision.BF16, Precision.FP16)
+    mixed = precision in (Precision.BF16, Precision.FP16, Precision.FP8)
     return StateBytes(low, low, moments + (master if mixed else 0.0))
 
 

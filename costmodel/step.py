@@ -40,6 +40,7 @@ from .peak import StageActivations, StageParams, stage_peak
 from .profile import recording
 from .pipeline import (StagePartition, even_partition, in_flight_microbatches,
                        loss_in_flight_microbatches, pipeline_s)
+from autopar.core.fp8 import fp8_all_gather, fp8_params
 from autopar.core.specs import (ASYNC_TP, Checkpoint, Optimizer, ParallelConfig, Precision,
                                 Schedule, TrainSpec)
 from .topology import MeshGroups, domain_notes, mesh_groups, placed_group
@@ -53,7 +54,18 @@ COMPUTE_DTYPE = {
     Precision.BF16_PURE: "bf16",
     Precision.FP16: "fp16",
     Precision.FP32: "tf32",
+    Precision.FP8: "bf16",  # everything but the FP8 linears' GEMMs (``Split.fp8``)
 }
+
+
+def split_of(config: ParallelConfig, train: TrainSpec, seq_len: int | None) -> Split:
+    """How one GPU's share of a layer's work is cut under ``config`` and ``train`` (``Split``):
+    the one place the split is made, for the estimate, the search's bound and the strategy
+    solver's pricing alike."""
+    return Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel,
+                 activation_bytes_per_element(train.precision), COMPUTE_DTYPE[train.precision],
+                 seq_len=seq_len, ep=config.ep, etp=config.etp,
+                 fp8=train.precision is Precision.FP8)
 
 
 @dataclass(frozen=True)
@@ -357,6 +369,19 @@ def _stage_params(workload: Workload, part: StagePartition, stage: int, config: 
     return dense, expert
 
 
+def _gathered_weight_bytes(workload: Workload, part: StagePartition, stage: int,
+                           config: ParallelConfig, train: TrainSpec, dense: float,
+                           weight_bytes: float) -> float:
+    """Bytes per dense parameter FSDP all-gathers on one stage: ``weight_bytes``, but one byte
+    for the FP8 linears' weights when they are gathered in FP8 (``core.fp8.fp8_all_gather``),
+    their share of the stage's dense parameters (the tp split taken as the whole layer's)."""
+    if not fp8_all_gather(train) or dense <= 0:
+        return weight_bytes
+    fp8 = part.blocks[stage] * fp8_params(workload.block.ops) / config.tp
+    share = min(1.0, fp8 / dense)
+    return weight_bytes * (1.0 - share) + 1.0 * share
+
+
 FSDP_UNIT_PARAMS = 10**8
 """Parameters of one FSDP unit when the caller does not give the layer size: the default
 ``min_num_params`` of PyTorch FSDP's ``size_based_auto_wrap_policy`` (1e8), which groups layers
@@ -508,10 +533,7 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     part = partition or even_partition(L, config.pp, config.virtual_stages)
     policies = config.checkpoint_of(L)
     g = mesh_groups(config, cluster)
-    act = activation_bytes_per_element(train.precision)
-    split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
-                  COMPUTE_DTYPE[train.precision], seq_len=workload.seq_len, ep=config.ep,
-                  etp=config.etp)
+    split = split_of(config, train, workload.seq_len)
     sb = state_bytes_per_param(train.precision, train.optimizer)
 
     times = [_stage_time(workload, part, s, split, policies, config, g, cluster, eff)
@@ -524,8 +546,10 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     stage_mem = []
     for s in range(config.pp):
         dense, expert = _stage_params(workload, part, s, config)
-        exposed = _dp_comm_s(dense, expert, sb.grads, sb.weights, config, m, times[s].backward,
-                             times[s].compute, g, cluster, eff)
+        exposed = _dp_comm_s(dense, expert, sb.grads,
+                             _gathered_weight_bytes(workload, part, s, config, train, dense,
+                                                    sb.weights),
+                             config, m, times[s].backward, times[s].compute, g, cluster, eff)
         opt, off = _optimizer_s(dense, expert, config, train, g, cluster, eff)
         dp_exposed, optimizer_s, offload_s = (max(dp_exposed, exposed), max(optimizer_s, opt),
                                               max(offload_s, off))

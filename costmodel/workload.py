@@ -64,6 +64,9 @@ class OpCost:
     weight_shape: tuple[int, int] | None = None
     """A linear layer's weight as ``nn.Linear`` holds it: (output features, input features),
     unsharded; None for other ops (``compute.linear_gemms`` prices the GEMMs at this shape)."""
+    fp8: bool = False
+    """A linear of the blocks that an ``fp8`` plan runs in FP8 (``autopar.core.fp8``'s rule;
+    ``compute.estimate_op_s`` prices it so only when the plan's precision is fp8)."""
     expert_shape: tuple[int, int, int] | None = None
     """An expert GEMM's stacked weight: (experts, reduction, width), unsharded; None for other
     ops, or experts that are not one stacked weight (``compute.grouped_gemms`` prices the

@@ -28,7 +28,8 @@ are reduced once per step (ZeRO-1's traffic).
 
 Mixed precision (``TrainSpec.precision``): ``bf16``/``fp16`` use ``MixedPrecisionPolicy`` --
 fp32 master weights sharded or replicated as above, compute in the low precision, gradients
-reduced in fp32; ``bf16-pure`` casts the model to bf16 (no fp32 copy); ``fp32`` runs as is.
+reduced in fp32 (``fp8`` too: its FP8 GEMMs are the float8 linears', ``passes/float8.py``);
+``bf16-pure`` casts the model to bf16 (no fp32 copy); ``fp32`` runs as is.
 fp16 plans also run with dynamic loss scaling (``passes/loss_scaling.py``).
 """
 
@@ -53,7 +54,8 @@ from autopar.core.plan import Plan
 from autopar.passes.mesh import data_parallel_mesh
 from autopar.passes.tensor_parallel import is_sectioned
 
-COMPUTE_DTYPE = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+COMPUTE_DTYPE = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16,
+                 Precision.FP8: torch.bfloat16}
 """The compute dtype of the mixed-precision policies (fp32 master weights); the one-process
 reference of ``autopar verify`` computes in it too."""
 

@@ -17,6 +17,9 @@ The passes run in this order, each for a reason:
 8. The schedule (``pipeline``), when pp > 1.
 9. fp16 plans get a gradient scaler (``loss_scaling``): dynamic loss scaling.
 
+fp8 plans swap their chosen linears for torchao's ``Float8Linear`` after the fusions and before
+the split (``float8``), and gather the FP8 weights as bytes on gloo after FSDP is applied.
+
 ``ParallelProgram.step(tokens, targets)`` runs forward and backward of this rank's share of
 the global batch (its data-parallel slice, all its micro-batches; under context parallelism
 its chunks of every sequence) and returns the mean loss
@@ -48,7 +51,8 @@ from autopar.passes.checkpointing import mark_moe_layers
 from autopar.passes.context_parallel import apply_context_parallel, chunk_positions, sequence_shard
 from autopar.models import prepare_training, set_aux_loss_grad_scale
 from autopar.models.init import tied_groups
-from autopar.passes.data_parallel import apply_data_parallel, set_microbatch
+from autopar.passes.data_parallel import apply_data_parallel, set_microbatch, wants_fsdp
+from autopar.passes.float8 import apply_float8, apply_fp8_transport
 from autopar.passes.expert_parallel import (apply_call_tokens, apply_expert_parallel,
                                             apply_token_shards, call_tokens_mesh, expert_dp_mesh,
                                             expert_mesh, wants_expert_mesh)
@@ -262,6 +266,9 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
     # Fusion after the cast (the fused modules hold the cast weights) and before the split
     # and sharding, which find the fused modules under the model's names.
     apply_fusions(model, plan.config.fusions, tp=plan.config.tp)
+    # FP8 linears after the fusions (their modules keep the nn.Linear children) and before the
+    # split and the sharding, which shard a Float8Linear's weight as any linear's
+    apply_float8(model_blocks_of(model), plan.train, fsdp=wants_fsdp(plan))
     tied_across = _tied_across_stages(model, parts, plan)
     pp_rank = mesh.get_local_rank(MeshAxis.PP.value)
     stages = build_stages(model, parts, plan, pp_rank)
@@ -290,6 +297,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
                    else apply_expert_parallel(stage, plan, experts_mesh, layers))
         apply_data_parallel(stage, stage_blocks(stage).values(), plan, mesh, experts,
                             expert_dp_mesh(plan, experts_mesh))
+        apply_fp8_transport(stage.modules(), plan.train)
         keep_fused_head_gathered(stage, parts.head)
     held = {n: p for _, stage in stages for n, p in stage.named_parameters(
         remove_duplicate=False)}
@@ -301,6 +309,17 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh,
         program.schedule = build_schedule(stages, num_stages, plan, mesh, device,
                                           program._scaled_loss, shapes)
     return program
+
+
+def model_blocks_of(model: nn.Module) -> list[nn.Module]:
+    """``model``'s repeated blocks, the plan's blocks: its family's (``ModelParts.blocks``),
+    or the block group found in a model no family describes."""
+    parts = parts_or_none(model)
+    if parts is None:
+        return whole_model_blocks(model)
+    span = model_blocks(model, parts)
+    container = model.get_submodule(span.path)
+    return [container[i] for i in span.blocks]
 
 
 def _whole_model_program(model: nn.Module, plan: Plan, mesh: DeviceMesh,
@@ -315,7 +334,9 @@ def _whole_model_program(model: nn.Module, plan: Plan, mesh: DeviceMesh,
             fix="plan it with pp = tp = cp = ep = 1 and no fusions")
     blocks = whole_model_blocks(model)
     checkpoint_blocks(blocks, c.checkpoint_of(len(blocks)))
+    apply_float8(blocks, plan.train, fsdp=wants_fsdp(plan))
     apply_data_parallel(model, blocks, plan, mesh)
+    apply_fp8_transport(model.modules(), plan.train)
     return ParallelProgram(plan, mesh, None, [(0, model)], 1, device, TiedWeights([], None),
                            scaler=grad_scaler(plan.train, device))
 

@@ -37,6 +37,7 @@ from autopar.costmodel.workload import (
     Workload,
 )
 from autopar.analysis.graph import GraphIR, NodeInfo
+from autopar.core.fp8 import fp8_gemm
 from autopar.core.specs import MOE_PERMUTE
 from autopar.models.routing import DROPLESS_MARK
 from autopar.analysis.ops import (
@@ -169,8 +170,10 @@ def _mark_matmuls(graph: GraphIR, nodes: list[NodeInfo], saver: _Saver) -> None:
 
 
 def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
-             fusions: tuple[str, ...] = ()) -> tuple[OpCost, ...]:
-    """Per-op costs; each match of a named fusion pattern becomes one op with the fused bytes."""
+             fusions: tuple[str, ...] = (), *, block: bool = False) -> tuple[OpCost, ...]:
+    """Per-op costs; each match of a named fusion pattern becomes one op with the fused bytes.
+    ``block``: the nodes are a repeated block's, whose linears an fp8 plan may run in FP8
+    (``OpCost.fp8``)."""
     per_seq = 1.0 / graph.batch
     chains = {chain[0].name: (name, chain) for name, chain in find_fusions(graph, nodes, fusions)}
     inside = {n.name for _, chain in chains.values() for n in chain[1:]}
@@ -216,6 +219,7 @@ def op_costs(graph: GraphIR, nodes: list[NodeInfo], act_bytes: float,
             moe_layer=graph.in_moe_layer(n), expert=is_expert_gemm(n, graph), kv_elements=kv * per_seq,
             causal=kind_of(n) is OpKind.ATTENTION and is_causal(n),
             weight_shape=linear_weight_shape(graph, n), expert_shape=expert_weight_shape(graph, n),
+            fp8=block and fp8_gemm(linear_module(graph, n), linear_weight_shape(graph, n)),
         ))
     return tuple(costs)
 
@@ -285,6 +289,13 @@ def linear_weight_shape(graph: GraphIR, node: NodeInfo) -> tuple[int, int] | Non
     return (int(shapes[0][0]), int(shapes[0][1])) if len(shapes) == 1 else None
 
 
+def linear_module(graph: GraphIR, node: NodeInfo) -> str:
+    """The module path of a linear layer, read off its weight's name (``q_proj.weight`` ->
+    ``q_proj``); ``""`` for another op."""
+    weights = [p for p in node.params if p in graph.params and len(graph.params[p].shape) == 2]
+    return weights[0].rsplit(".", 1)[0] if node.op == "linear" and len(weights) == 1 else ""
+
+
 def _fused_loss_costs(graph: GraphIR, chain: list[NodeInfo], act_bytes: float
                       ) -> tuple[OpCost, OpCost]:
     """The fused head and loss as two ops: the head's GEMMs, as many FLOPs as eager (the logits'
@@ -335,7 +346,7 @@ def _elements(graph: GraphIR, name: str | None) -> float:
 
 def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: float,
                 exclude_params: frozenset[str] = frozenset(),
-                fusions: tuple[str, ...] = ()) -> LayerCost:
+                fusions: tuple[str, ...] = (), *, block: bool = False) -> LayerCost:
     """One layer of the base workload (tp = 1): its ops, saved tensors and parameters."""
     names = {n.name for n in nodes}
     external = [i for n in nodes for i in n.inputs if i not in names]
@@ -349,7 +360,7 @@ def build_layer(graph: GraphIR, name: str, nodes: list[NodeInfo], act_bytes: flo
                                      else i))
     return LayerCost(
         name=name,
-        ops=op_costs(graph, nodes, act_bytes, fusions),
+        ops=op_costs(graph, nodes, act_bytes, fusions, block=block),
         saved=saved_tensors(graph, nodes, fusions),
         input_elements=_elements(graph, external[0] if external else None),
         output_elements=_elements(graph, nodes[-1].name if nodes else None),
@@ -445,7 +456,8 @@ def build_workload(graph: GraphIR, act_bytes: float = 2.0, name: str = "",
     post = build_layer(graph, "post", post_nodes, act_bytes, exclude_params=frozenset(tied),
                        fusions=fusions)
     post = replace(post, saved=post.saved + loss_input(graph, post_nodes, fusions))
-    block = build_layer(graph, "block", graph.block_nodes(0), act_bytes, fusions=fusions)
+    block = build_layer(graph, "block", graph.block_nodes(0), act_bytes, fusions=fusions,
+                        block=True)
     notes = []
     if not graph.blocks.uniform:
         notes.append("block instances differ; the cost model prices instance 0 for all")

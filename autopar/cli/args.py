@@ -163,7 +163,9 @@ def add_model_cluster_train(p: argparse.ArgumentParser) -> None:
     g.add_argument("--global-batch", type=int, required=True, help="sequences per step")
     g.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the model's)")
-    g.add_argument("--precision", default="bf16", help="bf16 | fp16 | bf16-pure | fp32")
+    g.add_argument("--precision", default="bf16", help="bf16 | fp16 | bf16-pure | fp32 | fp8")
+    g.add_argument("--fp8-recipe", default="tensorwise",
+                   help="with --precision fp8: tensorwise (FP8 weight all-gather) | rowwise")
     g.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd")
 
 
@@ -256,7 +258,7 @@ def train_from_args(args: argparse.Namespace, model) -> TrainSpec:
 
     seq = resolve_seq_len(model, None, args.seq_len)
     return TrainSpec(global_batch=args.global_batch, seq_len=seq, precision=args.precision,
-                     optimizer=args.optimizer)
+                     optimizer=args.optimizer, fp8_recipe=args.fp8_recipe)
 
 
 def given_fields(args: argparse.Namespace) -> dict[str, object]:

@@ -40,7 +40,10 @@ def add_verify_parser(sub: argparse._SubParsersAction, parents: list) -> None:
                    help="sequences per step (default: dp x micro-batch x 2 x pp)")
     g.add_argument("--seq-len", type=positive, default=None, metavar="N",
                    help="tokens per sequence (default: the model's)")
-    g.add_argument("--precision", default=None, help="fp32 (default) | bf16 | fp16 | bf16-pure")
+    g.add_argument("--precision", default=None,
+                   help="fp32 (default) | bf16 | fp16 | bf16-pure | fp8")
+    g.add_argument("--fp8-recipe", default=None,
+                   help="with --precision fp8: tensorwise (default) | rowwise")
     g.add_argument("--priced-on", default=None, metavar="PRESET",
                    help="cluster preset a flags plan is priced on (default hgx-h100-80g)")
     g.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -69,13 +72,15 @@ def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model, consol
     batch = args.global_batch or config.dp * config.micro_batch * (
         config.num_microbatches or 2 * config.pp)
     seq = resolve_seq_len(model, None, args.seq_len)
-    train = TrainSpec(global_batch=batch, seq_len=seq, precision=args.precision or "fp32")
+    train = TrainSpec(global_batch=batch, seq_len=seq, precision=args.precision or "fp32",
+                      fp8_recipe=args.fp8_recipe or "tensorwise")
     return plan_for(model, process_cluster(config.world_size, args.priced_on or "hgx-h100-80g"),
                     train, config, name=spec.label, model_spec=spec)
 
 
 _FLAGS_PLAN_ONLY = (("global_batch", "--global-batch"), ("seq_len", "--seq-len"),
-                    ("precision", "--precision"), ("priced_on", "--priced-on"))
+                    ("precision", "--precision"), ("fp8_recipe", "--fp8-recipe"),
+                    ("priced_on", "--priced-on"))
 """What a plan file fixes itself: given beside ``--plan`` they would be ignored."""
 
 

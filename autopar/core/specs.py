@@ -25,6 +25,28 @@ class Precision(StrEnum):
     """Everything in bf16: weights, gradients and optimizer states; no fp32 master copy."""
     FP32 = "fp32"
     """Everything in fp32 (TF32 matmuls on A100/H100)."""
+    FP8 = "fp8"
+    """As bf16, with the GEMMs of the chosen linear layers in FP8 (torchao's float8 training,
+    ``passes/float8.py`` says which layers): their inputs, weights and output gradients cast to
+    FP8 with dynamic scales (``TrainSpec.fp8_recipe``), the products accumulated in fp32;
+    everything else bf16, fp32 master weights and optimizer states."""
+
+
+class Fp8Recipe(StrEnum):
+    """How FP8 scales are taken (torchao's ``Float8LinearRecipeName``). What the frameworks'
+    names map to: Megatron-LM / Transformer Engine's ``--fp8-recipe tensorwise`` (current
+    scaling, "FP8-CS" in NeMo's tables) is ``tensorwise``; ``delayed`` (scales from an amax
+    history) has no torchao training recipe any more and is priced and run as ``tensorwise``,
+    which does the same GEMMs with one more amax pass; ``mxfp8`` (Blackwell's 1 x 32 block
+    scales) and ``blockwise`` (DeepSeek-V3's 1 x 128 / 128 x 128) are finer than ``rowwise``,
+    which stands for them in pricing and is not run as them."""
+
+    TENSORWISE = "tensorwise"
+    """One scale per tensor (e4m3 forward, e5m2 output gradients); under FSDP the weights are
+    all-gathered in FP8 (torchao's ``enable_fsdp_float8_all_gather``, ZeRO++'s quantized weight
+    communication)."""
+    ROWWISE = "rowwise"
+    """One scale per row of each GEMM operand (e4m3 throughout); weights all-gathered in bf16."""
 
 
 class Optimizer(StrEnum):
@@ -217,20 +239,27 @@ class TrainSpec:
     """Precision policy; see ``Precision``."""
     optimizer: Optimizer = Optimizer.ADAMW
     """Optimizer, which sets the optimizer-state bytes per parameter."""
+    fp8_recipe: Fp8Recipe = Fp8Recipe.TENSORWISE
+    """The FP8 scaling recipe (``Fp8Recipe``); read only when ``precision`` is ``fp8``."""
 
     def __post_init__(self) -> None:
         _positive_int(self.global_batch, "global_batch")
         _positive_int(self.seq_len, "seq_len")
         object.__setattr__(self, "precision", _choice(Precision, self.precision, "precision"))
         object.__setattr__(self, "optimizer", _choice(Optimizer, self.optimizer, "optimizer"))
+        object.__setattr__(self, "fp8_recipe",
+                           _choice(Fp8Recipe, self.fp8_recipe, "fp8_recipe"))
 
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
     def to_dict(self) -> dict[str, object]:
-        return {"global_batch": self.global_batch, "seq_len": self.seq_len,
-                "precision": self.precision.value, "optimizer": self.optimizer.value}
+        out = {"global_batch": self.global_batch, "seq_len": self.seq_len,
+               "precision": self.precision.value, "optimizer": self.optimizer.value}
+        if self.precision is Precision.FP8:
+            out["fp8_recipe"] = self.fp8_recipe.value
+        return out
 
 
 @dataclass(frozen=True)

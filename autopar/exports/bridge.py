@@ -23,7 +23,7 @@ Megatron-LM-only switches (``--group-query-attention``, ``--swiglu``) have no fi
 from __future__ import annotations
 
 from autopar.core.plan import Plan
-from autopar.core.specs import Precision
+from autopar.core.specs import Fp8Recipe, Precision
 from autopar.exports.mapping import Export, Fit, Row, plan_rows
 from autopar.exports.megatron import Item, Setting, megatron_items
 
@@ -85,6 +85,17 @@ def _bridge_item(item: Item, plan: Plan) -> tuple[list[str], Fit, str]:
         p = plan.train.precision
         if p is Precision.BF16:
             extra = ["mixed_precision=bf16_mixed"]
+        elif p is Precision.FP8:
+            recipe = ("bf16_with_fp8_current_scaling_mixed"
+                      if plan.train.fp8_recipe is Fp8Recipe.TENSORWISE
+                      else "bf16_with_fp8_subchannel_scaling_mixed")
+            extra = [f"mixed_precision={recipe}"]
+            fit, note = Fit.CLOSE, (f"{recipe}: Transformer Engine's FP8 on every layer's "
+                                    "linears (experts included; autopar keeps routers and "
+                                    "experts bf16)"
+                                    + ("" if plan.train.fp8_recipe is Fp8Recipe.TENSORWISE
+                                       else "; sub-channel (1 x 128) scales stand for "
+                                            "autopar's per-row ones"))
         elif p is Precision.FP16:
             extra = ["mixed_precision=fp16_mixed"]
             fit, note = Fit.CLOSE, ("fp16_mixed's dynamic loss scaling starts at 2^32 "

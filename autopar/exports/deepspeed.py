@@ -149,6 +149,13 @@ def deepspeed_config(plan: Plan) -> tuple[dict[str, object], dict[str, Row]]:
         row("train.precision", p, "fp16.enabled = true, loss_scale = 0 (dynamic), "
             "initial_scale_power = 16, loss_scale_window = 2000, hysteresis = 1", Fit.EXACT,
             "dynamic loss scaling as autopar's engine runs it")
+    elif p is Precision.FP8:
+        raise refuse("precision fp8: DeepSpeed's configuration has no FP8 switch; FP8 GEMMs "
+                     "come from the model's own code (Transformer Engine layers), which "
+                     "autopar's export does not rewrite",
+                     where="train.precision",
+                     fix="export to megatron, bridge or torchtitan (FP8 through Transformer "
+                         "Engine or torchao), or re-plan with --precision bf16")
     elif p is Precision.BF16_PURE:
         if c.zero == 0:
             raise refuse("precision bf16-pure with ZeRO-0: DeepSpeed keeps bf16 master weights "

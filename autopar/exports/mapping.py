@@ -75,11 +75,26 @@ def plan_rows(plan: Plan, handled: Mapping[str, Row]) -> tuple[Row, ...]:
     """Every plan field, in the plan's order: the exporter's row for it, or a row saying the
     target has no place for it (so no field is left out of the table)."""
     values = plan_values(plan)
+    handled = {**_recipe_row(plan, handled), **handled}
     rows = [handled.get(name) or Row(name, value, "", Fit.NONE,
                                      "not carried to this target")
             for name, value in values.items()]
     rows += [r for name, r in handled.items() if name not in values]
     return tuple(rows)
+
+
+def _recipe_row(plan: Plan, handled: Mapping[str, Row]) -> dict[str, Row]:
+    """``train.fp8_recipe``'s row: carried with the precision (its row says how) under fp8,
+    nothing to carry under any other precision."""
+    recipe = plan.train.fp8_recipe.value
+    if plan.train.precision.value != "fp8":
+        return {"train.fp8_recipe": Row("train.fp8_recipe", f"{recipe} (unused)", "", Fit.EXACT,
+                                        "read only under precision fp8")}
+    precision = handled.get("train.precision")
+    if precision is None:
+        return {}
+    return {"train.fp8_recipe": Row("train.fp8_recipe", recipe, precision.target, precision.fit,
+                                    "with train.precision: see its row")}
 
 
 def plan_values(plan: Plan) -> dict[str, str]:
@@ -92,6 +107,7 @@ def plan_values(plan: Plan) -> dict[str, str]:
         out[name if name == "stage_blocks" else f"config.{name}"] = value
     for name, value in plan.train.to_dict().items():
         out[f"train.{name}"] = str(value)
+    out.setdefault("train.fp8_recipe", f"{plan.train.fp8_recipe.value} (unused)")
     return out
 
 

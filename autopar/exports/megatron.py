@@ -70,7 +70,7 @@ from autopar.core.estimate import checkpoint_text
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.core.specs import (ASYNC_TP, DEEPEP, EP_A2A_OVERLAP, MOE_PERMUTE, Checkpoint,
-                                 Optimizer, Precision, Schedule)
+                                Fp8Recipe, Optimizer, Precision, Schedule)
 from autopar.core.stages import chunk_sizes
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
 from autopar.models.shape import ModelShape, model_shape
@@ -83,7 +83,7 @@ SCRIPT = "megatron_args.sh"
 Setting = tuple[str, object]
 """(Megatron config field, the argparse ``dest``; value): ``True`` is a switch given."""
 
-FLAG_OF = {"add_bias_linear": "--disable-bias-linear"}
+FLAG_OF = {"add_bias_linear": "--disable-bias-linear", "fp8": "--fp8-format"}
 """Fields whose flag is not the field's name with dashes (the flag stores the value)."""
 
 
@@ -368,6 +368,24 @@ def _precision(plan: Plan) -> Item:
                     "every overflow (the step skipped), doubled after 2000 clean steps")
     if p is Precision.FP32:
         return Item("train.precision", str(p), (), Fit.EXACT, "Megatron-LM's default")
+    if p is Precision.FP8:
+        tensorwise = plan.train.fp8_recipe is Fp8Recipe.TENSORWISE
+        gather = tensorwise and plan.config.zero >= 1
+        settings: tuple[tuple[str, object], ...] = (
+            ("bf16", True), ("fp8", "hybrid"),
+            ("fp8_recipe", "tensorwise" if tensorwise else "blockwise"))
+        if gather:
+            settings += (("fp8_param_gather", True),)
+        recipe = ("current per-tensor scales ('tensorwise')" if tensorwise else
+                  "1 x 128 block scales ('blockwise', DeepSeek-V3's): Megatron has no per-row "
+                  "recipe, this is the nearest finer-than-tensor one")
+        return Item("train.precision", f"{p} ({plan.train.fp8_recipe})", settings, Fit.CLOSE,
+                    "Transformer Engine runs the FP8 GEMMs (e4m3 forward, e5m2 gradients: "
+                    f"'hybrid') with {recipe}"
+                    + ("; the weights all-gathered in FP8 (--fp8-param-gather)" if gather
+                       else "")
+                    + "; TE converts every TransformerEngine linear of the layers, experts "
+                    "included, where autopar's plan keeps routers and experts in bf16")
     raise refuse("precision bf16-pure keeps no fp32 master weights; Megatron-LM and "
                  "Megatron-Bridge keep their main parameters in fp32 or fp16 "
                  "(--main-params-dtype), never bf16",

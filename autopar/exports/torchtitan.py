@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from autopar.core.estimate import checkpoint_text
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
-from autopar.core.specs import ASYNC_TP, Checkpoint, Optimizer, Precision, Schedule
+from autopar.core.specs import ASYNC_TP, Checkpoint, Fp8Recipe, Optimizer, Precision, Schedule
 from autopar.core.stages import chunk_sizes
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
 from autopar.models.shape import ModelShape, model_shape
@@ -99,6 +99,9 @@ class Titan:
     ac_class: str | None
     optimizer_name: str
     flavor: str | None
+    converter: str | None = None
+    """Python of the model converter the plan's precision needs (fp8: torchtitan's
+    ``Float8LinearConverter.Config``), or ``None``."""
 
 
 def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
@@ -202,6 +205,19 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
     elif p is Precision.FP32:
         training.update(dtype="float32", mixed_precision_param="float32")
         row("train.precision", p, "mixed_precision_param = float32", Fit.EXACT)
+    elif p is Precision.FP8:
+        training.update(dtype="float32", mixed_precision_param="bfloat16",
+                        mixed_precision_reduce="float32")
+        tensorwise = t.fp8_recipe is Fp8Recipe.TENSORWISE
+        converter = 'Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["output"])'
+        row("train.precision", f"{p} ({t.fp8_recipe})",
+            f"mixed_precision_param = bfloat16; model_registry(..., converters=[{converter}])",
+            Fit.CLOSE if tensorwise else Fit.EXACT,
+            ("torchtitan's float8 converter has only the rowwise recipes at this commit: the "
+             "plan's tensorwise scales (and its FP8 weight all-gather) run as rowwise, bf16 "
+             "all-gather" if tensorwise else "torchao's rowwise float8 linears")
+            + "; torchtitan converts every linear but the head ('output'), autopar's plan "
+            "keeps the routers bf16 too")
     else:
         training.update(dtype="bfloat16")
         row("train.precision", p, "training.dtype = bfloat16", Fit.EXACT,
@@ -223,7 +239,9 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
     else:
         row("model", label, "", Fit.NONE, "torchtitan has no model of this shape: set "
             "MODEL_SPEC in the module to a ModelSpec of yours")
-    return Titan(training, par, ac, ac_class, optimizer, flavor), rows
+    converter = ('Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["output"])'
+                 if p is Precision.FP8 else None)
+    return Titan(training, par, ac, ac_class, optimizer, flavor, converter), rows
 
 
 def _pipeline(plan: Plan, par: dict[str, object], row) -> None:
@@ -339,9 +357,12 @@ def module_text(plan: Plan, titan: Titan) -> str:
     if titan.ac_class:
         imports.append(f"from torchtitan.distributed.activation_checkpoint import "
                        f"{titan.ac_class}")
+    if titan.converter:
+        imports.append("from torchtitan.components.quantization import Float8LinearConverter")
     if titan.flavor:
         imports.append("from torchtitan.models.llama3 import model_registry")
-        model = f'model_registry("{titan.flavor}")'
+        converters = f", converters=[{titan.converter}]" if titan.converter else ""
+        model = f'model_registry("{titan.flavor}"{converters})'
     else:
         model = "None  # no torchtitan model of this shape: set your ModelSpec"
     training = ",\n            ".join(f"{k}={_py(v)}" for k, v in titan.training.items())

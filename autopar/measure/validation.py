@@ -173,8 +173,8 @@ def check_recompute_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
     ``virtual_stages`` model chunks where its section 6 names one, else 1F1B) priced under full
     recomputation and under selective recomputation with sequence parallelism; ``graph`` as
     for ``check_megatron_row``."""
-    from autopar.costmodel.compute import Split
-    from autopar.costmodel.memory import activation_bytes_per_element, saved_bytes
+    from autopar.costmodel.step import split_of
+    from autopar.costmodel.memory import saved_bytes
     from autopar.core.specs import Checkpoint, Schedule
 
     gpus, tp, pp = row["num_gpus"], row["tensor_parallel_size"], row["pipeline_parallel_size"]
@@ -190,8 +190,7 @@ def check_recompute_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
                                 micro_batch=row["micro_batch_size"], sequence_parallel=sp,
                                 checkpoint=policy, fusions=MEGATRON_FUSIONS,
                                 schedule=schedule, virtual_stages=chunks)
-        split = Split(config.micro_batch, tp, 1, sp, activation_bytes_per_element(
-            train.precision), "fp16", seq_len=train.seq_len)
+        split = split_of(config, train, train.seq_len)
         block = strategies(config).block
         priced[policy] = (config_estimate(strategies, config),
                           saved_bytes(block, split, policy))

@@ -83,6 +83,10 @@ _PRECISION = {
                     "halved, doubled after 2000 clean steps)",
     Precision.BF16_PURE: "the model cast to bf16; no fp32 copy",
     Precision.FP32: "fp32 throughout",
+    Precision.FP8: "as bf16, with the blocks' linear layers (weight dims multiples of 16, routers "
+                   "excepted; the head and everything outside the blocks stay bf16) swapped for "
+                   "torchao's Float8Linear: inputs, weights and output gradients cast to FP8 with "
+                   "dynamic {recipe} scales, products accumulated in fp32{gather}",
 }
 
 _CHECKPOINT = {
@@ -104,7 +108,7 @@ def state_text(train: TrainSpec) -> str:
     """Bytes per parameter of the model states the memory model prices (``costmodel/peak.py``):
     this engine's, which need not be another framework's."""
     master, low, moments = dtype_bytes(train.precision, train.optimizer)
-    mixed = train.precision in (Precision.BF16, Precision.FP16)
+    mixed = train.precision in (Precision.BF16, Precision.FP16, Precision.FP8)
     parts = [f"{master:g} B master", f"{moments:g} B optimizer moments",
              f"{master:g} B gradient (reduced and accumulated in the master dtype)"]
     total = 2 * master + moments
@@ -144,7 +148,10 @@ def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
                                  f"{config.microbatches(train)} micro-batches, "
                                  f"{config.virtual_stages} stage(s) per rank"))
     rows.append(("checkpointing", checkpoint_line(config, num_blocks)))
-    rows.append(("precision", _PRECISION[train.precision]))
+    rows.append(("precision", _PRECISION[train.precision].format(
+        recipe=train.fp8_recipe.value,
+        gather=("; FSDP all-gathers their weights in FP8" if train.fp8_recipe.value == "tensorwise"
+                and (config.zero >= 1 or config.dp * config.cp > 1) else ""))))
     rows.append(("model states", state_text(train)))
     kernels = [f for f in config.fusions if f not in ENGINE_FUSIONS and f not in MOE_FUSIONS]
     if kernels:

@@ -36,11 +36,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from autopar.costmodel.cluster import ClusterSpec
-from autopar.costmodel.compute import Split
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate
-from autopar.costmodel.memory import activation_bytes_per_element
 from autopar.costmodel.moe import ep_comm_s
 from autopar.costmodel.pipeline import (
     StagePartition,
@@ -50,7 +48,7 @@ from autopar.costmodel.pipeline import (
 )
 from autopar.core.specs import (ASYNC_TP, EP_A2A_OVERLAP, Checkpoint, ParallelConfig, Schedule,
                                  TrainSpec)
-from autopar.costmodel.step import (COMPUTE_DTYPE, estimate_step, layer_compute_s, tp_comm_s,
+from autopar.costmodel.step import (estimate_step, split_of, layer_compute_s, tp_comm_s,
                                     tp_gemm_s)
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
@@ -118,10 +116,7 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
     they imply. Every policy issues at least ``none``'s all-to-alls; with them overlapped
     (``ep_a2a_overlap``) at least ``1 - Efficiency.ep_overlap`` of them stay exposed, whatever
     compute runs beside them (``costmodel/moe.py``)."""
-    act = activation_bytes_per_element(train.precision)
-    split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
-                  COMPUTE_DTYPE[train.precision], seq_len=work.seq_len, ep=config.ep,
-                  etp=config.etp)
+    split = split_of(config, train, work.seq_len)
     overlap = ASYNC_TP in config.fusions and config.tp > 1
     key = (id(work), split, config.tp, config.dp, config.cp, config.pp, overlap, config.fusions)
     if key not in memo:

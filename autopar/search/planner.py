@@ -22,10 +22,9 @@ from autopar.analysis.module_strategies import module_strategies
 from autopar.core.plan import Plan, SolverInfo
 from autopar.search.infeasible import infeasible_error
 from autopar.search.optimize import search, stage_partition
-from autopar.costmodel.compute import Split
 from autopar.costmodel.memory import state_bytes_per_param
 from autopar.core.specs import ParallelConfig
-from autopar.costmodel.step import COMPUTE_DTYPE, estimate_step
+from autopar.costmodel.step import estimate_step, split_of
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.search.block_tables import Pricing
@@ -57,9 +56,7 @@ class Strategies:
         if config.tp == 1:
             return None
         train, cluster, eff = self.train, self.cluster, self.efficiency
-        act = activation_bytes_per_element(train.precision)
-        split = Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel, act,
-                      COMPUTE_DTYPE[train.precision], seq_len=self.solver.base.seq_len)
+        split = replace(split_of(config, train, self.solver.base.seq_len), ep=1, etp=1)
         sb = state_bytes_per_param(train.precision, train.optimizer)
         param_s = (2 * sb.optimizer + sb.grads + sb.weights) / (
             cluster.gpu.hbm_bytes_per_s * eff.memory)

@@ -12,7 +12,7 @@ precision's rounding alone does (``verify_measures``).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -22,6 +22,8 @@ from autopar.core.specs import Precision
 from autopar.core.model_spec import ModelSpec
 from autopar.models import prepare_training, set_aux_loss_grad_scale
 from autopar.passes.data_parallel import COMPUTE_DTYPE
+from autopar.passes.float8 import apply_float8
+from autopar.passes.program import model_blocks_of
 from autopar.core.plan import Plan
 from autopar.models.feed import logits_of
 from autopar.models.training import LOSS_SCALING, loss_of, optimizer, synthetic_inputs
@@ -111,7 +113,8 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
     on a low-precision copy of the fp32 master weights, differentiating each micro-batch's loss
     as a rank does (so its low-precision gradients have the rank's magnitude: they overflow
     fp16 where the rank's do), and the gradients are averaged and accumulated in fp32 on the
-    masters, which they update; fp16 scales the loss as the program does (``torch.amp.GradScaler`` with
+    masters, which they update; fp8 runs its copy's chosen linears in FP8 as the program does
+    (``passes/float8.py``); fp16 scales the loss as the program does (``torch.amp.GradScaler`` with
     ``training.LOSS_SCALING``, ``passes/loss_scaling.py``). bf16-pure casts the model."""
     torch.set_flush_denormal(True)
     precision = plan.train.precision if precision is None else precision
@@ -140,6 +143,9 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
         runner = copy.deepcopy(model).to(low) if low is not None else model
         if resample and runner is not model:
             _one_ulp_to_zero(runner)
+        if precision is Precision.FP8:  # the same linears in FP8 as the program's
+            apply_float8(model_blocks_of(runner), replace(train, precision=precision),
+                         fsdp=False)
         total = 0.0
         # the routers' load-balancing loss is differentiated with the loss's own scale
         aux_scale = ((1.0 / len(chunks) if runner is model else rank_scale)

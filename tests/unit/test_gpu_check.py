@@ -59,23 +59,27 @@ def test_dry_run_writes_every_part_and_skips_only_what_needs_cuda(dry_run) -> No
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU machine's check")
-def test_dry_run_predicts_the_step_of_every_policy_and_skips_fp8_naming_issue_31(
-        dry_run) -> None:
+def test_dry_run_predicts_the_step_of_every_policy_in_bf16_and_fp8(dry_run) -> None:
     _, out, _, _ = dry_run
     doc = json.loads((out / "gpu-check-dry.json").read_text())
     step = next(p for p in doc["parts"] if p["number"] == 4)
     assert step["status"] == "ok", step["summary"]
     rows = step["data"]["rows"]
-    assert [(r["precision"], r["policy"]) for r in rows] == [("bf16", p) for p in STEP_POLICIES]
+    assert [(r["precision"], r["policy"]) for r in rows] == [
+        (p, c) for p in ("bf16", "fp8") for c in STEP_POLICIES]
     for r in rows:
         assert r["estimate"]["step_time_s"] > 0 and "measured" not in r
         # the memory model and the dry run of the emitted program agree on a dp = 1 plan
         assert abs(r["estimate"]["peak_bytes"] / r["dry_run"]["peak_bytes"] - 1) < 0.03
-    peaks = {r["policy"]: r["dry_run"]["peak_bytes"] for r in rows}
-    assert peaks["full"] < peaks["matmuls"] < peaks["none"]
-    assert "issue 31" in step["data"]["skipped_precisions"]["fp8"]
+    for precision in ("bf16", "fp8"):
+        peaks = {r["policy"]: r["dry_run"]["peak_bytes"] for r in rows
+                 if r["precision"] == precision}
+        assert peaks["full"] < peaks["matmuls"] < peaks["none"]
+    step_s = {(r["precision"], r["policy"]): r["estimate"]["step_time_s"] for r in rows}
+    assert all(step_s["fp8", c] < step_s["bf16", c] for c in STEP_POLICIES)
+    assert step["data"]["skipped_precisions"] == {}
     md = (out / "gpu-check-dry.md").read_text()
-    assert "fp8: skipped" in md and "measured: skipped" in md
+    assert "measured: skipped" in md
 
 
 def test_pinned_wheels_install_on_the_device_python_and_fit_with_the_tree() -> None:

@@ -26,7 +26,9 @@ SAMPLE = ("8b-fsdp-full", "8b-zero1-matmuls", "8b-ddp-fp32", "8b-tp4-nosp-pure",
           "mixtral-ep2-zero3", "mixtral-ep8-etp2-zero1",
           # context parallelism: the gathered K/V and the query chunks' causal attention, with
           # tp + SP and under pp
-          "8b-cp4-tp2-sp", "70b-cp4-pp2")
+          "8b-cp4-tp2-sp", "70b-cp4-pp2",
+          # FP8 linears: the FP8 weight all-gather under ZeRO-3, rowwise under tp + SP
+          "8b-fp8-zero3", "8b-fp8-rowwise-tp2-sp")
 
 
 @pytest.mark.parametrize("name", SAMPLE)

@@ -22,6 +22,7 @@ field, checked against the target's own names.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ast
 import json
 import math
@@ -486,3 +487,31 @@ def test_moe_maps_to_megatron_recompute_modules_moe_and_the_nearest_elsewhere(mo
         "config.checkpoint"].target
     rows = {r.field: r for r in export_target(plan, "deepspeed").rows}
     assert rows["config.checkpoint"].fit is Fit.NONE
+
+
+# ----- FP8 -----
+
+@pytest.fixture(scope="module")
+def llama_fp8():
+    """Llama 3 8B in fp8 (tensorwise: FP8 weight all-gather under ZeRO-3) on 16 GPUs."""
+    return _plan("llama3-8b", H100, 2, TrainSpec(global_batch=64, seq_len=4096, precision="fp8"),
+                 dp=16, zero=3, checkpoint="full")
+
+
+def test_megatron_carries_fp8_as_its_flags(llama_fp8, tmp_path):
+    a = _megatron_args(llama_fp8, tmp_path)
+    assert (a.fp8, a.fp8_recipe, a.fp8_param_gather, a.bf16) == ("hybrid", "tensorwise", True,
+                                                                  True)
+    rowwise = dataclasses.replace(llama_fp8, train=dataclasses.replace(
+        llama_fp8.train, fp8_recipe="rowwise"))
+    b = _megatron_args(rowwise, tmp_path / "rowwise")
+    assert (b.fp8_recipe, b.fp8_param_gather) == ("blockwise", None)  # the nearest, said CLOSE
+
+
+def test_bridge_and_torchtitan_carry_fp8_and_deepspeed_refuses_it(llama_fp8):
+    assert _overrides(llama_fp8)["mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
+    assert "bf16_with_fp8_current_scaling_mixed" in BRIDGE["mixed_precision_recipes"]
+    text = export_target(llama_fp8, "torchtitan").files["autopar_plan.py"]
+    assert 'converters=[Float8LinearConverter.Config(recipe_name="rowwise"' in text
+    with pytest.raises(AutoparError, match="no FP8 switch"):
+        export_target(llama_fp8, "deepspeed")

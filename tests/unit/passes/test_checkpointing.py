@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -32,15 +31,6 @@ class RopeBlock(nn.Module):
         q, k, v = (p(x).unflatten(-1, (2, 4)).transpose(1, 2) for p in (self.q, self.k, self.v))
         q, k = q * cos + q.flip(-1) * sin, k * cos + k.flip(-1) * sin
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
-
-
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture

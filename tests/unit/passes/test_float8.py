@@ -1,0 +1,121 @@
+"""FP8 linears (``passes/float8.py``, ``autopar/core/fp8.py``): which layers, the FP8
+all-gather's transport on gloo, and what the cost model makes of them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+import autopar
+from autopar import ParallelConfig, TrainSpec
+from autopar.core.fp8 import fp8_gemm
+from autopar.passes import float8
+from autopar.passes.float8 import BytesAllGather, apply_float8, apply_fp8_transport
+
+pytest.importorskip("torchao.float8", reason="fp8 runs on torchao's float8 training")
+pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
+
+
+def test_the_rule_keeps_routers_and_odd_shapes_in_bf16():
+    assert fp8_gemm("mlp.up_proj", (512, 256))
+    assert not fp8_gemm("mlp.router", (256, 512))  # the zoo's router
+    assert not fp8_gemm("mlp.gate", (64, 512))  # transformers' MoE router
+    assert fp8_gemm("mlp.gate_proj", (512, 256))  # a SwiGLU gate is no router
+    assert not fp8_gemm("attn.q_proj", (520, 256))  # 520 is no multiple of 16
+    assert not fp8_gemm("attn.q_proj", None)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(64)
+        self.up = nn.Linear(64, 128, bias=False)
+        self.down = nn.Linear(128, 64, bias=False)
+        self.router = nn.Linear(64, 16, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(self.norm(x)))) + self.router(x).sum(-1, True)
+
+
+def test_only_the_chosen_linears_are_swapped_and_only_under_fp8():
+    blocks = [Block(), Block()]
+    assert apply_float8(blocks, TrainSpec(global_batch=1, precision="bf16"), fsdp=False) == []
+    names = apply_float8(blocks, TrainSpec(global_batch=1, precision="fp8"), fsdp=False)
+    assert names == ["up", "down", "up", "down"]
+    assert type(blocks[0].router) is nn.Linear and type(blocks[0].up) is not nn.Linear
+
+
+def test_float8_is_gathered_as_bytes_on_gloo(one_rank):
+    """gloo has no float8 dtype: the default all-gather fails on an FP8 buffer, the bytes one
+    moves it. (FSDP2 skips the collective on one rank, so this calls the comm itself; the
+    ZeRO-3 case of ``tests/dist/test_fp8_parity.py`` runs it under FSDP on two.)"""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
+
+    shard = torch.randn(8).to(torch.float8_e4m3fn)
+    out = torch.empty(8, dtype=torch.float8_e4m3fn)
+    with pytest.raises(RuntimeError, match="scalar type"):
+        DefaultAllGather()(output_tensor=out, input_tensor=shard, group=dist.group.WORLD)
+    BytesAllGather()(output_tensor=out, input_tensor=shard, group=dist.group.WORLD)
+    assert torch.equal(out.view(torch.uint8), shard.view(torch.uint8))
+
+
+def test_tensorwise_sets_the_byte_transport_on_every_fsdp_module(one_rank):
+    train = TrainSpec(global_batch=1, precision="fp8", fp8_recipe="tensorwise")
+    block = Block()
+    apply_float8([block], train, fsdp=True)
+    fully_shard(block, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    apply_fp8_transport(block.modules(), train)
+    comm = block._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm
+    assert isinstance(comm, BytesAllGather)
+    block(torch.randn(2, 8, 64)).float().sum().backward()
+    assert block.up.weight.grad is not None
+
+
+def test_rowwise_gathers_in_bf16(one_rank):
+    train = TrainSpec(global_batch=1, precision="fp8", fp8_recipe="rowwise")
+    block = Block()
+    apply_float8([block], train, fsdp=True)
+    fully_shard(block, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    apply_fp8_transport(block.modules(), train)  # nothing to carry: no FP8 all-gather
+    assert not any(getattr(m, "_get_fsdp_state", None) and
+                   isinstance(m._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm,
+                              BytesAllGather) for m in block.modules())
+    block(torch.randn(2, 8, 64)).float().sum().backward()
+
+
+def test_a_missing_torchao_is_a_clear_error(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_torchao(name, *args, **kwargs):
+        if name.startswith("torchao"):
+            raise ImportError("No module named 'torchao'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torchao)
+    with pytest.raises(autopar.AutoparError, match="pip install"):
+        float8._torchao_float8()
+
+
+def test_fp8_prices_the_gemms_faster_and_the_casts_as_memory_bound():
+    """Llama 3 8B on 8 H100s: the step is faster in fp8 (the FP8 peak is twice bf16's) but by
+    less than twice (attention, norms and the casts stay bf16-priced); the FSDP all-gather of
+    tensorwise moves fewer bytes than rowwise's."""
+    model = autopar.models.from_config(autopar.models.make_config("llama3-8b"), device="meta")
+    cluster = autopar.ClusterSpec.preset("hgx-h100-80g")
+    config = ParallelConfig(dp=8, zero=3, micro_batch=1)
+
+    def est(**train):
+        return autopar.estimate(model, cluster, TrainSpec(global_batch=64, seq_len=4096, **train),
+                                config)
+
+    bf16, fp8 = est(precision="bf16"), est(precision="fp8")
+    rowwise = est(precision="fp8", fp8_recipe="rowwise")
+    assert 0.5 * bf16.time_breakdown["compute"] < fp8.time_breakdown["compute"]
+    assert fp8.time_breakdown["compute"] < 0.85 * bf16.time_breakdown["compute"]
+    assert fp8.step_time_s < bf16.step_time_s
+    assert fp8.time_breakdown["comm_dp"] <= rowwise.time_breakdown["comm_dp"]
