@@ -58,6 +58,8 @@ class Split:
     fp8: bool = False
     """The plan trains in ``fp8``: the linears marked ``OpCost.fp8`` run their GEMMs at the
     GPU's FP8 peak, with their casts (``fp8_cast_s``)."""
+    fp8_fused_casts: bool = False
+    """The casts as Transformer Engine runs them (``core.specs.FP8_FUSED_CASTS``)."""
 
     def divisor(self, shard: Shard) -> float:
         if shard is Shard.TP or (shard is Shard.SEQ and self.sequence_parallel):
@@ -263,7 +265,13 @@ def fp8_cast_s(op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency
     (``passes/float8.py``): forward, its input and its weight; backward, the output gradient,
     and the input and weight again (torchao keeps them in bf16 for the backward and casts each
     GEMM operand in the layout that GEMM reads). Memory-bound, ``FP8_CAST_BYTES_PER_ELEMENT``
-    per element, two kernels per cast. The tp split of the weight is ``linear_gemms``'."""
+    per element, two kernels per cast. The tp split of the weight is ``linear_gemms``'.
+
+    With ``Split.fp8_fused_casts`` (Transformer Engine): forward, one more byte per input
+    element, written by the kernel that produces the input; the weight cast once per step
+    (left out: 5 bytes per weight element once, some 10 ms a step for an 8B model on an H100);
+    backward, the output gradient's cast-transpose (read 2 bytes, write the FP8 copy and its
+    transpose) in one kernel, the input and weight copies reused from the forward."""
     out_f, in_f = (float(x) for x in op.weight_shape)
     m = split.micro_batch * float(split.seq_len) / split.cp
     if op.shard is Shard.TP:  # the wider of the two is split, as linear_gemms has it
@@ -277,6 +285,8 @@ def fp8_cast_s(op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency
     b = FP8_CAST_BYTES_PER_ELEMENT
     k = eff.kernel_overhead_s
     weight = out_f * in_f
+    if split.fp8_fused_casts:
+        return m * in_f / hbm, 4.0 * m * out_f / hbm + k
     forward = b * (m * in_f + weight) / hbm + 4 * k
     backward = b * (m * out_f + m * in_f + weight) / hbm + 6 * k
     return forward, backward

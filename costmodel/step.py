@@ -41,7 +41,7 @@ from .profile import recording
 from .pipeline import (StagePartition, even_partition, in_flight_microbatches,
                        loss_in_flight_microbatches, pipeline_s)
 from autopar.core.fp8 import fp8_all_gather, fp8_params
-from autopar.core.specs import (ASYNC_TP, Checkpoint, Optimizer, ParallelConfig, Precision,
+from autopar.core.specs import (ASYNC_TP, FP8_FUSED_CASTS, Checkpoint, Optimizer, ParallelConfig, Precision,
                                 Schedule, TrainSpec)
 from .topology import MeshGroups, domain_notes, mesh_groups, placed_group
 from .workload import LayerCost, OpCost, OpKind, Phase, Shard, TPCollective, Workload
@@ -65,7 +65,8 @@ def split_of(config: ParallelConfig, train: TrainSpec, seq_len: int | None) -> S
     return Split(config.micro_batch, config.tp, config.cp, config.sequence_parallel,
                  activation_bytes_per_element(train.precision), COMPUTE_DTYPE[train.precision],
                  seq_len=seq_len, ep=config.ep, etp=config.etp,
-                 fp8=train.precision is Precision.FP8)
+                 fp8=train.precision is Precision.FP8,
+                 fp8_fused_casts=FP8_FUSED_CASTS in config.fusions)
 
 
 @dataclass(frozen=True)
@@ -653,5 +654,12 @@ def _stage_memory(
                                        pipelined=config.pp > 1, microbatches=m,
                                        holds_embedding=stage == 0,
                                        holds_loss=last)
+    if split.fp8 and split.fp8_fused_casts:
+        # Transformer Engine keeps each FP8 linear's weight in FP8 and its transpose (its GEMMs
+        # read both layouts) across the step's micro-batches: 2 bytes per FP8 parameter on
+        # this rank, the tp split as the layer's (torchao's casts, autopar's engine, are
+        # transient: the dry run finds bf16's peak)
+        fp8 = part.blocks[stage] * fp8_params(workload.block.ops) / config.tp
+        breakdown = {**breakdown, "params": breakdown["params"] + 2.0 * fp8}
     return StageMemory(stage=stage, blocks=part.blocks[stage], breakdown=breakdown,
                        moment=moment)

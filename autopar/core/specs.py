@@ -182,7 +182,8 @@ passes refuse to execute it."""
 MOE_PERMUTE = "moe_permute"
 DEEPEP = "deepep"
 EP_A2A_OVERLAP = "ep_a2a_overlap"
-MOE_FUSIONS: tuple[str, ...] = (MOE_PERMUTE, DEEPEP, EP_A2A_OVERLAP)
+FP8_FUSED_CASTS = "fp8_fused_casts"
+MOE_FUSIONS: tuple[str, ...] = (MOE_PERMUTE, DEEPEP, EP_A2A_OVERLAP, FP8_FUSED_CASTS)
 """What the MoE engines run that autopar's engine does not, priced so that a plan for them is
 priced as they run it (``costmodel/moe.py``, ``analysis/workload.py:moe_permutes``); the passes
 refuse to execute a plan naming them, and the exports carry them as the framework's flags:
@@ -194,7 +195,13 @@ refuse to execute a plan naming them, and the exports carry them as the framewor
   (Megatron-Core ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep``);
 * ``ep_a2a_overlap``: each micro-batch's dispatch and combine hidden behind another
   micro-batch's compute (Megatron-Core ``--overlap-moe-expert-parallel-comm``, the
-  EP-overlapped 1F1B schedule; DeepSeek-V3's DualPipe)."""
+  EP-overlapped 1F1B schedule; DeepSeek-V3's DualPipe);
+* ``fp8_fused_casts`` (not MoE: Transformer Engine's FP8, under ``precision="fp8"``): the
+  amax and the cast of each FP8 GEMM's input fused into the kernel that produces it (TE's
+  ``LayerNormLinear``, the fused activation), the weights cast once per step and kept across
+  micro-batches, and the backward reusing the forward's FP8 copies (``costmodel/compute.py:
+  fp8_cast_s``); torchao's eager float8 linears, which autopar's engine runs, cast each operand
+  on its own."""
 FUSIONS: tuple[str, ...] = KERNEL_FUSIONS + PRICED_FUSIONS + ENGINE_FUSIONS + MOE_FUSIONS
 """Every fusion name autopar itself knows: the vocabulary ``check_fusions`` reads, with the
 patterns an op family registered later adds (``PRICED_LATER``)."""

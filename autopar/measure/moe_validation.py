@@ -33,6 +33,7 @@ asserts) and ``bench/validate_moe.py`` (which prints the table).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 
 CLUSTER = {"H100-SXM-80GB": "hgx-h100-80g", "H100-80GB": "hgx-h100-80g",
-           "B200-GB200": "gb200-nvl72"}
+           "H200-SXM-141GB": "hgx-h200", "B200-180GB": "dgx-b200", "B200-GB200": "gb200-nvl72"}
 """The cluster preset of each GPU the runs name."""
 
 
@@ -53,16 +54,49 @@ MODEL_OPTIONS = ("attention_sinks", "sliding_window", "sliding_window_pattern", 
 experts)."""
 
 
-def load_runs(path: str | Path, precision: str = "bf16") -> list[dict]:
-    """The runs of ``path`` trained in ``precision``."""
+def load_runs(path: str | Path, precision: str | None = "bf16") -> list[dict]:
+    """The runs of ``path`` trained in ``precision`` (``None``: all of them)."""
     return [r for r in json.loads(Path(path).read_text())["runs"]
-            if r["train"]["precision"] == precision]
+            if precision is None or r["train"]["precision"] == precision]
 
 
 def measured_s(run: dict) -> float:
     """The run's step time: printed, or derived as its ``derivation`` field says."""
     m = run["measured"]
     return float(m.get("step_time_s_derived") or m["step_time_s"])
+
+
+def run_model_spec(model: dict, seq_len: int) -> ModelSpec:
+    """The zoo model of a run's architecture: a mixture of experts as ``moe_model_spec``; a
+    dense decoder with a gated (SwiGLU) MLP and RMSNorm in the ``llama`` family; anything
+    else ``AutoparError`` (Nemotron-4's squared-ReLU, un-gated MLP has no zoo family)."""
+    if model.get("num_experts"):
+        return moe_model_spec(model, seq_len)
+    mlp = str(model.get("mlp") or "swiglu").lower()
+    norm = str(model.get("normalization") or "RMSNorm").lower()
+    if not mlp.startswith("swiglu") or norm != "rmsnorm":
+        raise AutoparError(f"{model['name']}: a dense decoder with a {mlp} MLP and {norm}: no "
+                           "zoo family has that block", where="model",
+                           fix="give it as a FILE.py factory to price it")
+    fields = dict(num_layers=model["num_layers"], hidden_size=model["hidden_size"],
+                  num_heads=model["num_heads"], num_kv_heads=model["num_kv_heads"],
+                  ffn_hidden_size=model["ffn_hidden_size"], vocab_size=model["vocab_size"],
+                  seq_len=seq_len, tie_embeddings=bool(model.get("tie_embeddings", False)))
+    return ModelSpec("llama", overrides=fields)
+
+
+def fp8_recipe_of(text: str) -> str:
+    """autopar's recipe for a run's FP8 recipe as its source names it (``Fp8Recipe``'s
+    mapping): per-tensor scales (Transformer Engine's delayed and current scaling, torchao's
+    tensorwise) -> ``tensorwise``; finer ones (rowwise, blockwise, MXFP8) -> ``rowwise``. The
+    recipe named first decides (a note may name another after it)."""
+    text = text.lower()
+    finer = ("rowwise", "blockwise", "mxfp8", "fp8-mx", "subchannel")
+    per_tensor = ("tensorwise", "per-tensor", "current", "delayed")
+    first = {word: text.find(word) for word in finer + per_tensor if word in text}
+    if not first:
+        return "tensorwise"
+    return "rowwise" if min(first, key=first.get) in finer else "tensorwise"
 
 
 def moe_model_spec(model: dict, seq_len: int) -> ModelSpec:
@@ -106,9 +140,19 @@ def mla_fields(model: dict) -> dict:
                                                      "v_head_dim")}}
 
 
+TORCH_NATIVE = re.compile(r"torchao|torchtitan", re.IGNORECASE)
+"""A run's FP8 recipe naming torchao or torchtitan: torchao's float8 linears (autopar's own
+engine's casts); any other FP8 run is Transformer Engine's (``FP8_FUSED_CASTS``)."""
+
+
 def run_fusions(train: dict) -> tuple[str, ...]:
-    """The priced fusions naming what the run's engine did that autopar's does not."""
-    out = ["moe_permute"] if train.get("permute_fusion", True) else []
+    """The priced fusions naming what the run's engine did that autopar's does not; torch's
+    micro-pipeline TP (``async TP`` in the run's notes) as ``async_tp``."""
+    out = ["moe_permute"] if train.get("permute_fusion", True) is not False else []
+    if "async tp" in str(train.get("other") or "").lower() and int(train.get("tp") or 1) > 1:
+        out.append("async_tp")
+    if train.get("precision") == "fp8" and not TORCH_NATIVE.search(str(train.get("fp8_recipe"))):
+        out.append("fp8_fused_casts")  # Transformer Engine's FP8 (Megatron, NeMo, Bridge)
     dispatcher = str(train.get("dispatcher") or "")
     if "deepep" in dispatcher or "hybridep" in dispatcher:
         out.append("deepep")
@@ -123,6 +167,8 @@ def recompute_policy(recompute: str) -> str:
     text = recompute.lower()
     if text.startswith("full"):
         return "full"
+    if "per-op" in text or "'op'" in text:  # torchtitan's per-op SAC: the matmuls kept
+        return "matmuls"
     modules = {m.strip(" ,;:()[]'\"") for m in text.replace(",", " ").split()}
     return "moe" if "moe" in modules else "none"
 
@@ -131,8 +177,8 @@ def run_config(run: dict) -> ParallelConfig:
     """The run's parallel layout as autopar expresses it (module docstring)."""
     t, gpus = run["train"], run["cluster"]["num_gpus"]
     tp, pp, cp = int(t["tp"]), int(t["pp"]), int(t.get("cp") or 1)
-    zero = 3 if "fsdp" in str(t.get("zero", "")).lower() and "fsdp=0" not in \
-        str(t.get("zero", "")).lower().replace(" ", "") else 1
+    text = str(t.get("zero", "")).lower()
+    zero = 3 if "fsdp" in text and not re.search(r"fsdp\s*[=:]?\s*0\b", text) else 1
     recompute = str(t.get("recompute") or "none").lower()
     vpp = int(t.get("vpp") or 1)
     return ParallelConfig(
@@ -186,10 +232,13 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
         preset = ClusterSpec.preset(CLUSTER[gpu])
         cluster = preset.with_nodes(gpus // preset.gpus_per_node)
         t = run["train"]
+        fp8 = t["precision"] == "fp8"
         train = TrainSpec(global_batch=int(t["global_batch"]), seq_len=int(t["seq_len"]),
-                          precision="bf16")
+                          precision=t["precision"],
+                          fp8_recipe=fp8_recipe_of(str(t.get("fp8_recipe"))) if fp8
+                          else "tensorwise")
         config = run_config(run)
-        spec = moe_model_spec(run["model"], train.seq_len)
+        spec = run_model_spec(run["model"], train.seq_len)
         key = (json.dumps(spec.overrides, sort_keys=True), spec.name, train.seq_len)
         graphs = {} if graphs is None else graphs
         if key not in graphs:

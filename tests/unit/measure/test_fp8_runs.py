@@ -1,0 +1,99 @@
+"""The cost model against published FP8 runs and their bf16 twins (``tests/data/fp8_runs.json``;
+the table: ``python bench/validate_moe.py --runs tests/data/fp8_runs.json --precision all``,
+``bench/results/fp8.md``).
+
+Every run is priced as it ran (``autopar/measure/moe_validation.py``: a dense Llama-shaped model
+in the ``llama`` family, a mixture of experts as the MoE runs; the FP8 recipe as ``Fp8Recipe``
+maps it; Transformer Engine's fused casts for every FP8 run not on torchao), nothing fitted per
+run. The checks fail when the model drifts: the mean error over the FP8 runs priced stays at or
+below what was measured when it was last changed, the pairs that differ in precision alone keep
+their order (FP8 faster) and the sign of their memory difference (Transformer Engine keeps FP8
+weight copies: more; torchao's casts are transient: the same), and the runs autopar cannot
+express stay the ones listed, with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from autopar.measure.moe_validation import MoERunCheck, check_moe_run, load_runs
+
+RUNS = Path(__file__).resolve().parents[2] / "data" / "fp8_runs.json"
+ALL = load_runs(RUNS, None)
+
+MEAN_ERROR = 0.28
+"""Mean |error| over the FP8 runs priced, measured 2026-11-27 (x86_64, torch 2.13): 0.277 over
+37 (H100 SXM 0.196 over 11, GB200 0.21 over 12, B200 0.46 over 9 -- torchao's B200 rows ran
+power-limited at a limit their source does not state, -60 % and worse, bf16 too --, H200 0.22
+over 2). The issue's target is 0.10."""
+
+REFUSED = {
+    "Nemotron-4-340B": "squared_relu",  # an un-gated MLP and LayerNorm: no zoo family
+    "Llama-4-Maverick-17B-128E": "MLA",  # alternating dense and MoE layers, GQA with experts
+    "H100-96GB-HBM2e-500W": "no cluster preset",  # Meta's Grand Teton H100: no preset yet
+}
+"""What autopar cannot price, by model or GPU, with the words of the reason."""
+
+PRECISION_ONLY = re.compile(r"^precision(/recipe)? \((?!.*CUDA graph)[^+]*$")
+"""A pair's ``varies`` naming precision (and recipe) alone: no CUDA graphs, no other change."""
+LAYOUT = ("tp", "pp", "vpp", "cp", "ep", "micro_batch", "global_batch", "seq_len")
+"""And the same layout and batch (a pair whose source changed them too is not one)."""
+
+
+def _layout(c: MoERunCheck) -> tuple:
+    return tuple(c.run["train"].get(k) for k in LAYOUT) + (c.run["cluster"]["num_gpus"],)
+
+
+@pytest.fixture(scope="module")
+def checks() -> dict[str, MoERunCheck]:
+    graphs: dict = {}
+    return {r["id"]: check_moe_run(r, graphs=graphs) for r in ALL}
+
+
+def test_mean_error_over_the_fp8_runs_does_not_drift(checks):
+    priced = [c for c in checks.values()
+              if c.run["train"]["precision"] == "fp8" and c.error is not None]
+    assert len(priced) >= 30
+    mean = sum(abs(c.error) for c in priced) / len(priced)
+    assert mean <= MEAN_ERROR, f"mean |error| {mean:.3f} over {len(priced)} FP8 runs"
+
+
+def test_only_the_listed_runs_are_refused_and_for_their_reason(checks):
+    for c in checks.values():
+        key = next((k for k in REFUSED if k in (c.run["model"]["name"], c.run["cluster"]["gpu"])),
+                   None)
+        if key is None:
+            assert not c.refused, (c.run["id"], c.refused)
+        else:
+            assert REFUSED[key] in c.refused, (c.run["id"], c.refused)
+
+
+def _pairs(checks):
+    groups: dict[str, list[MoERunCheck]] = {}
+    for c in checks.values():
+        pair = c.run.get("pair") or {}
+        if pair.get("name") and PRECISION_ONLY.match(str(pair.get("varies", ""))) \
+                and c.error is not None:
+            groups.setdefault(pair["name"], []).append(c)
+    out = []
+    for group in groups.values():
+        for bf16 in (c for c in group if c.run["train"]["precision"] == "bf16"):
+            out += [(bf16, fp8) for fp8 in group if fp8.run["train"]["precision"] == "fp8"
+                    and _layout(fp8) == _layout(bf16)]
+    return out
+
+
+def test_fp8_vs_bf16_pairs_keep_their_order_and_memory_sign(checks):
+    pairs = _pairs(checks)
+    assert len(pairs) >= 12
+    for bf16, fp8 in pairs:
+        assert (fp8.measured_s < bf16.measured_s) == (fp8.predicted_s < bf16.predicted_s), (
+            bf16.run["id"], fp8.run["id"])
+        torchao = "torchao" in str(fp8.run["train"]["fp8_recipe"]).lower()
+        if torchao:  # transient casts: the same peak (the dry run agrees, memory grid)
+            assert fp8.peak_gib == pytest.approx(bf16.peak_gib, rel=0.01)
+        else:  # Transformer Engine's FP8 weight and transpose kept through the step
+            assert fp8.peak_gib > bf16.peak_gib, (bf16.run["id"], fp8.run["id"])
