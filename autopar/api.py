@@ -4,7 +4,8 @@ cost model; ``estimate``, ``plan_for`` and ``optimize`` price a configuration by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import torch.nn as nn
 
@@ -14,8 +15,8 @@ from autopar.core.errors import AutoparError
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import activation_bytes_per_element
-from autopar.core.specs import ParallelConfig, TrainSpec
-from autopar.costmodel.step import check_world, estimate_step
+from autopar.core.specs import ParallelConfig, Precision, TrainSpec
+from autopar.costmodel.step import COMPUTE_DTYPE, check_world, estimate_step
 from autopar.costmodel.workload import Workload
 from autopar.analysis.graph import GraphIR
 from autopar.core.model_spec import ModelSpec
@@ -141,8 +142,15 @@ def optimize(
     name: str | None = None,
     split_weights: bool = False,
     model_spec: ModelSpec | None = None,
+    precisions: Sequence[str] = (),
 ) -> Plan:
     """The fastest plan that fits, with up to ``keep - 1`` runner-ups.
+
+    ``precisions`` searches the precision too (``("bf16", "fp8")``: ``autopar plan --precision
+    auto``): each is searched with ``train``'s other fields, the fastest plan that fits is
+    returned, and each other precision's best plan is among its runner-ups; a precision the cluster's GPU
+    has no peak for (fp8 on an A100) or with no plan that fits is left out, said in the plan's
+    notes. Empty: ``train.precision`` only.
 
     ``constraints`` fix any ``ParallelConfig`` field (``{"tp": 8, "checkpoint": "full"}``).
     Raises ``AutoparError`` (an ``InfeasibleError``) naming the smallest footprint found and what
@@ -156,9 +164,49 @@ def optimize(
     graph = model if isinstance(model, GraphIR) else trace(model, train)
     name = name or graph.model_name or type(model).__name__
     spec = model_spec or ModelSpec.of(model)
-    return plan_search(graph, facts, name, cluster, train, constraints or {}, keep=keep,
-                       time_limit_s=time_limit_s, efficiency=efficiency, progress=progress,
-                       split_weights=split_weights, spec=spec)
+
+    def search_in(t: TrainSpec) -> Plan:
+        return plan_search(graph, facts, name, cluster, t, constraints or {}, keep=keep,
+                           time_limit_s=time_limit_s, efficiency=efficiency, progress=progress,
+                           split_weights=split_weights, spec=spec)
+
+    if not precisions:
+        return search_in(train)
+    return _best_precision(search_in, train, cluster, precisions, keep)
+
+
+def _best_precision(search_in: Callable[[TrainSpec], Plan], train: TrainSpec,
+                    cluster: ClusterSpec, precisions: Sequence[str], keep: int) -> Plan:
+    """The fastest of each precision's best plan (``optimize``'s ``precisions``)."""
+    plans, left_out = [], []
+    for precision in dict.fromkeys(precisions):
+        t = replace(train, precision=Precision(precision))
+        dtype = COMPUTE_DTYPE[t.precision]
+        if dtype not in cluster.gpu.peak_flop_per_s or (
+                t.precision is Precision.FP8 and "fp8" not in cluster.gpu.peak_flop_per_s):
+            left_out.append(f"{precision}: {cluster.gpu.name} has no "
+                            f"{'fp8' if t.precision is Precision.FP8 else dtype} peak")
+            continue
+        try:
+            plans.append(search_in(t))
+        except AutoparError as err:
+            left_out.append(f"{precision}: {err.what}")
+    if not plans:
+        raise AutoparError("no precision searched has a plan: " + "; ".join(left_out),
+                           where="precisions", fix="allow another precision, or see each "
+                           "precision's own error with --precision P")
+    plans.sort(key=lambda p: p.estimate.step_time_s)
+    best, others = plans[0], plans[1:]
+    # each other precision's best is kept; the chosen precision's runner-ups fill the rest
+    room = max(0, keep - 1 - len(others))
+    alternatives = sorted((*best.alternatives[:room], *others),
+                          key=lambda p: p.estimate.step_time_s)
+    searched = ", ".join(f"{p.train.precision.value} {p.estimate.step_time_s:.3f} s"
+                         for p in plans)
+    note = (f"precision searched: {searched}"
+            + (f"; left out: {'; '.join(left_out)}" if left_out else ""))
+    estimate = replace(best.estimate, notes=(*best.estimate.notes, note))
+    return replace(best, estimate=estimate, alternatives=tuple(alternatives))
 
 
 def plan_for(

@@ -163,7 +163,9 @@ def add_model_cluster_train(p: argparse.ArgumentParser) -> None:
     g.add_argument("--global-batch", type=int, required=True, help="sequences per step")
     g.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the model's)")
-    g.add_argument("--precision", default="bf16", help="bf16 | fp16 | bf16-pure | fp32 | fp8")
+    g.add_argument("--precision", default="bf16",
+                   help="bf16 | fp16 | bf16-pure | fp32 | fp8; plan also takes auto (the best of "
+                        "bf16 and fp8) or a list: bf16,fp8")
     g.add_argument("--fp8-recipe", default="tensorwise",
                    help="with --precision fp8: tensorwise (FP8 weight all-gather) | rowwise")
     g.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd")

@@ -97,11 +97,32 @@ def cmd_estimate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+AUTO_PRECISIONS = ("bf16", "fp8")
+"""What ``--precision auto`` searches: bf16 and, where the GPU has FP8 tensor cores, fp8."""
+
+
+def precisions_of(text: str) -> tuple[str, ...]:
+    """``--precision``: one precision, ``auto`` (``AUTO_PRECISIONS``) or a comma-separated
+    list, each checked against ``Precision``."""
+    from autopar.core.specs import Precision
+
+    names = AUTO_PRECISIONS if text == "auto" else tuple(p.strip() for p in text.split(","))
+    allowed = ", ".join(p.value for p in Precision)
+    for name in names:
+        if name not in {p.value for p in Precision}:
+            raise AutoparError(f"precision {name!r} is not one of {allowed}", where="--precision",
+                               fix=f"give one of {allowed}, 'auto', or a list: bf16,fp8")
+    return names
+
+
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from autopar.api import optimize
 
     spec, model = model_from_args(args)
     cluster = cluster_from_args(args)
+    precisions = precisions_of(args.precision)
+    if len(precisions) > 1:  # searched: the spec takes the first, optimize tries each
+        args.precision = precisions[0]
     train = train_from_args(args, model)
     constraints = given_fields(args)
     if args.workers is not None and not args.check:
@@ -114,7 +135,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     with _searching(f"{spec.label} on {cluster.num_gpus} GPUs") as progress:
         plan = optimize(model, cluster, train, constraints, keep=args.keep + 1,
                         progress=progress, name=spec.label, model_spec=spec,
-                        efficiency=efficiency_from_args(args))
+                        efficiency=efficiency_from_args(args),
+                        precisions=precisions if len(precisions) > 1 else ())
     checked = ""
     if args.check:
         plan, checked = _checked(plan, spec, args.workers, console)

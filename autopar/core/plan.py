@@ -192,8 +192,11 @@ class Plan:
 
     # ----- for people -----
     def summary(self) -> str:
-        """The configuration on one line (``Estimate.summary``)."""
-        return self.estimate.summary()
+        """The configuration on one line (``Estimate.summary``), and the FP8 recipe of an fp8
+        plan (``fp8:tensorwise``)."""
+        fp8 = (f" fp8:{self.train.fp8_recipe.value}" if self.train.precision.value == "fp8"
+               else "")
+        return self.estimate.summary() + fp8
 
     def report(self, width: int = 110) -> str:
         """The plan as tables under its title: configuration, memory per stage, time, notes,

@@ -119,3 +119,27 @@ def test_fp8_prices_the_gemms_faster_and_the_casts_as_memory_bound():
     assert fp8.time_breakdown["compute"] < 0.85 * bf16.time_breakdown["compute"]
     assert fp8.step_time_s < bf16.step_time_s
     assert fp8.time_breakdown["comm_dp"] <= rowwise.time_breakdown["comm_dp"]
+
+
+def test_precision_auto_searches_bf16_and_fp8_and_says_so():
+    """``optimize(precisions=...)``: the faster precision's plan, the other's best among the
+    runner-ups, and a GPU without FP8 tensor cores leaves fp8 out with the reason."""
+    model = autopar.models.build("tiny-llama")
+    train = TrainSpec(global_batch=8, seq_len=32)
+    plan = autopar.optimize(model, "hgx-h100-80g", train, keep=3, precisions=("bf16", "fp8"))
+    precisions = {plan.train.precision.value, *(a.train.precision.value
+                                                for a in plan.alternatives)}
+    assert precisions == {"bf16", "fp8"}
+    assert any(n.startswith("precision searched: ") for n in plan.estimate.notes)
+    a100 = autopar.optimize(model, "dgx-a100-80g", train, precisions=("bf16", "fp8"))
+    assert a100.train.precision.value == "bf16"
+    assert any("fp8: A100" in n and "no fp8 peak" in n for n in a100.estimate.notes)
+
+
+def test_cli_precision_auto_and_lists(capsys):
+    from autopar.cli.plan import precisions_of
+
+    assert precisions_of("auto") == ("bf16", "fp8")
+    assert precisions_of("bf16,fp8") == ("bf16", "fp8")
+    with pytest.raises(autopar.AutoparError, match="fp7"):
+        precisions_of("bf16,fp7")
