@@ -292,6 +292,18 @@ def fp8_cast_s(op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency
     return forward, backward
 
 
+def _expert_cast_s(forward: Gemm | GroupedGemm, cluster: ClusterSpec, eff: Efficiency
+                   ) -> tuple[float, float]:
+    """(forward, backward) seconds of the FP8 casts of an expert GEMM as Transformer Engine
+    runs them (``fp8_fused_casts``): the routed rows' FP8 copy written by the permutation that
+    makes them (one byte per element), the output gradient's cast-transpose (``fp8_cast_s``)."""
+    groups, g = ((forward.groups, forward.gemm) if isinstance(forward, GroupedGemm)
+                 else (1, forward))
+    hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
+    rows = groups * g.rows
+    return rows * g.depth / hbm, 4.0 * rows * g.cols / hbm + eff.kernel_overhead_s
+
+
 def measured(term: str, seconds: float | None, cluster: ClusterSpec) -> float | None:
     """``seconds`` (a profile lookup), counted as a measured or an analytical ``term`` of the
     step being priced (``profile.note``) when the cluster has a profile."""
@@ -344,14 +356,17 @@ def estimate_op_s(
         gemms = (grouped_gemms(op, split, expert_scale) if op.expert
                  else linear_gemms(op, split))
         if gemms is not None:
-            fp8 = split.fp8 and op.fp8 and not op.expert
+            # the blocks' linears under fp8; the experts' grouped GEMMs only where Transformer
+            # Engine runs them (autopar's engine keeps the stacked experts bf16: core.fp8)
+            fp8 = split.fp8 and (split.fp8_fused_casts if op.expert else op.fp8)
             at = replace(split, compute_dtype="fp8") if fp8 else split
             first, second, weight = (_gemm_s(g, at, cluster, eff) for g in gemms)
             # forward and input gradient are the two activation GEMMs, in an order that depends
             # on column vs row split; each phase gets their mean
             act = (first + second) / 2
             if fp8:
-                cast_fwd, cast_bwd = fp8_cast_s(op, split, cluster, eff)
+                cast_fwd, cast_bwd = (_expert_cast_s(gemms[0], cluster, eff) if op.expert
+                                      else fp8_cast_s(op, split, cluster, eff))
                 return PhaseTimes(act + cast_fwd, act + cast_bwd, weight)
             return PhaseTimes(act, act, weight)
     s = split.scale(op.shard) * (expert_scale if op.expert else 1.0)

@@ -11,6 +11,7 @@ behind the backward pass and the optimizer step, and sizes every stage's memory.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -56,6 +57,23 @@ COMPUTE_DTYPE = {
     Precision.FP32: "tf32",
     Precision.FP8: "bf16",  # everything but the FP8 linears' GEMMs (``Split.fp8``)
 }
+
+
+def fp8_notes(workload: Workload, split: Split) -> list[str]:
+    """Which linears of a block an fp8 plan runs in FP8 (``core.fp8``'s rule), by their traced
+    names without the block's prefix; nothing under another precision."""
+    if not split.fp8:
+        return []
+    linears = [op for op in workload.block.ops if op.op == "linear"]
+    fp8 = [re.sub(r"^.*?_\d+_", "", op.name) for op in linears if op.fp8]
+    experts = any(op.expert for op in workload.block.ops)
+    return [f"FP8 GEMMs: {', '.join(fp8) or 'none'} of each block ({len(fp8)} of {len(linears)} "
+            "linears"
+            + ("; the experts' grouped GEMMs too (Transformer Engine's)" if experts
+               and split.fp8_fused_casts else "")
+            + "); the routers, odd-shaped linears, "
+            + ("the experts' grouped GEMMs, " if experts and not split.fp8_fused_casts else "")
+            + "everything outside the blocks and the head in bf16"]
 
 
 def split_of(config: ParallelConfig, train: TrainSpec, seq_len: int | None) -> Split:
@@ -574,7 +592,7 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     hw_flops = model_flops + recomputed * train.global_batch
     peak = cluster.gpu.peak(split.compute_dtype) * cluster.num_gpus
     worst = max(stage_mem, key=lambda sm: sm.peak_bytes)
-    notes = list(workload.notes) + domain_notes(config, cluster, g)
+    notes = list(workload.notes) + domain_notes(config, cluster, g) + fp8_notes(workload, split)
     no_rule = {op for layer in (workload.pre, workload.block, workload.post)
                for op in layer.no_rule_ops}
     if no_rule:

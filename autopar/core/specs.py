@@ -200,8 +200,8 @@ refuse to execute a plan naming them, and the exports carry them as the framewor
   amax and the cast of each FP8 GEMM's input fused into the kernel that produces it (TE's
   ``LayerNormLinear``, the fused activation), the weights cast once per step and kept across
   micro-batches, and the backward reusing the forward's FP8 copies (``costmodel/compute.py:
-  fp8_cast_s``); torchao's eager float8 linears, which autopar's engine runs, cast each operand
-  on its own."""
+  fp8_cast_s``); the experts' grouped GEMMs in FP8 too. torchao's eager float8 linears, which
+  autopar's engine runs, cast each operand on their own, and its stacked experts stay bf16."""
 FUSIONS: tuple[str, ...] = KERNEL_FUSIONS + PRICED_FUSIONS + ENGINE_FUSIONS + MOE_FUSIONS
 """Every fusion name autopar itself knows: the vocabulary ``check_fusions`` reads, with the
 patterns an op family registered later adds (``PRICED_LATER``)."""
