@@ -120,6 +120,13 @@ GRID = [
     Case("8b-fp8-rowwise-tp2-sp", "llama3-8b", "hgx-h100-80g", 1, 16, 8192,
          dict(dp=4, tp=2, zero=1, micro_batch=1, sequence_parallel=True), layers=4,
          precision="fp8", fp8_recipe="rowwise"),
+    # under pipelining the gathered copies stay whole through the micro-batches: FP8 ones
+    Case("70b-fp8-tp2-pp2-zero1", "llama3-70b", "hgx-h100-80g", 2, 16, 4096,
+         dict(dp=4, tp=2, pp=2, zero=1, micro_batch=1, sequence_parallel=True), layers=4,
+         precision="fp8"),
+    Case("70b-fp8-pp2-zero3-full", "llama3-70b", "hgx-h100-80g", 2, 16, 4096,
+         dict(dp=8, pp=2, zero=3, micro_batch=1, checkpoint="full"), layers=4,
+         precision="fp8"),
 ]
 
 

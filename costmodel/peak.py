@@ -102,10 +102,16 @@ class StageActivations:
 
 def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
                optimizer: Optimizer, *, zero: int, pipelined: bool, microbatches: int,
-               holds_embedding: bool, holds_loss: bool) -> tuple[str, dict[str, float]]:
+               holds_embedding: bool, holds_loss: bool,
+               fp8_gathered: tuple[float, float] = (0.0, 0.0)) -> tuple[str, dict[str, float]]:
     """(moment, bytes by kind) at the largest of the stage's moments; the kinds are
-    ``params``, ``grads``, ``optimizer``, ``activations`` and ``buffers``."""
+    ``params``, ``grads``, ``optimizer``, ``activations`` and ``buffers``. ``fp8_gathered``:
+    the parameters of the stage and of one block on this rank that FSDP gathers in FP8 (one
+    byte each, ``core.fp8.fp8_all_gather``), which the gathered copies hold at that size."""
     master, low, moments = dtype_bytes(precision, optimizer)
+    saved = low - 1.0
+    whole = p.whole * low - fp8_gathered[0] * saved  # every unit gathered
+    block = p.block * low - fp8_gathered[1] * saved  # one block's unit gathered
     reduce = master  # FSDP2 reduces in the master dtype (MixedPrecisionPolicy.reduce_dtype)
     gathered_through = zero <= 2 or pipelined
     accumulates = pipelined or (zero <= 1 and microbatches > 1)
@@ -146,14 +152,14 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
 
     # a micro-batch's backward begins; ZeRO-3 freed every unit after the forward that came
     # just before (under pipelining too)
-    found = {"backward start": larger(p.whole * low if zero <= 2 else 0.0,
+    found = {"backward start": larger(whole if zero <= 2 else 0.0,
                                       p.block * low if accumulates and not holds_loss else 0.0,
                                       a.working)}
     # the stage's last block's backward (its first block in the stage's order): every unit
     # gathered where the engine keeps them, else the root unit and the block; the head's
     # gradient made, where the stage has the head
     found["blocks' backward"] = larger(
-        p.whole * low if gathered_through else (p.root + p.block) * low,
+        whole if gathered_through else p.root * low + block,
         (p.head + p.block * a.block_grad_fraction) * low, a.block_working,
         loss_done=holds_loss)
     if holds_embedding:
@@ -162,7 +168,7 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
         embedding_grad = (p.root + grad_extra) * low
         if pipelined:
             found["end of backward"] = moment(
-                p.whole * low, accumulators + embedding_grad,
+                whole, accumulators + embedding_grad,
                 max(a.in_flight - 1.0, 0.0) * a.kept)
         else:
             # the blocks' gradients, reduced to their share of the shard

@@ -667,11 +667,14 @@ def _stage_memory(
                                                                       config.pp, m)),
             stage_output=stage_output_bytes(workload.post, split)
             if last and config.pp > 1 else 0.0)
+        fp8_block = (fp8_params(workload.block.ops) / config.tp if fp8_all_gather(train)
+                     else 0.0)
         moment, breakdown = stage_peak(params, acts,
                                        train.precision, train.optimizer, zero=config.zero,
                                        pipelined=config.pp > 1, microbatches=m,
                                        holds_embedding=stage == 0,
-                                       holds_loss=last)
+                                       holds_loss=last,
+                                       fp8_gathered=(part.blocks[stage] * fp8_block, fp8_block))
     if split.fp8 and split.fp8_fused_casts:
         # Transformer Engine keeps each FP8 linear's weight in FP8 and its transpose (its GEMMs
         # read both layouts) across the step's micro-batches: 2 bytes per FP8 parameter on
