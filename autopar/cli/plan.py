@@ -45,6 +45,18 @@ def add_plan_parsers(sub: argparse._SubParsersAction, parents: list) -> None:
                      help="runner-up plans to keep and compare (default 3)")
     out.add_argument("--explain", action=argparse.BooleanOptionalAction, default=True,
                      help="print why this plan and not the runner-ups (default on)")
+    run = plan.add_argument_group("the whole run (costmodel/goodput.py)")
+    run.add_argument("--tokens", type=float, default=None, metavar="N",
+                     help="tokens to train (e.g. 15e12): days, GPU-hours, cost, checkpoints and "
+                          "interruptions of the whole run")
+    run.add_argument("--gpu-hour-cost", type=float, default=None, metavar="PRICE",
+                     help="price of one GPU-hour, for the run's cost")
+    run.add_argument("--failure-rate", type=float, default=None, metavar="PER_GPU_HOUR",
+                     help="interruptions per GPU-hour (default: Llama 3 405B's, 1.97e-5)")
+    run.add_argument("--restart-s", type=float, default=None, metavar="S",
+                     help="seconds to relaunch after an interruption (default 600, assumed)")
+    run.add_argument("--storage-gbps", type=float, default=None, metavar="GB/S",
+                     help="checkpoint storage bandwidth, decimal GB/s (default 2000: Llama 3's)")
     check = plan.add_argument_group("dry-run check")
     check.add_argument("--check", action="store_true",
                        help="dry-run the plan and its runner-ups (every rank role, one step on "
@@ -115,6 +127,36 @@ def precisions_of(text: str) -> tuple[str, ...]:
     return names
 
 
+def _goodput(args: argparse.Namespace, plan, model, console: Console):
+    """The whole run's table when ``--tokens`` is given (printed), or ``None``."""
+    given = {"--gpu-hour-cost": args.gpu_hour_cost, "--failure-rate": args.failure_rate,
+             "--restart-s": args.restart_s, "--storage-gbps": args.storage_gbps}
+    if args.tokens is None:
+        extra = [k for k, v in given.items() if v is not None]
+        if extra:
+            raise AutoparError(f"{', '.join(extra)} without --tokens", where=extra[0],
+                               fix="add --tokens N: they price the whole run")
+        return None
+    from autopar.costmodel.goodput import Reliability, goodput_of
+    from autopar.report.goodput import goodput_table
+
+    defaults = Reliability()
+    reliability = Reliability(
+        failure_rate_per_gpu_hour=defaults.failure_rate_per_gpu_hour
+        if args.failure_rate is None else args.failure_rate,
+        relaunch_s=defaults.relaunch_s if args.restart_s is None else args.restart_s,
+        storage_bytes_per_s=defaults.storage_bytes_per_s if args.storage_gbps is None
+        else args.storage_gbps * 1e9)
+    run = goodput_of(tokens=args.tokens, tokens_per_step=plan.train.tokens_per_step,
+                     step_s=plan.estimate.step_time_s,
+                     gpus=plan.nodes * plan.gpus_per_node,
+                     params=float(sum(p.numel() for p in model.parameters())),
+                     train=plan.train, reliability=reliability,
+                     gpu_hour_cost=args.gpu_hour_cost)
+    console.print(goodput_table(run, reliability))
+    return run
+
+
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from autopar.api import optimize
 
@@ -143,8 +185,14 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     text = plan.report() + (f"\n{plan.explain()}\n" if args.explain else "")
     text += f"\n{checked}" if checked else ""
     console.file.write(text)
+    run = _goodput(args, plan, model, console)
     if args.json:
-        write_text(args.json, plan.to_json(), "--json")
+        doc = plan.to_json()
+        if run is not None:
+            data = json.loads(doc)
+            data["goodput"] = run.to_dict()
+            doc = json.dumps(data, sort_keys=True, indent=1) + "\n"
+        write_text(args.json, doc, "--json")
     if args.html:
         from autopar.report.html import plan_page
 
