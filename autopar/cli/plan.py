@@ -57,6 +57,9 @@ def add_plan_parsers(sub: argparse._SubParsersAction, parents: list) -> None:
                      help="seconds to relaunch after an interruption (default 600, assumed)")
     run.add_argument("--storage-gbps", type=float, default=None, metavar="GB/S",
                      help="checkpoint storage bandwidth, decimal GB/s (default 2000: Llama 3's)")
+    run.add_argument("--sweep-gpus", default=None, metavar="A:B",
+                     help="plan every GPU count from A to B, doubling (whole nodes), and tabulate "
+                          "time to train, goodput and cost against GPUs (needs --tokens)")
     check = plan.add_argument_group("dry-run check")
     check.add_argument("--check", action="store_true",
                        help="dry-run the plan and its runner-ups (every rank role, one step on "
@@ -127,6 +130,78 @@ def precisions_of(text: str) -> tuple[str, ...]:
     return names
 
 
+def sweep_sizes(text: str, gpus_per_node: int) -> list[int]:
+    """``--sweep-gpus A:B``: GPU counts from A to B, doubling, each a whole number of nodes."""
+    try:
+        low, high = (int(float(x)) for x in text.split(":"))
+    except ValueError:
+        raise AutoparError(f"--sweep-gpus {text!r} is not A:B", where="--sweep-gpus",
+                           fix="give two GPU counts, e.g. --sweep-gpus 1024:16384") from None
+    if not 1 <= low <= high:
+        raise AutoparError(f"--sweep-gpus {text}: A must be at least 1 and at most B",
+                           where="--sweep-gpus", fix="e.g. --sweep-gpus 1024:16384")
+    sizes, n = [], low
+    while n <= high:
+        nodes = max(1, -(-n // gpus_per_node))  # whole nodes
+        if not sizes or nodes * gpus_per_node != sizes[-1]:
+            sizes.append(nodes * gpus_per_node)
+        n *= 2
+    return sizes
+
+
+def _sweep(args: argparse.Namespace, spec, model, cluster, train, constraints, precisions,
+           console: Console) -> int:
+    """``--sweep-gpus``: the best plan at each GPU count and its whole run, as a table (and
+    ``--json``: every size's run)."""
+    from autopar.api import optimize
+    from autopar.costmodel.goodput import goodput_of
+    from autopar.report.goodput import sweep_table
+
+    if args.tokens is None:
+        raise AutoparError("--sweep-gpus without --tokens", where="--sweep-gpus",
+                           fix="add --tokens N: the sweep compares the time to train")
+    reliability = _reliability(args)
+    params = float(sum(p.numel() for p in model.parameters()))
+    rows = []
+    for gpus in sweep_sizes(args.sweep_gpus, cluster.gpus_per_node):
+        sized = cluster.with_nodes(gpus // cluster.gpus_per_node)
+        try:
+            with _searching(f"{spec.label} on {gpus} GPUs") as progress:
+                plan = optimize(model, sized, train, constraints, keep=1, progress=progress,
+                                name=spec.label, model_spec=spec,
+                                efficiency=efficiency_from_args(args),
+                                precisions=precisions if len(precisions) > 1 else ())
+        except AutoparError as err:
+            rows.append((gpus, None, None, err.what))
+            continue
+        run = goodput_of(tokens=args.tokens, tokens_per_step=plan.train.tokens_per_step,
+                         step_s=plan.estimate.step_time_s, gpus=gpus, params=params,
+                         train=plan.train, reliability=reliability,
+                         gpu_hour_cost=args.gpu_hour_cost)
+        rows.append((gpus, plan, run, ""))
+    console.print(sweep_table(rows))
+    if args.json:
+        doc = {"sweep": [{"gpus": g, "plan": None if p is None else p.summary(),
+                          "step_time_s": None if p is None else p.estimate.step_time_s,
+                          "goodput": None if r is None else r.to_dict(), "refused": why}
+                         for g, p, r, why in rows]}
+        write_text(args.json, json.dumps(doc, sort_keys=True, indent=1) + "\n", "--json")
+    return 0 if any(p is not None for _, p, _, _ in rows) else 2
+
+
+def _reliability(args: argparse.Namespace):
+    """The cluster's ``Reliability``: the defaults, with what the flags set."""
+    from autopar.costmodel.goodput import Reliability
+
+    defaults = Reliability()
+    return Reliability(
+        failure_rate_per_gpu_hour=defaults.failure_rate_per_gpu_hour
+        if args.failure_rate is None else args.failure_rate,
+        relaunch_s=defaults.relaunch_s if args.restart_s is None else args.restart_s,
+        storage_bytes_per_s=defaults.storage_bytes_per_s if args.storage_gbps is None
+        else args.storage_gbps * 1e9)
+
+
 def _goodput(args: argparse.Namespace, plan, model, console: Console):
     """The whole run's table when ``--tokens`` is given (printed), or ``None``."""
     given = {"--gpu-hour-cost": args.gpu_hour_cost, "--failure-rate": args.failure_rate,
@@ -137,16 +212,10 @@ def _goodput(args: argparse.Namespace, plan, model, console: Console):
             raise AutoparError(f"{', '.join(extra)} without --tokens", where=extra[0],
                                fix="add --tokens N: they price the whole run")
         return None
-    from autopar.costmodel.goodput import Reliability, goodput_of
+    from autopar.costmodel.goodput import goodput_of
     from autopar.report.goodput import goodput_table
 
-    defaults = Reliability()
-    reliability = Reliability(
-        failure_rate_per_gpu_hour=defaults.failure_rate_per_gpu_hour
-        if args.failure_rate is None else args.failure_rate,
-        relaunch_s=defaults.relaunch_s if args.restart_s is None else args.restart_s,
-        storage_bytes_per_s=defaults.storage_bytes_per_s if args.storage_gbps is None
-        else args.storage_gbps * 1e9)
+    reliability = _reliability(args)
     run = goodput_of(tokens=args.tokens, tokens_per_step=plan.train.tokens_per_step,
                      step_s=plan.estimate.step_time_s,
                      gpus=plan.nodes * plan.gpus_per_node,
@@ -174,6 +243,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         from autopar.dryrun.run import check_dry_run_call
 
         check_dry_run_call(args.workers)
+    if args.sweep_gpus is not None:
+        return _sweep(args, spec, model, cluster, train, constraints, precisions, console)
     with _searching(f"{spec.label} on {cluster.num_gpus} GPUs") as progress:
         plan = optimize(model, cluster, train, constraints, keep=args.keep + 1,
                         progress=progress, name=spec.label, model_spec=spec,

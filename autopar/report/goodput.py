@@ -44,3 +44,19 @@ def goodput_table(g: Goodput, r: Reliability) -> Table:
     for name, text in rows:
         t.add_row(name, text)
     return t
+
+
+def sweep_table(rows: list) -> Table:
+    """``--sweep-gpus``: per GPU count, the best plan, its step, and the whole run's days,
+    goodput, GPU-hours and cost (the frontier: more GPUs, fewer days, more GPU-hours)."""
+    t = titled_table("Time to train against GPUs")
+    for col in ("GPUs", "plan", "step s", "days", "goodput", "GPU-hours", "cost"):
+        t.add_column(col, justify="left" if col == "plan" else "right")
+    for gpus, plan, run, why in rows:
+        if plan is None:
+            t.add_row(f"{gpus:,}", f"no plan: {why}", "", "", "", "", "")
+            continue
+        t.add_row(f"{gpus:,}", plan.summary(), f"{plan.estimate.step_time_s:.3f}",
+                  f"{run.wall_days:.1f}", f"{run.goodput:.1%}", f"{run.gpu_hours:,.0f}",
+                  "-" if run.cost is None else f"{run.cost:,.0f}")
+    return t

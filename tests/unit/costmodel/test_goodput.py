@@ -85,3 +85,26 @@ def test_cli_prints_the_run_and_writes_it_to_json(tmp_path):
     without_tokens = [c for c in cmd if c not in ("--tokens", "1e10")]
     bad = subprocess.run(without_tokens, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "without --tokens" in bad.stderr
+
+
+def test_sweep_sizes_double_in_whole_nodes():
+    from autopar.cli.plan import sweep_sizes
+
+    assert sweep_sizes("1024:16384", 8) == [1024, 2048, 4096, 8192, 16384]
+    assert sweep_sizes("4:16", 8) == [8, 16]  # 4 GPUs are one node of 8
+    with pytest.raises(AutoparError, match="A:B"):
+        sweep_sizes("1024-16384", 8)
+
+
+def test_cli_sweep_tabulates_each_size(tmp_path):
+    out = tmp_path / "sweep.json"
+    cmd = [sys.executable, "-m", "autopar", "plan", "--model", "gpt-1.7b", "--cluster",
+           "hgx-h100-80g", "--global-batch", "64", "--tokens", "1e10", "--sweep-gpus", "8:32",
+           "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Time to train against GPUs" in done.stdout
+    sweep = json.loads(out.read_text())["sweep"]
+    assert [row["gpus"] for row in sweep] == [8, 16, 32]
+    days = [row["goodput"]["wall_s"] for row in sweep]
+    assert days[0] > days[-1]  # more GPUs, fewer days
