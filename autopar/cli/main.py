@@ -19,6 +19,7 @@ from autopar.cli.export import add_export_parser, cmd_export
 from autopar.cli.profile import add_profile_parsers, cmd_calibrate, cmd_profile
 from autopar.cli.plan import (add_plan_parsers, cmd_clusters, cmd_estimate, cmd_models,
                               cmd_plan)
+from autopar.cli.replan import add_replan_parser, cmd_replan
 from autopar.cli.verify import add_verify_parser, cmd_verify
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
@@ -32,6 +33,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "dryrun": cmd_dryrun,
     "profile": cmd_profile,
     "calibrate": cmd_calibrate,
+    "replan": cmd_replan,
 }
 
 
@@ -48,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     add_export_parser(sub, [debug])
     add_compare_parser(sub, [debug])
     add_dryrun_parser(sub, [debug])
+    add_replan_parser(sub, [debug])
     add_profile_parsers(sub, [debug])
     return p
 
