@@ -179,7 +179,13 @@ def _sweep(args: argparse.Namespace, spec, model, cluster, train, constraints, p
                          train=plan.train, reliability=reliability,
                          gpu_hour_cost=args.gpu_hour_cost)
         rows.append((gpus, plan, run, ""))
-    console.print(sweep_table(rows))
+    table = sweep_table(rows)
+    console.print(table)
+    if args.html:
+        from autopar.report.html import sweep_page
+
+        write_text(args.html, sweep_page(f"{spec.label}: time to train against GPUs "
+                                         f"({args.tokens:.3g} tokens)", rows, table), "--html")
     if args.json:
         doc = {"sweep": [{"gpus": g, "plan": None if p is None else p.summary(),
                           "step_time_s": None if p is None else p.estimate.step_time_s,
@@ -203,7 +209,7 @@ def _reliability(args: argparse.Namespace):
 
 
 def _goodput(args: argparse.Namespace, plan, model, console: Console):
-    """The whole run's table when ``--tokens`` is given (printed), or ``None``."""
+    """The whole run and its table when ``--tokens`` is given (printed), or ``None``s."""
     given = {"--gpu-hour-cost": args.gpu_hour_cost, "--failure-rate": args.failure_rate,
              "--restart-s": args.restart_s, "--storage-gbps": args.storage_gbps}
     if args.tokens is None:
@@ -211,7 +217,7 @@ def _goodput(args: argparse.Namespace, plan, model, console: Console):
         if extra:
             raise AutoparError(f"{', '.join(extra)} without --tokens", where=extra[0],
                                fix="add --tokens N: they price the whole run")
-        return None
+        return None, None
     from autopar.costmodel.goodput import goodput_of
     from autopar.report.goodput import goodput_table
 
@@ -222,8 +228,9 @@ def _goodput(args: argparse.Namespace, plan, model, console: Console):
                      params=float(sum(p.numel() for p in model.parameters())),
                      train=plan.train, reliability=reliability,
                      gpu_hour_cost=args.gpu_hour_cost)
-    console.print(goodput_table(run, reliability))
-    return run
+    table = goodput_table(run, reliability)
+    console.print(table)
+    return run, table
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
@@ -256,7 +263,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     text = plan.report() + (f"\n{plan.explain()}\n" if args.explain else "")
     text += f"\n{checked}" if checked else ""
     console.file.write(text)
-    run = _goodput(args, plan, model, console)
+    run, run_table = _goodput(args, plan, model, console)
     if args.json:
         doc = plan.to_json()
         if run is not None:
@@ -267,7 +274,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.html:
         from autopar.report.html import plan_page
 
-        write_text(args.html, plan_page(plan, cluster, check=checked), "--html")
+        write_text(args.html, plan_page(plan, cluster, check=checked, run=run_table), "--html")
     return 0
 
 

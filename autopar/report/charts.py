@@ -299,3 +299,29 @@ def plans_time_chart(estimates: Sequence[Estimate], labels: Sequence[str],
     fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=8,
                frameon=False)
     return _svg(fig, "plans")
+
+
+def sweep_chart(gpus: Sequence[int], days: Sequence[float], gpu_hours: Sequence[float],
+                goodput: Sequence[float]) -> str:
+    """``autopar plan --sweep-gpus``: the time to train (days) and the GPU-hours it takes
+    against the GPU count, each point labelled with its goodput (the frontier: more GPUs,
+    fewer days, more GPU-hours)."""
+    fig = _figure(9.0, 3.6)
+    left, right = fig.subplots(1, 2)
+    left.plot(gpus, days, marker="o", color=colour("compute", time=True))
+    for g, d, good in zip(gpus, days, goodput):
+        left.annotate(f"{good:.0%}", (g, d), textcoords="offset points", xytext=(4, 4),
+                      fontsize=8)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("GPUs")
+    left.set_ylabel("days")
+    left.set_title("Time to train (labels: goodput)")
+    right.plot(gpus, gpu_hours, marker="o", color=colour("comm_dp", time=True))
+    right.set_xscale("log", base=2)
+    right.set_xlabel("GPUs")
+    right.set_ylabel("GPU-hours")
+    right.set_title("GPU-hours to train")
+    for ax in (left, right):
+        ax.set_xticks(list(gpus), [f"{g:,}" for g in gpus], fontsize=8)
+        ax.grid(alpha=0.3)
+    return _svg(fig, "sweep")

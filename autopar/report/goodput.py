@@ -57,6 +57,6 @@ def sweep_table(rows: list) -> Table:
             t.add_row(f"{gpus:,}", f"no plan: {why}", "", "", "", "", "")
             continue
         t.add_row(f"{gpus:,}", plan.summary(), f"{plan.estimate.step_time_s:.3f}",
-                  f"{run.wall_days:.1f}", f"{run.goodput:.1%}", f"{run.gpu_hours:,.0f}",
+                  f"{run.wall_days:.2f}", f"{run.goodput:.1%}", f"{run.gpu_hours:,.0f}",
                   "-" if run.cost is None else f"{run.cost:,.0f}")
     return t

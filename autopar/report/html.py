@@ -106,9 +106,11 @@ def _gantt_caption(est: Estimate) -> str:
             "gradient reduction and the optimizer step come after it.")
 
 
-def plan_page(plan: Plan, cluster: ClusterSpec | None = None, check: str = "") -> str:
+def plan_page(plan: Plan, cluster: ClusterSpec | None = None, check: str = "",
+              run: Table | None = None) -> str:
     """The plan's report as one self-contained HTML page; ``check``, the text of
-    ``autopar plan --check``, at its end."""
+    ``autopar plan --check``, at its end; ``run``, the whole run's table (``--tokens``:
+    ``report/goodput.py``)."""
     est = plan.estimate
     title = report.plan_title(plan)
     labels = ["chosen: " + plan.summary()] + [f"#{i}: {a.summary()}"
@@ -139,9 +141,21 @@ def plan_page(plan: Plan, cluster: ClusterSpec | None = None, check: str = "") -
         body.append(table_html(report.notes_table(est)))
     if plan.solver is not None:
         body.append(f'<p class="note">{html.escape(report.solver_line(plan))}</p>')
+    if run is not None:
+        body += ["<h2>Time to train</h2>", table_html(run)]
     if check:
         body += ["<h2>Dry-run check</h2>", f"<pre>{html.escape(check)}</pre>"]
     return _page(title, body)
+
+
+def sweep_page(title: str, rows: Sequence, table: Table) -> str:
+    """``autopar plan --sweep-gpus --html``: time to train and GPU-hours against GPUs as a
+    chart, and the sweep's table (``report/goodput.py:sweep_table``)."""
+    done = [(g, r) for g, p, r, _ in rows if p is not None]
+    chart = charts.sweep_chart([g for g, _ in done], [r.wall_days for _, r in done],
+                               [r.gpu_hours for _, r in done], [r.goodput for _, r in done])
+    return _page(title, [f"<h1>{html.escape(title)}</h1>", _figure("sweep", chart),
+                         table_html(table)])
 
 
 def _deltas(plan: Plan) -> str:

@@ -185,3 +185,37 @@ def test_headless_chromium_renders_the_four_charts_without_a_console_error(
     broken.write_text(page.read_text().replace("</body>", "<script>nosuchname()</script></body>"))
     assert any("nosuchname" in line for line in _console_lines(_render(broken, "--dump-dom")
                                                                .stderr))
+
+
+def _sweep_rows():
+    from autopar.costmodel.goodput import goodput_of
+
+    model = autopar.models.build("gpt-1.7b")
+    params = float(sum(p.numel() for p in model.parameters()))
+    rows = []
+    for nodes in (1, 2, 4):
+        cluster = ClusterSpec.preset("hgx-h100-80g", nodes=nodes)
+        plan = autopar.optimize(model, cluster, TrainSpec(global_batch=64, seq_len=2048), keep=1)
+        run = goodput_of(tokens=1e11, tokens_per_step=plan.train.tokens_per_step,
+                         step_s=plan.estimate.step_time_s, gpus=cluster.num_gpus,
+                         params=params, train=plan.train)
+        rows.append((cluster.num_gpus, plan, run, ""))
+    rows.append((64, None, None, "no plan: an example refusal"))
+    return rows
+
+
+def test_sweep_page_is_well_formed_with_its_chart(tmp_path: Path) -> None:
+    from autopar.report.goodput import sweep_table
+    from autopar.report.html import sweep_page
+
+    rows = _sweep_rows()
+    page = sweep_page("gpt-1.7b against GPUs", rows, sweep_table(rows))
+    assert page.count("<svg") == 1 and 'id="chart-sweep"' in page
+    assert "no plan: an example refusal" in page
+    if CHROMIUM is not None:  # headless Chromium renders it without a console message
+        path = tmp_path / "sweep.html"
+        path.write_text(page)
+        done = _render(path, "--dump-dom")
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert _console_lines(done.stderr) == []
+        assert re.search(r'<figure class="chart" id="chart-sweep">\s*<svg', done.stdout)
