@@ -68,11 +68,28 @@ the fused loss's forward (26 % under). What the dry run itself misses on a GPU (
 allocator's fragmentation) is measured when a GPU is lent; until then it is in
 ``hbm_reserved_bytes``."""
 
+DEFAULT_FAILURE_RATE_PER_GPU_HOUR = 419 / (54 * 24 * 16384)
+"""Unexpected interruptions per GPU-hour: Llama 3 405B's pre-training, 419 in a 54-day snapshot
+on 16,384 H100s (Grattafiori et al., "The Llama 3 Herd of Models", 2024, section 3.3.4,
+table 5): 1.97e-5. ``costmodel/goodput.py`` prices the whole run with it."""
+
+DEFAULT_CHECKPOINT_BYTES_PER_S = 2e12
+"""Aggregate checkpoint write and read bandwidth: Meta's Tectonic for Llama 3, "a sustained
+throughput of 2 TB/s and a peak throughput of 7 TB/s" (Grattafiori et al. 2024, 3.3.1)."""
+
+DEFAULT_RELAUNCH_S = 600.0
+"""Detecting an interruption, rescheduling and restarting every rank, before the checkpoint is
+read. An assumption (no cited figure): a cluster file sets its own."""
+
 CLUSTER_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 """The extensions of a cluster file (YAML or JSON)."""
 _LINKS = ("intra_node", "inter_node", "host_link")
+_RUN_KEYS = ("failure_rate_per_gpu_hour", "checkpoint_bytes_per_s", "relaunch_s")
+_RUN_DEFAULTS = {"failure_rate_per_gpu_hour": DEFAULT_FAILURE_RATE_PER_GPU_HOUR,
+                 "checkpoint_bytes_per_s": DEFAULT_CHECKPOINT_BYTES_PER_S,
+                 "relaunch_s": DEFAULT_RELAUNCH_S}
 _TOP_KEYS = ("name", "base", "nodes", "gpus_per_node", "nvlink_domain", "gpu", *_LINKS,
-             "host_memory_bytes", "hbm_reserved_bytes", "memory_headroom")
+             "host_memory_bytes", "hbm_reserved_bytes", "memory_headroom", *_RUN_KEYS)
 _SECTION_KEYS = {"gpu": ("name", "peak_flop_per_s", "hbm_bytes", "hbm_bytes_per_s", "source",
                          "sm_count"),
                  **{k: ("name", "bytes_per_s", "latency_s", "source") for k in _LINKS}}
@@ -84,7 +101,10 @@ _HINT = {"nodes": "an integer, e.g. 4", "gpus_per_node": "an integer, e.g. 8", "
          "bytes_per_s": "B/s per GPU per direction, e.g. 450e9", "latency_s": "seconds, e.g. 2e-6",
          "host_memory_bytes": "bytes per node, e.g. 2199023255552 (2 TiB)",
          "hbm_reserved_bytes": "bytes per GPU, e.g. 4294967296 (4 GiB)",
-         "memory_headroom": "a fraction from 0 to below 0.5, e.g. 0.05"}
+         "memory_headroom": "a fraction from 0 to below 0.5, e.g. 0.05",
+         "failure_rate_per_gpu_hour": "interruptions per GPU-hour, e.g. 2e-5",
+         "checkpoint_bytes_per_s": "aggregate storage B/s, e.g. 2e12",
+         "relaunch_s": "seconds to restart the job, e.g. 600"}
 
 
 @dataclass(frozen=True)
@@ -116,6 +136,12 @@ class ClusterSpec:
     """GPUs joined by ``intra_node`` across hosts (a multi-node NVLink domain: GB200 NVL72's
     72 over 18 hosts of 4), a multiple of ``gpus_per_node``; ``None``: each host is its own
     domain. Ranks fill the domains in order (``domain_gpus``)."""
+    failure_rate_per_gpu_hour: float = DEFAULT_FAILURE_RATE_PER_GPU_HOUR
+    """Unexpected interruptions per GPU-hour (``DEFAULT_FAILURE_RATE_PER_GPU_HOUR``)."""
+    checkpoint_bytes_per_s: float = DEFAULT_CHECKPOINT_BYTES_PER_S
+    """Aggregate checkpoint storage bandwidth, write and read (``DEFAULT_CHECKPOINT_...``)."""
+    relaunch_s: float = DEFAULT_RELAUNCH_S
+    """Seconds to restart the job after an interruption (``DEFAULT_RELAUNCH_S``)."""
     profile: Profile | None = field(default=None, compare=False, repr=False)
     """Measured times of this machine (``autopar profile``); the cost model asks it first and
     prices what it does not cover analytically. Not part of the cluster file: ``--profile``."""
@@ -148,6 +174,13 @@ class ClusterSpec:
         if self.profile is not None and not isinstance(self.profile, Profile):
             raise AutoparError(f"profile must be a Profile, not a {type(self.profile).__name__}",
                                where="profile", fix="pass Profile.load(path)")
+        for key in _RUN_KEYS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not 0 <= value < math.inf or (key == "checkpoint_bytes_per_s" and not value):
+                raise AutoparError(f"{key} must be a finite number >= 0"
+                                   + (" and > 0" if key == "checkpoint_bytes_per_s" else "")
+                                   + f", got {value!r}", where=key, fix=_HINT[key])
         h = self.memory_headroom
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 0.5:
             raise AutoparError(f"memory_headroom must be a fraction from 0 to below 0.5, got "
@@ -242,7 +275,9 @@ class ClusterSpec:
                 "gpu": asdict(self.gpu), **{k: asdict(getattr(self, k)) for k in _LINKS},
                 "host_memory_bytes": self.host_memory_bytes,
                 "hbm_reserved_bytes": self.hbm_reserved_bytes,
-                "memory_headroom": self.memory_headroom}
+                "memory_headroom": self.memory_headroom,
+                **{k: getattr(self, k) for k in _RUN_KEYS
+                   if getattr(self, k) != _RUN_DEFAULTS[k]}}
 
     def to_file(self, path: str | os.PathLike[str]) -> None:
         """Write ``to_dict()`` as JSON (``.json``) or YAML (otherwise)."""
@@ -372,9 +407,10 @@ def _build(d: dict[str, Any], loc: str) -> ClusterSpec:
                                          integer=True, default=DEFAULT_HBM_RESERVED_BYTES)
     headroom = _number(d, "memory_headroom", "memory_headroom", loc,
                        default=DEFAULT_MEMORY_HEADROOM)
+    run = {k: _number(d, k, k, loc) for k in _RUN_KEYS if d.get(k) is not None}
     with _located(loc, ""):
         return ClusterSpec(str(_get(d, "name", "name", loc)), gpu, **links, **ints,
-                           memory_headroom=headroom)
+                           memory_headroom=headroom, **run)
 
 
 @contextmanager

@@ -22,9 +22,11 @@ restart), which ``tau = sqrt(2 delta M)`` minimises (Young's interval; Daly 2006
 ``delta`` near ``M``, far from these runs), bounded below by the time the asynchronous write
 takes. Goodput is the useful share of wall time, its inverse.
 
-The default failure rate is Llama 3 405B's pre-training: 419 unexpected interruptions in a
-54-day snapshot on 16,384 H100 GPUs (Grattafiori et al., "The Llama 3 Herd of Models", 2024,
-section 3.3.4, table 5), 1.97e-5 per GPU-hour. Checking that run against this default is a
+The cluster gives the rates (``ClusterSpec.failure_rate_per_gpu_hour``,
+``checkpoint_bytes_per_s``, ``relaunch_s``, ``host_link``; a cluster file sets them). The
+default failure rate is Llama 3 405B's pre-training: 419 unexpected interruptions in a 54-day
+snapshot on 16,384 H100 GPUs (Grattafiori et al., "The Llama 3 Herd of Models", 2024, section
+3.3.4, table 5), 1.97e-5 per GPU-hour. Checking that run against this default is a
 consistency check, not a validation: set your cluster's own rate where you know it.
 """
 
@@ -35,32 +37,41 @@ from dataclasses import asdict, dataclass
 
 from autopar.core.errors import AutoparError
 from autopar.core.specs import TrainSpec
+from .cluster import (DEFAULT_CHECKPOINT_BYTES_PER_S, DEFAULT_FAILURE_RATE_PER_GPU_HOUR,
+                      DEFAULT_RELAUNCH_S, ClusterSpec)
 from .memory import dtype_bytes
 
 LLAMA3_INTERRUPTIONS = 419
 LLAMA3_DAYS = 54
 LLAMA3_GPUS = 16384
-LLAMA3_FAILURE_RATE_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)
 """Grattafiori et al. 2024, section 3.3.4: 419 unexpected interruptions during a 54-day
-snapshot of Llama 3 405B pre-training on 16,384 H100s (466 with the 47 planned ones)."""
+snapshot of Llama 3 405B pre-training on 16,384 H100s (466 with the 47 planned ones); the
+default rate (``cluster.DEFAULT_FAILURE_RATE_PER_GPU_HOUR``) is theirs."""
 
 
 @dataclass(frozen=True)
 class Reliability:
-    """What failures and checkpoints cost on a cluster. Seconds, bytes, SI."""
+    """What failures and checkpoints cost on a cluster (``of``: the cluster's fields). Seconds,
+    bytes, SI."""
 
-    failure_rate_per_gpu_hour: float = LLAMA3_FAILURE_RATE_PER_GPU_HOUR
-    """Unexpected interruptions per GPU-hour (module docstring)."""
-    storage_bytes_per_s: float = 2e12
-    """Aggregate checkpoint write and read bandwidth: Meta's Tectonic for Llama 3, "a
-    sustained throughput of 2 TB/s and a peak throughput of 7 TB/s" (Grattafiori et al. 2024,
-    section 3.3.1); the sustained figure."""
+    failure_rate_per_gpu_hour: float = DEFAULT_FAILURE_RATE_PER_GPU_HOUR
+    """Unexpected interruptions per GPU-hour (``ClusterSpec.failure_rate_per_gpu_hour``)."""
+    storage_bytes_per_s: float = DEFAULT_CHECKPOINT_BYTES_PER_S
+    """Aggregate checkpoint write and read bandwidth (``ClusterSpec.checkpoint_bytes_per_s``)."""
     host_copy_bytes_per_s: float = 64e9
-    """One GPU's copy to pinned host memory: PCIe Gen5 x16, 128 GB/s both ways (NVIDIA H100
-    datasheet), 64 GB/s one way; the staging an asynchronous save blocks on."""
-    relaunch_s: float = 600.0
-    """Detecting the failure, rescheduling and restarting every rank, before the checkpoint
-    is read. An assumption (no cited figure): set your own with ``--restart-s``."""
+    """One GPU's copy to pinned host memory, the staging an asynchronous save blocks on (the
+    cluster's ``host_link``; 64e9: PCIe Gen5 x16 one way, NVIDIA H100 datasheet)."""
+    relaunch_s: float = DEFAULT_RELAUNCH_S
+    """Seconds to restart the job before the checkpoint is read (``ClusterSpec.relaunch_s``,
+    an assumption by default)."""
+
+    @classmethod
+    def of(cls, cluster: ClusterSpec) -> Reliability:
+        """The cluster's: its failure rate, checkpoint storage, relaunch and host link."""
+        return cls(failure_rate_per_gpu_hour=cluster.failure_rate_per_gpu_hour,
+                   storage_bytes_per_s=cluster.checkpoint_bytes_per_s,
+                   host_copy_bytes_per_s=cluster.host_link.bytes_per_s,
+                   relaunch_s=cluster.relaunch_s)
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

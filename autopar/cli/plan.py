@@ -52,11 +52,14 @@ def add_plan_parsers(sub: argparse._SubParsersAction, parents: list) -> None:
     run.add_argument("--gpu-hour-cost", type=float, default=None, metavar="PRICE",
                      help="price of one GPU-hour, for the run's cost")
     run.add_argument("--failure-rate", type=float, default=None, metavar="PER_GPU_HOUR",
-                     help="interruptions per GPU-hour (default: Llama 3 405B's, 1.97e-5)")
+                     help="interruptions per GPU-hour (default: the cluster's; presets: Llama 3 "
+                          "405B's, 1.97e-5)")
     run.add_argument("--restart-s", type=float, default=None, metavar="S",
-                     help="seconds to relaunch after an interruption (default 600, assumed)")
+                     help="seconds to relaunch after an interruption (default: the cluster's; "
+                          "presets: 600, assumed)")
     run.add_argument("--storage-gbps", type=float, default=None, metavar="GB/S",
-                     help="checkpoint storage bandwidth, decimal GB/s (default 2000: Llama 3's)")
+                     help="checkpoint storage bandwidth, decimal GB/s (default: the cluster's; "
+                          "presets: 2000, Llama 3's)")
     run.add_argument("--sweep-gpus", default=None, metavar="A:B",
                      help="plan every GPU count from A to B, doubling (whole nodes), and tabulate "
                           "time to train, goodput and cost against GPUs (needs --tokens)")
@@ -160,7 +163,7 @@ def _sweep(args: argparse.Namespace, spec, model, cluster, train, constraints, p
     if args.tokens is None:
         raise AutoparError("--sweep-gpus without --tokens", where="--sweep-gpus",
                            fix="add --tokens N: the sweep compares the time to train")
-    reliability = _reliability(args)
+    reliability = _reliability(args, cluster)
     params = float(sum(p.numel() for p in model.parameters()))
     rows = []
     for gpus in sweep_sizes(args.sweep_gpus, cluster.gpus_per_node):
@@ -195,20 +198,19 @@ def _sweep(args: argparse.Namespace, spec, model, cluster, train, constraints, p
     return 0 if any(p is not None for _, p, _, _ in rows) else 2
 
 
-def _reliability(args: argparse.Namespace):
-    """The cluster's ``Reliability``: the defaults, with what the flags set."""
+def _reliability(args: argparse.Namespace, cluster):
+    """The cluster's ``Reliability`` (its fields), with what the flags set."""
+    from dataclasses import replace
+
     from autopar.costmodel.goodput import Reliability
 
-    defaults = Reliability()
-    return Reliability(
-        failure_rate_per_gpu_hour=defaults.failure_rate_per_gpu_hour
-        if args.failure_rate is None else args.failure_rate,
-        relaunch_s=defaults.relaunch_s if args.restart_s is None else args.restart_s,
-        storage_bytes_per_s=defaults.storage_bytes_per_s if args.storage_gbps is None
-        else args.storage_gbps * 1e9)
+    given = {"failure_rate_per_gpu_hour": args.failure_rate, "relaunch_s": args.restart_s,
+             "storage_bytes_per_s": None if args.storage_gbps is None
+             else args.storage_gbps * 1e9}
+    return replace(Reliability.of(cluster), **{k: v for k, v in given.items() if v is not None})
 
 
-def _goodput(args: argparse.Namespace, plan, model, console: Console):
+def _goodput(args: argparse.Namespace, plan, model, cluster, console: Console):
     """The whole run and its table when ``--tokens`` is given (printed), or ``None``s."""
     given = {"--gpu-hour-cost": args.gpu_hour_cost, "--failure-rate": args.failure_rate,
              "--restart-s": args.restart_s, "--storage-gbps": args.storage_gbps}
@@ -221,7 +223,7 @@ def _goodput(args: argparse.Namespace, plan, model, console: Console):
     from autopar.costmodel.goodput import goodput_of
     from autopar.report.goodput import goodput_table
 
-    reliability = _reliability(args)
+    reliability = _reliability(args, cluster)
     run = goodput_of(tokens=args.tokens, tokens_per_step=plan.train.tokens_per_step,
                      step_s=plan.estimate.step_time_s,
                      gpus=plan.nodes * plan.gpus_per_node,
@@ -263,7 +265,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     text = plan.report() + (f"\n{plan.explain()}\n" if args.explain else "")
     text += f"\n{checked}" if checked else ""
     console.file.write(text)
-    run, run_table = _goodput(args, plan, model, console)
+    run, run_table = _goodput(args, plan, model, cluster, console)
     if args.json:
         doc = plan.to_json()
         if run is not None:

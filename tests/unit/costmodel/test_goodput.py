@@ -108,3 +108,21 @@ def test_cli_sweep_tabulates_each_size(tmp_path):
     assert [row["gpus"] for row in sweep] == [8, 16, 32]
     days = [row["goodput"]["wall_s"] for row in sweep]
     assert days[0] > days[-1]  # more GPUs, fewer days
+
+
+def test_the_cluster_carries_its_rates_and_a_file_sets_them(tmp_path):
+    from autopar import ClusterSpec
+
+    preset = ClusterSpec.preset("hgx-h100-80g", nodes=2)
+    r = Reliability.of(preset)
+    assert r.failure_rate_per_gpu_hour == pytest.approx(1.97e-5, rel=0.01)
+    assert r.host_copy_bytes_per_s == preset.host_link.bytes_per_s
+    path = tmp_path / "c.yaml"
+    path.write_text("base: hgx-h100-80g\nnodes: 2\nfailure_rate_per_gpu_hour: 1e-4\n"
+                    "checkpoint_bytes_per_s: 5e11\nrelaunch_s: 120\n")
+    mine = ClusterSpec.from_file(path)
+    assert Reliability.of(mine) == Reliability(1e-4, 5e11, preset.host_link.bytes_per_s, 120.0)
+    assert ClusterSpec.from_dict(mine.to_dict()) == mine
+    path.write_text("base: hgx-h100-80g\nrelaunch_s: -5\n")
+    with pytest.raises(AutoparError, match="relaunch_s"):
+        ClusterSpec.from_file(path)
