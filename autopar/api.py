@@ -22,6 +22,7 @@ from autopar.analysis.graph import GraphIR
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.search.planner import ProgressFn, plan_config, plan_search
+from autopar.search.replan import Replan, batches, cluster_for
 from autopar.analysis.tracing import trace
 from autopar.analysis.workload import build_workload
 
@@ -233,3 +234,32 @@ def plan_for(
     name = name or graph.model_name or type(model).__name__
     return plan_config(graph, facts, name, cluster, train, config, efficiency=efficiency,
                        split_weights=split_weights, spec=model_spec or ModelSpec.of(model))
+
+
+def replan(plan: Plan, gpus: int, cluster: ClusterSpec | None = None, *, keep: int = 4,
+           **search: object) -> Replan:
+    """The fastest plan of ``plan``'s model and batch on ``gpus`` GPUs
+    (``autopar/search/replan.py``): the plan's cluster (or ``cluster``) with that many GPUs,
+    the plan's global batch or else the nearest one those GPUs admit a plan of, said in
+    ``Replan.note``. ``search`` goes to ``optimize`` (``efficiency``, ``progress``...)."""
+    if plan.model_spec is None:
+        raise AutoparError("the plan records no model to re-plan", where="the plan's model_spec",
+                           fix="re-plan with autopar plan --model ... on the GPUs left")
+    sized = cluster_for(plan, gpus, cluster)
+    model = plan.model_spec.build("meta")
+    errors = []
+    for batch in batches(plan.train.global_batch, sized.num_gpus):
+        train = replace(plan.train, global_batch=batch)
+        try:
+            new = optimize(model, sized, train, keep=keep, name=plan.model,
+                           model_spec=plan.model_spec, **search)
+        except AutoparError as err:
+            errors.append(f"global batch {batch}: {err.what}")
+            continue
+        note = ("" if batch == plan.train.global_batch else
+                f"global batch {plan.train.global_batch} -> {batch}: the nearest "
+                f"{sized.num_gpus} GPUs admit a plan of")
+        return Replan(new, note)
+    raise AutoparError(f"no plan of {plan.model} fits on {sized.num_gpus} GPUs: "
+                       + "; ".join(errors[:3]), where="--gpus/--nodes",
+                       fix="keep more GPUs, or re-plan with other constraints")

@@ -35,7 +35,7 @@ def add_replan_parser(sub: argparse._SubParsersAction, parents: list) -> None:
 
 
 def cmd_replan(args: argparse.Namespace, console: Console) -> int:
-    from autopar.search.replan import replan
+    from autopar.api import replan
 
     plan = read_plan(args.plan, where="PLAN.json")
     cluster = None

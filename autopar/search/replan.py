@@ -1,4 +1,5 @@
-"""A new plan when nodes are lost (``autopar replan``): the same model and batch on fewer GPUs.
+"""A new plan when nodes are lost (``autopar replan``, ``autopar.api.replan``): the same model
+and batch on fewer GPUs -- the cluster and the batches to try; ``api.replan`` runs the search.
 
 The exported ``train.py`` keys its DCP checkpoints by the model's own parameter names and
 reshards them on load (``exports/train_template.py``), so a run checkpointed under one plan
@@ -14,7 +15,7 @@ resumes under any other plan of the same model: re-planning is a search on the G
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from autopar.core.errors import AutoparError
 from autopar.core.plan import Plan
@@ -51,7 +52,7 @@ def cluster_for(plan: Plan, gpus: int, cluster: ClusterSpec | None = None) -> Cl
     return cluster.with_nodes(gpus // per)
 
 
-def _batches(global_batch: int, gpus: int) -> list[int]:
+def batches(global_batch: int, gpus: int) -> list[int]:
     """The plan's global batch, then the multiples of ``gpus``, ``gpus / 2``, ``gpus / 4``...
     nearest to it, closest first."""
     near, unit = {global_batch}, gpus
@@ -60,32 +61,3 @@ def _batches(global_batch: int, gpus: int) -> list[int]:
         near |= {unit * max(1, k - 1), unit * k, unit * (k + 1)}
         unit //= 2
     return sorted(near, key=lambda b: (abs(b - global_batch), b))[:BATCH_TRIES]
-
-
-def replan(plan: Plan, gpus: int, cluster: ClusterSpec | None = None, *, keep: int = 4,
-           **search: object) -> Replan:
-    """The fastest plan of ``plan``'s model and batch on ``gpus`` GPUs (module docstring);
-    ``search`` goes to ``autopar.optimize`` (``efficiency``, ``progress``...)."""
-    from autopar.api import optimize
-
-    if plan.model_spec is None:
-        raise AutoparError("the plan records no model to re-plan", where="the plan's model_spec",
-                           fix="re-plan with autopar plan --model ... on the GPUs left")
-    sized = cluster_for(plan, gpus, cluster)
-    model = plan.model_spec.build("meta")
-    errors = []
-    for batch in _batches(plan.train.global_batch, sized.num_gpus):
-        train = replace(plan.train, global_batch=batch)
-        try:
-            new = optimize(model, sized, train, keep=keep, name=plan.model,
-                           model_spec=plan.model_spec, **search)
-        except AutoparError as err:
-            errors.append(f"global batch {batch}: {err.what}")
-            continue
-        note = ("" if batch == plan.train.global_batch else
-                f"global batch {plan.train.global_batch} -> {batch}: the nearest "
-                f"{sized.num_gpus} GPUs admit a plan of")
-        return Replan(new, note)
-    raise AutoparError(f"no plan of {plan.model} fits on {sized.num_gpus} GPUs: "
-                       + "; ".join(errors[:3]), where="--gpus/--nodes",
-                       fix="keep more GPUs, or re-plan with other constraints")
