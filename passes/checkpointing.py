@@ -55,6 +55,7 @@ from functools import partial
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -134,7 +135,7 @@ def moe_layers_checkpointed(block: nn.Module) -> Iterator[None]:
                 module.__dict__["forward"] = own
 
 
-def _cast(t: object, dtype: torch.dtype) -> object:
+def _cast(t: object, *, dtype: torch.dtype) -> object:
     if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
         return t.to(dtype)
     return t
@@ -145,8 +146,9 @@ def _as_inputs_of(call: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor]
     """``call(block, x, extra)`` with the floating tensors of ``extra`` in ``x``'s dtype when
     ``block`` is an FSDP2 module: the cast its mixed-precision hook makes in the forward, made
     here too so that a recomputation sees it (see the module docstring)."""
-    if isinstance(block, FSDPModule) and x.is_floating_point():
-        extra = tuple(_cast(t, x.dtype) for t in extra)
+    if isinstance(block, FSDPModule) and isinstance(x, torch.Tensor) and x.is_floating_point():
+        # any structure a family passes (a tuple, a generic decoder's per-block arguments)
+        extra = tree_map(partial(_cast, dtype=x.dtype), extra)
     return call(block, x, extra)
 
 
