@@ -182,11 +182,11 @@ def _best_precision(search_in: Callable[[TrainSpec], Plan], train: TrainSpec,
     plans, left_out = [], []
     for precision in dict.fromkeys(precisions):
         t = replace(train, precision=Precision(precision))
-        dtype = COMPUTE_DTYPE[t.precision]
-        if dtype not in cluster.gpu.peak_flop_per_s or (
-                t.precision is Precision.FP8 and "fp8" not in cluster.gpu.peak_flop_per_s):
-            left_out.append(f"{precision}: {cluster.gpu.name} has no "
-                            f"{'fp8' if t.precision is Precision.FP8 else dtype} peak")
+        # the peaks the precision's GEMMs run at: its compute dtype's, and FP8's under fp8
+        needs = [COMPUTE_DTYPE[t.precision]] + (["fp8"] if t.precision is Precision.FP8 else [])
+        missing = [d for d in needs if d not in cluster.gpu.peak_flop_per_s]
+        if missing:
+            left_out.append(f"{precision}: {cluster.gpu.name} has no {missing[0]} peak")
             continue
         try:
             plans.append(search_in(t))

@@ -388,15 +388,22 @@ def _stage_params(workload: Workload, part: StagePartition, stage: int, config: 
     return dense, expert
 
 
+def _fp8_gathered_params(workload: Workload, config: ParallelConfig, train: TrainSpec
+                         ) -> float:
+    """Parameters of one block on one GPU that FSDP gathers in FP8 (``core.fp8``: tensorwise),
+    the tp split taken as the whole layer's; 0 where nothing is gathered in FP8."""
+    return fp8_params(workload.block.ops) / config.tp if fp8_all_gather(train) else 0.0
+
+
 def _gathered_weight_bytes(workload: Workload, part: StagePartition, stage: int,
                            config: ParallelConfig, train: TrainSpec, dense: float,
                            weight_bytes: float) -> float:
     """Bytes per dense parameter FSDP all-gathers on one stage: ``weight_bytes``, but one byte
-    for the FP8 linears' weights when they are gathered in FP8 (``core.fp8.fp8_all_gather``),
-    their share of the stage's dense parameters (the tp split taken as the whole layer's)."""
-    if not fp8_all_gather(train) or dense <= 0:
+    for the FP8 linears' weights when they are gathered in FP8 (``_fp8_gathered_params``),
+    their share of the stage's dense parameters."""
+    fp8 = part.blocks[stage] * _fp8_gathered_params(workload, config, train)
+    if fp8 <= 0 or dense <= 0:
         return weight_bytes
-    fp8 = part.blocks[stage] * fp8_params(workload.block.ops) / config.tp
     share = min(1.0, fp8 / dense)
     return weight_bytes * (1.0 - share) + 1.0 * share
 
@@ -667,8 +674,7 @@ def _stage_memory(
                                                                       config.pp, m)),
             stage_output=stage_output_bytes(workload.post, split)
             if last and config.pp > 1 else 0.0)
-        fp8_block = (fp8_params(workload.block.ops) / config.tp if fp8_all_gather(train)
-                     else 0.0)
+        fp8_block = _fp8_gathered_params(workload, config, train)
         moment, breakdown = stage_peak(params, acts,
                                        train.precision, train.optimizer, zero=config.zero,
                                        pipelined=config.pp > 1, microbatches=m,

@@ -88,15 +88,17 @@ def apply_float8(blocks: Iterable[nn.Module], train: TrainSpec, *, fsdp: bool) -
     if train.precision is not Precision.FP8:
         return []
     chosen: list[str] = []
+    convert, config = None, None  # torchao imported and configured once, where needed
     for block in blocks:
         names = [n for n, m in block.named_modules() if fp8_linear(m, n)]
         if not names:
             continue
+        if convert is None:
+            convert = _torchao_float8().convert_to_float8_training
+            config = float8_config(train, fsdp=fsdp)
         keep = frozenset(names)
-        float8 = _torchao_float8()
-        float8.convert_to_float8_training(
-            block, config=float8_config(train, fsdp=fsdp),
-            module_filter_fn=lambda module, name, keep=keep: name in keep)
+        convert(block, config=config,
+                module_filter_fn=lambda module, name, keep=keep: name in keep)
         chosen += names
     return chosen
 

@@ -6,6 +6,7 @@ engine; ``passes/data_parallel.py`` applies exactly these choices.
 
 from __future__ import annotations
 
+from autopar.core.fp8 import fp8_all_gather
 from autopar.core.estimate import checkpoint_text
 from autopar.core.specs import (ASYNC_TP, ENGINE_FUSIONS, MOE_FUSIONS, Checkpoint, ParallelConfig,
                                 Precision, TrainSpec)
@@ -150,7 +151,7 @@ def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
     rows.append(("checkpointing", checkpoint_line(config, num_blocks)))
     rows.append(("precision", _PRECISION[train.precision].format(
         recipe=train.fp8_recipe.value,
-        gather=("; FSDP all-gathers their weights in FP8" if train.fp8_recipe.value == "tensorwise"
+        gather=("; FSDP all-gathers their weights in FP8" if fp8_all_gather(train)
                 and (config.zero >= 1 or config.dp * config.cp > 1) else ""))))
     rows.append(("model states", state_text(train)))
     kernels = [f for f in config.fusions if f not in ENGINE_FUSIONS and f not in MOE_FUSIONS]
