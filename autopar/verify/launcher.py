@@ -19,6 +19,7 @@ import json
 import multiprocessing
 import os
 import runpy
+import signal
 import socket
 import subprocess
 import sys
@@ -159,8 +160,10 @@ def wait_ranks(procs: list[Rank], folder: Path, timeout_s: float) -> list[dict]:
             failed_at = time.monotonic()
         grace_over = failed_at is not None and time.monotonic() - failed_at > 3.0
         if grace_over or exited or time.monotonic() > deadline:
+            crashed = _crashed(procs, folder)
             kill_ranks(procs)
-            _raise_failure(folder, nproc, sorted(folder.glob("rank*.error")), timeout_s)
+            _raise_failure(folder, nproc, sorted(folder.glob("rank*.error")), timeout_s,
+                           crashed)
         time.sleep(0.05)
 
 
@@ -176,8 +179,31 @@ class ProgramFailed(AutoparError):
     """The sharded program started and a rank failed or hung: a finding, not a refusal."""
 
 
-def _raise_failure(folder: Path, nproc: int, errors: list[Path], timeout_s: float) -> None:
-    if errors:
+def _crashed(procs: list[Rank], folder: Path) -> dict[int, int]:
+    """The ranks that ended with a failing exit code and no error file -- killed by a signal
+    or aborted in native code, which no ``except`` sees -- and their exit codes."""
+    return {r: p.poll() for r, p in enumerate(procs)
+            if p.poll() not in (None, 0) and not (folder / f"rank{r}.error").exists()}
+
+
+def _exit_words(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _raise_failure(folder: Path, nproc: int, errors: list[Path], timeout_s: float,
+                   crashed: dict[int, int] | None = None) -> None:
+    if crashed:
+        # a rank that died in native code (its peers then report a lost connection) is the
+        # cause; its log holds the faulthandler's traceback
+        rank, code = min(crashed.items())
+        tail = (folder / f"rank{rank}.log").read_text().strip().splitlines()[-8:]
+        detail = f"rank{rank} {_exit_words(code)} without a Python error: " + " | ".join(tail)
+    elif errors:
         # the first rank to fail is the cause; the others mostly lost a peer
         first = min(errors, key=lambda e: e.stat().st_mtime)
         text = first.read_text().strip().splitlines()

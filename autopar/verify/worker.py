@@ -17,6 +17,7 @@ exit codes. ``main`` is the rank side of ``autopar.verify.launcher.start_ranks``
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
 import traceback
@@ -119,6 +120,7 @@ def main(argv: list[str], work: Callable[[dict], object] = run) -> None:
     result saved as ``rank<R>.pt`` next to the job, or its failure as ``rank<R>.error``.
     Under nccl, CPU tensors (the profile's timings, votes) ride gloo beside it: one group with
     a backend per device type (``"cuda:nccl,cpu:gloo"``)."""
+    faulthandler.enable()  # a native crash leaves its Python stack in the rank's log
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())
     out = job_path.parent
