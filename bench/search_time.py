@@ -4,6 +4,12 @@
     python bench/search_time.py --markdown > bench/results/search.md    # the whole results file
     python bench/search_time.py --published                      # the published-plans table only
     python bench/search_time.py --only gpt-1t --repeats 3        # one case, best of three
+    python bench/search_time.py --save-plans DIR                 # each case's plan as DIR/<model>.json
+    python bench/search_time.py --check-plans DIR                # ... and compared with those saved
+
+``--save-plans``/``--check-plans`` hold the search's answer fixed while it is made faster: a plan
+is compared as ``Plan.to_dict`` without the solver's counts (candidates priced and pruned, which
+a tighter bound changes), and the bench exits 1 naming the fields that differ.
 
 Timing cases (``CASES``): each model is built on the meta device before the clock starts; "total"
 is the wall time of one ``autopar.optimize`` call (trace, cost tables, search), "search" is the
@@ -24,6 +30,7 @@ once free (only the Megatron fusions fixed, as they describe the program).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -61,6 +68,11 @@ class Case:
 
 CASES = (
     Case("gpt-1.7b", "dgx-a100-80g", nodes=4, global_batch=512, seq_len=2048),
+    # the README's main command
+    Case("gpt-175b", "dgx-a100-80g", nodes=128, global_batch=1536, seq_len=2048),
+    Case("llama3-8b", "hgx-h100-80g", nodes=8, global_batch=16, seq_len=8192),
+    # Llama 3 405B's pre-training scale: 16,384 H100, 16 Mi tokens per step
+    Case("llama3-405b", "hgx-h100-80g", nodes=2048, global_batch=2048, seq_len=8192),
     # Llama 3 70B: 8 Mi tokens per step (1024 x 8192).
     Case("llama3-70b", "hgx-h100-80g", nodes=64, global_batch=1024, seq_len=8192),
     Case("mixtral-8x7b", "hgx-h100-80g", nodes=8, global_batch=512, seq_len=4096),
@@ -95,6 +107,46 @@ def time_case(case: Case, repeats: int = 1) -> Timing:
             best = Timing(case, plan, total, search)
     assert best is not None
     return best
+
+
+def plan_fields(plan: Plan) -> dict:
+    """What ``--check-plans`` compares: the plan without the solver's counts."""
+    fields = plan.to_dict()
+    fields.pop("solver", None)
+    return fields
+
+
+def differing(before: object, after: object, where: str = "") -> list[str]:
+    """The paths at which two JSON values differ (the first few)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [d for k in sorted(set(before) | set(after), key=str)
+                for d in differing(before.get(k), after.get(k), f"{where}.{k}")][:8]
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        return [d for i, (b, a) in enumerate(zip(before, after))
+                for d in differing(b, a, f"{where}[{i}]")][:8]
+    return [] if before == after else [f"{where}: {before!r} -> {after!r}"[:300]]
+
+
+def save_or_check(timings: list[Timing], save: Path | None, check: Path | None) -> bool:
+    """Write each case's plan under ``save``; compare each with the one under ``check``.
+    False when one differs or is missing."""
+    same = True
+    for t in timings:
+        fields = json.loads(json.dumps(plan_fields(t.plan)))
+        if save is not None:
+            save.mkdir(parents=True, exist_ok=True)
+            (save / f"{t.case.model}.json").write_text(json.dumps(fields, indent=1) + "\n")
+        if check is not None:
+            path = check / f"{t.case.model}.json"
+            if not path.exists():
+                print(f"{t.case.model}: no saved plan at {path}", file=sys.stderr)
+                same = False
+                continue
+            diff = differing(json.loads(path.read_text()), fields)
+            print(f"{t.case.model}: plan " + ("identical" if not diff else
+                                              "DIFFERS: " + "; ".join(diff)), file=sys.stderr)
+            same = same and not diff
+    return same
 
 
 # ----- published configurations -----
@@ -220,6 +272,11 @@ def main() -> None:
     ap.add_argument("--only", action="append", default=[], metavar="MODEL",
                     help="time only this model (repeatable)")
     ap.add_argument("--repeats", type=int, default=1, help="optimize calls per case (fastest)")
+    ap.add_argument("--save-plans", type=Path, metavar="DIR",
+                    help="write each case's plan (Plan.to_dict, no solver counts) to DIR")
+    ap.add_argument("--check-plans", type=Path, metavar="DIR",
+                    help="compare each case's plan with the one saved in DIR; exit 1 if any "
+                         "differs")
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
@@ -236,11 +293,12 @@ def main() -> None:
         timings.append(time_case(case, args.repeats))
         if not args.markdown:
             print(f"{case.model}: {timings[-1].total_s:.2f} s", file=sys.stderr, flush=True)
+    identical = save_or_check(timings, args.save_plans, args.check_plans)
     body = [timing_row(t) for t in timings]
     if not args.markdown:
         console = Console() if sys.stdout.isatty() else Console(width=220)  # piped: no wrapping
         console.print(rich_table("autopar.optimize wall time", TIMING_HEADER, body))
-        return
+        sys.exit(0 if identical else 1)
     print("\n".join([
         "# `autopar.optimize` wall time, and free plans against published configurations",
         "", *machine_lines(COMMAND + "".join(f" --only {m}" for m in args.only)
@@ -259,6 +317,7 @@ def main() -> None:
         "",
         published_section([compare_published(r) for r in published_rows()]),
     ]))
+    sys.exit(0 if identical else 1)
 
 
 if __name__ == "__main__":

@@ -128,9 +128,21 @@ class GraphIR:
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}
+        self._users: dict[str, tuple[NodeInfo, ...]] | None = None
 
     def node(self, name: str) -> NodeInfo:
         return self._by_name[name]
+
+    def users(self, name: str) -> tuple[NodeInfo, ...]:
+        """The nodes that read node ``name``'s output, in execution order (the map is made
+        once, on the first call)."""
+        if self._users is None:
+            users: dict[str, list[NodeInfo]] = {}
+            for n in self.nodes:
+                for i in dict.fromkeys(n.inputs):
+                    users.setdefault(i, []).append(n)
+            self._users = {k: tuple(v) for k, v in users.items()}
+        return self._users.get(name, ())
 
     def in_moe_layer(self, node: NodeInfo) -> bool:
         """Whether ``node`` runs inside one of the ``moe_modules``."""

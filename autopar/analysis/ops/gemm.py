@@ -134,9 +134,7 @@ def feeds_width_norm(node: NodeInfo, graph: GraphIR) -> bool:
     frontier = {node.name}
     for _ in range(NORM_DEPTH):
         nxt = set()
-        for n in graph.nodes:
-            if not frontier.intersection(n.inputs):
-                continue
+        for n in (u for name in frontier for u in graph.users(name)):
             if n.op in WHOLE_WIDTH_NORMS and n.out is not None and len(n.out.shape) < 4:
                 return True
             if n.op == "view":
@@ -149,12 +147,15 @@ def feeds_width_norm(node: NodeInfo, graph: GraphIR) -> bool:
 
 def feeds_weight_gemm(node: NodeInfo, graph: GraphIR) -> bool:
     """Whether another weight GEMM reads ``node``'s output, directly or through other ops."""
-    reached = {node.name}
-    for n in graph.nodes:
-        if reached.intersection(n.inputs):
+    reached, todo = {node.name}, [node.name]
+    while todo:
+        for n in graph.users(todo.pop()):
+            if n.name in reached:
+                continue
             if is_weight_gemm(n, graph):
                 return True
             reached.add(n.name)
+            todo.append(n.name)
     return False
 
 
