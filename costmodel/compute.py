@@ -24,6 +24,7 @@ measured range (the measurement includes the launch cost); everything else stays
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -426,6 +427,39 @@ def reissues(policy: Checkpoint) -> bool:
     return policy in (Checkpoint.FULL, Checkpoint.MATMULS)
 
 
+def op_times(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: Efficiency, *,
+             expert_scale: float = 1.0, expert: bool | None = None) -> tuple[PhaseTimes, ...]:
+    """``estimate_op_s`` of each of ``layer``'s ops, in order: what ``layer_times`` sums, for
+    the whole layer and for the ops each policy reruns alike (they are priced once). With
+    ``expert`` only the expert ops (True) or only the others (False): the others depend
+    neither on ``expert_scale`` nor on the split's ep and etp (``grouped_gemms`` alone reads
+    them), so one pricing of them serves every expert layout."""
+    return tuple(estimate_op_s(op, split, cluster, eff, expert_scale=expert_scale)
+                 for op in layer.ops if expert is None or op.expert is expert)
+
+
+def merged_times(layer: LayerCost, dense: Sequence[PhaseTimes], experts: Sequence[PhaseTimes]
+                 ) -> tuple[PhaseTimes, ...]:
+    """The ``op_times`` of every op of ``layer``, in order, from those of its non-expert ops
+    (``dense``) and of its expert ops (``experts``)."""
+    d, e = iter(dense), iter(experts)
+    return tuple(next(e) if op.expert else next(d) for op in layer.ops)
+
+
+def layer_times(layer: LayerCost, times: Sequence[PhaseTimes],
+                recomputed_by: Checkpoint | None = None) -> PhaseTimes:
+    """The sum of ``times`` (``op_times`` of ``layer``) over every op, or over the ops the
+    ``recomputed_by`` policy reruns in the backward (``reruns``), added in the ops' order."""
+    forward = backward_act = backward_weight = 0.0
+    for op, t in zip(layer.ops, times):
+        if recomputed_by is not None and not reruns(op, recomputed_by):
+            continue
+        forward += t.forward
+        backward_act += t.backward_act
+        backward_weight += t.backward_weight
+    return PhaseTimes(forward, backward_act, backward_weight)
+
+
 def estimate_layer_s(
     layer: LayerCost,
     split: Split,
@@ -437,9 +471,6 @@ def estimate_layer_s(
 ) -> PhaseTimes:
     """Compute seconds of a layer (or of the ops the ``recomputed_by`` policy reruns in the
     backward, ``reruns``) for one micro-batch on one GPU."""
-    total = PhaseTimes()
-    for op in layer.ops:
-        if recomputed_by is not None and not reruns(op, recomputed_by):
-            continue
-        total = total + estimate_op_s(op, split, cluster, eff, expert_scale=expert_scale)
-    return total
+    if recomputed_by is not None:  # only the rerun ops are priced (a profile notes each)
+        layer = replace(layer, ops=tuple(o for o in layer.ops if reruns(o, recomputed_by)))
+    return layer_times(layer, op_times(layer, split, cluster, eff, expert_scale=expert_scale))

@@ -19,8 +19,8 @@ from typing import TypeVar
 
 from .cluster import ClusterSpec
 from .collectives import Collective, Group, estimate_collective_s
-from .compute import (PhaseTimes, Split, estimate_layer_s, estimate_op_s, measured, reissues,
-                      reruns)
+from .compute import (PhaseTimes, Split, estimate_layer_s, estimate_op_s, layer_times, measured,
+                      merged_times, op_times, reissues, reruns)
 from .efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, StageMemory
@@ -311,20 +311,40 @@ def _layer_bytes(layer: LayerCost, split: Split, policy: Checkpoint, block_grad_
 
 _LAYER_COMPUTE = _ByLayer(LAYER_TIMES_KEPT)
 """``estimate_layer_s`` of the candidates priced so far (``layer_compute_s``)."""
+_OP_TIMES = _ByLayer(LAYER_TIMES_KEPT)
+"""``compute.op_times`` of the candidates priced so far: one pricing of a layer's ops serves
+its whole time and what each policy reruns."""
 
 
 def layer_compute_s(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: Efficiency,
                     expert_scale: float = 1.0, recomputed_by: Checkpoint | None = None
                     ) -> PhaseTimes:
     """``compute.estimate_layer_s`` of ``layer``, remembered across estimates and the
-    search's bounds (``_LAYER_COMPUTE``); not with a measured profile, whose lookups each note
-    which terms it priced."""
-    def make() -> PhaseTimes:
+    search's bounds (``_LAYER_COMPUTE``, its ops' times in ``_OP_TIMES``); not with a measured
+    profile, whose lookups each note which terms it priced."""
+    if cluster.profile is not None:
         return estimate_layer_s(layer, split, cluster, eff, recomputed_by=recomputed_by,
                                 expert_scale=expert_scale)
-    if cluster.profile is not None:
-        return make()
+
+    def make() -> PhaseTimes:
+        return layer_times(layer, _op_times(layer, split, cluster, eff, expert_scale),
+                           recomputed_by)
     return _LAYER_COMPUTE.get(layer, (split, cluster, eff, expert_scale, recomputed_by), make)
+
+
+def _op_times(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: Efficiency,
+              expert_scale: float) -> tuple[PhaseTimes, ...]:
+    """``compute.op_times`` of ``layer``, remembered (``_OP_TIMES``): its non-expert ops priced
+    once for every expert layout and load (ep, etp and the imbalance leave them unchanged)."""
+    def make() -> tuple[PhaseTimes, ...]:
+        dense_split = split if split.ep == split.etp == 1 else replace(split, ep=1, etp=1)
+        dense = _OP_TIMES.get(layer, (dense_split, cluster, eff, "dense"), lambda: op_times(
+            layer, dense_split, cluster, eff, expert=False))
+        if not any(op.expert for op in layer.ops):
+            return dense
+        experts = op_times(layer, split, cluster, eff, expert_scale=expert_scale, expert=True)
+        return merged_times(layer, dense, experts)
+    return _OP_TIMES.get(layer, (split, cluster, eff, expert_scale), make)
 
 
 def _recomputed_flop(block: LayerCost, policy: Checkpoint) -> float:

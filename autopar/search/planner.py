@@ -50,11 +50,18 @@ class Strategies:
     """When given, a candidate whose solved strategies the engine cannot run is refused."""
     _styles: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     _problem: dict[int, Problem | None] = field(default_factory=dict)
+    _results: dict[ParallelConfig, StrategyResult] = field(default_factory=dict)
 
     def result(self, config: ParallelConfig) -> StrategyResult | None:
-        """The solved strategies (None with tp = 1: every op runs whole on its GPU)."""
+        """The solved strategies (None with tp = 1: every op runs whole on its GPU); the
+        search asks for each candidate's twice (its bound, its pricing)."""
         if config.tp == 1:
             return None
+        if config not in self._results:
+            self._results[config] = self._solve(config)
+        return self._results[config]
+
+    def _solve(self, config: ParallelConfig) -> StrategyResult:
         train, cluster, eff = self.train, self.cluster, self.efficiency
         split = replace(split_of(config, train, self.solver.base.seq_len), ep=1, etp=1)
         sb = state_bytes_per_param(train.precision, train.optimizer)
