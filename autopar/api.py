@@ -23,6 +23,7 @@ from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.search.planner import ProgressFn, plan_config, plan_search
 from autopar.search.replan import Replan, batches, cluster_for
+from autopar.analysis.trace_cache import traced
 from autopar.analysis.tracing import trace
 from autopar.analysis.workload import build_workload
 
@@ -144,6 +145,7 @@ def optimize(
     split_weights: bool = False,
     model_spec: ModelSpec | None = None,
     precisions: Sequence[str] = (),
+    trace_cache: bool = False,
 ) -> Plan:
     """The fastest plan that fits, with up to ``keep - 1`` runner-ups.
 
@@ -158,11 +160,13 @@ def optimize(
     would make it fit when no candidate fits. ``split_weights`` makes every weight GEMM split
     (column or row) when tp > 1, leaving the solve only the choice between them. The plan
     records ``model_spec`` (by default the zoo or transformers model's own, ``ModelSpec.of``)
-    so that ``verify`` and ``export`` can rebuild the model.
+    so that ``verify`` and ``export`` can rebuild the model. ``trace_cache`` reads the traced
+    graph from the on-disk cache, and stores it there, where ``autopar plan`` does
+    (``analysis/trace_cache.py``).
     """
     cluster = as_cluster(cluster)
     facts = _before_trace(model, train)
-    graph = model if isinstance(model, GraphIR) else trace(model, train)
+    graph = traced(model, train, cache=trace_cache)
     name = name or graph.model_name or type(model).__name__
     spec = model_spec or ModelSpec.of(model)
 

@@ -13,3 +13,10 @@ if "triton" not in sys.modules and "torch" not in sys.modules:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# the CLI's cache of traced graphs (autopar/analysis/trace_cache.py): one folder of the run's
+# own, not the user's ~/.cache
+if "AUTOPAR_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["AUTOPAR_CACHE_DIR"] = tempfile.mkdtemp(prefix="autopar-test-cache-")

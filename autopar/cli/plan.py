@@ -37,6 +37,9 @@ def add_plan_parsers(sub: argparse._SubParsersAction, parents: list) -> None:
                                       "its report and why it beat the runner-ups.")
     add_model_cluster_train(plan)
     add_parallel(plan, "constraints (ParallelConfig fields the search must keep)")
+    plan.add_argument("--no-cache", action="store_true",
+                      help="trace the model again, neither reading nor writing the cache of "
+                           "traced graphs ($AUTOPAR_CACHE_DIR, default ~/.cache/autopar)")
     out = plan.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="F", help="write the plan as JSON")
     out.add_argument("--html", default=None, metavar="F", help="write the report as one self-contained HTML page (charts: memory per "
@@ -173,7 +176,8 @@ def _sweep(args: argparse.Namespace, spec, model, cluster, train, constraints, p
                 plan = optimize(model, sized, train, constraints, keep=1, progress=progress,
                                 name=spec.label, model_spec=spec,
                                 efficiency=efficiency_from_args(args),
-                                precisions=precisions if len(precisions) > 1 else ())
+                                precisions=precisions if len(precisions) > 1 else (),
+                                trace_cache=not args.no_cache)
         except AutoparError as err:
             rows.append((gpus, None, None, err.what))
             continue
@@ -258,7 +262,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         plan = optimize(model, cluster, train, constraints, keep=args.keep + 1,
                         progress=progress, name=spec.label, model_spec=spec,
                         efficiency=efficiency_from_args(args),
-                        precisions=precisions if len(precisions) > 1 else ())
+                        precisions=precisions if len(precisions) > 1 else (),
+                        trace_cache=not args.no_cache)
     checked = ""
     if args.check:
         plan, checked = _checked(plan, spec, args.workers, console)
