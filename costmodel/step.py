@@ -357,16 +357,22 @@ def _recomputed_flop(block: LayerCost, policy: Checkpoint) -> float:
 
 
 def _stage_time(
-    workload: Workload, part: StagePartition, stage: int, split: Split,
-    policies: tuple[Checkpoint, ...], config: ParallelConfig, g: MeshGroups,
-    cluster: ClusterSpec, eff: Efficiency,
+    workload: Workload, groups: list[tuple[LayerCost, Checkpoint, int]], split: Split,
+    config: ParallelConfig, g: MeshGroups, cluster: ClusterSpec, eff: Efficiency,
+    seen: dict[tuple[int, Checkpoint], tuple] | None = None,
 ) -> _StageTime:
+    """The seconds per micro-batch of a stage of ``groups`` (``_stage_groups``); ``seen`` keeps
+    each layer's times under a policy for the estimate's other stages (the same in every
+    stage of one estimate)."""
     compute = PhaseTimes()
     recompute = 0.0
     comm = {"comm_tp": 0.0, "comm_cp": 0.0, "comm_ep": 0.0, "comm_pp": 0.0}
-    for layer, policy, n in _stage_groups(workload, part, stage, policies):
-        t, rc, tp_s, cp_s, ep_s = _shared_layer_time(layer, policy, split, config, g,
-                                                     cluster, eff)
+    seen = {} if seen is None else seen
+    for layer, policy, n in groups:
+        key = (id(layer), policy)
+        if key not in seen:
+            seen[key] = _shared_layer_time(layer, policy, split, config, g, cluster, eff)
+        t, rc, tp_s, cp_s, ep_s = seen[key]
         compute = compute + PhaseTimes(n * t.forward, n * t.backward_act, n * t.backward_weight)
         recompute += n * rc
         comm["comm_tp"] += n * tp_s
@@ -582,29 +588,49 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     split = split_of(config, train, workload.seq_len)
     sb = state_bytes_per_param(train.precision, train.optimizer)
 
-    times = [_stage_time(workload, part, s, split, policies, config, g, cluster, eff)
-             for s in range(config.pp)]
+    # Stages of the same blocks under the same policies (the same signature: its groups, and
+    # whether it is the last, which holds the tied weights) cost the same, and a layer's times
+    # and sizes under a policy are the same in every stage: each is priced once per estimate.
+    # Not with a profile, whose lookups each note the terms they priced.
+    shared = cluster.profile is None
+    groups = [_stage_groups(workload, part, s, policies) for s in range(config.pp)]
+    signatures = [(tuple((id(layer), p, n) for layer, p, n in gr), s == config.pp - 1)
+                  if shared else s for s, gr in enumerate(groups)]
+    seen: dict[tuple[int, Checkpoint], tuple] | None = {} if shared else None
+    by_signature: dict[object, _StageTime] = {}
+    for s in range(config.pp):
+        if signatures[s] not in by_signature:
+            by_signature[signatures[s]] = _stage_time(workload, groups[s], split, config, g,
+                                                      cluster, eff, seen)
+    times = [by_signature[sig] for sig in signatures]
     slow = max(range(config.pp), key=lambda s: times[s].total)
     v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
     _, bubble = pipeline_s(config.schedule, config.pp, m, v, [t.total for t in times])
 
     dp_exposed, optimizer_s, offload_s, offloaded = 0.0, 0.0, 0.0, 0.0
     stage_mem = []
+    sizes: dict[tuple[int, Checkpoint], tuple] = {}  # layer sizes shared by the stages
+    states: dict[object, tuple[float, float, float, float, float, float]] = {}
     for s in range(config.pp):
-        dense, expert = _stage_params(workload, part, s, config)
-        exposed = _dp_comm_s(dense, expert, sb.grads,
-                             _gathered_weight_bytes(workload, part, s, config, train, dense,
-                                                    sb.weights),
-                             config, m, times[s].backward, times[s].compute, g, cluster, eff)
-        opt, off = _optimizer_s(dense, expert, config, train, g, cluster, eff)
+        if signatures[s] not in states:
+            dense, expert = _stage_params(workload, part, s, config)
+            exposed = _dp_comm_s(dense, expert, sb.grads,
+                                 _gathered_weight_bytes(workload, part, s, config, train, dense,
+                                                        sb.weights),
+                                 config, m, times[s].backward, times[s].compute, g, cluster,
+                                 eff)
+            opt, off = _optimizer_s(dense, expert, config, train, g, cluster, eff)
+            held = 0.0
+            if config.offload:  # the states this GPU keeps in host memory instead
+                held = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
+                                         expert_dp=g.expert_dp.size, offload=False).optimizer
+            states[signatures[s]] = (dense, expert, exposed, opt, off, held)
+        dense, expert, exposed, opt, off, held = states[signatures[s]]
         dp_exposed, optimizer_s, offload_s = (max(dp_exposed, exposed), max(optimizer_s, opt),
                                               max(offload_s, off))
-        if config.offload:  # the states this GPU keeps in host memory instead
-            held = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
-                                     expert_dp=g.expert_dp.size, offload=False)
-            offloaded = max(offloaded, held.optimizer)
-        stage_mem.append(_stage_memory(workload, part, s, split, policies, config, m, v,
-                                       dense, expert, train, sb, g))
+        offloaded = max(offloaded, held)
+        stage_mem.append(_stage_memory(workload, part, s, groups[s], split, config, m, v,
+                                       dense, expert, train, sb, g, sizes))
 
     comm = {k: m * val for k, val in times[slow].comm.items()}
     comm["comm_dp"] = dp_exposed
@@ -646,11 +672,14 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
 
 
 def _stage_memory(
-    workload: Workload, part: StagePartition, stage: int, split: Split,
-    policies: tuple[Checkpoint, ...], config: ParallelConfig, m: int, v: int,
-    dense: float, expert: float, train: TrainSpec, sb: StateBytes, g: MeshGroups,
+    workload: Workload, part: StagePartition, stage: int,
+    groups: list[tuple[LayerCost, Checkpoint, int]], split: Split, config: ParallelConfig,
+    m: int, v: int, dense: float, expert: float, train: TrainSpec, sb: StateBytes,
+    g: MeshGroups, seen: dict[tuple[int, Checkpoint], tuple] | None = None,
 ) -> StageMemory:
-    groups = _stage_groups(workload, part, stage, policies)
+    """The memory of stage ``stage`` of ``groups`` (``_stage_groups``); ``seen`` keeps each
+    layer's sizes under a policy for the estimate's other stages."""
+    seen = {} if seen is None else seen
     kept = 0.0
     working = 0.0
     block_grad_bytes = sum(_layer_params(workload.block, config)) * \
@@ -658,7 +687,10 @@ def _stage_memory(
     walked: tuple[float, float] | None = None  # (activations, gradients) of a block's backward
     loss_kept = 0.0  # of ``kept``: what the loss layer (final norm, head, loss) keeps
     for layer, policy, n in groups:
-        saved, layer_working, peak = _layer_bytes(layer, split, policy, block_grad_bytes)
+        key = (id(layer), policy)
+        if key not in seen:
+            seen[key] = _layer_bytes(layer, split, policy, block_grad_bytes)
+        saved, layer_working, peak = seen[key]
         kept += n * saved
         if layer is workload.post:
             loss_kept = n * saved
