@@ -51,6 +51,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from autopar.core.stages import ENDS_AS_CHUNKS
@@ -535,8 +536,14 @@ def check(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> None:
 
 
 # ----- a solved plan's layers (the styles and splits: ``autopar.core.layout``) -----
+@lru_cache(maxsize=4096)
+def _pattern(pattern: str) -> re.Pattern[str]:
+    """A module-strategy pattern (``layers.*.attn.qkv``: ``*`` a block index) as a regex."""
+    return re.compile(re.escape(pattern).replace(r"\*", r"\d+"))
+
+
 def _matches(pattern: str, name: str) -> bool:
-    return re.fullmatch(re.escape(pattern).replace(r"\*", r"\d+"), name) is not None
+    return _pattern(pattern).fullmatch(name) is not None
 
 
 def _parent(name: str) -> str:

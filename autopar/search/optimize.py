@@ -123,14 +123,14 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
         groups = mesh_groups(config, cluster)
         # compute plus the tensor-parallel collectives every policy pays at least once
         per = []
+        plain = (config.with_(fusions=tuple(f for f in config.fusions if f != EP_A2A_OVERLAP))
+                 if EP_A2A_OVERLAP in config.fusions else config)
         for layer in (work.pre, work.block, work.post):
             # the busiest rank's load, as the estimate prices it (``step._layer_time``)
             scale = (eff.moe_load_imbalance if config.ep > 1 and layer.ep_dropless else 1.0)
             t = layer_compute_s(layer, split, cluster, eff, scale)
             gemm = (tp_gemm_s(layer, split, Checkpoint.NONE, cluster, eff) if overlap
                     else None)
-            plain = config.with_(fusions=tuple(f for f in config.fusions
-                                               if f != EP_A2A_OVERLAP))
             a2a = ep_comm_s(layer, split, Checkpoint.NONE, plain, groups, cluster, eff, 0.0)
             if EP_A2A_OVERLAP in config.fusions:
                 a2a *= 1.0 - eff.ep_overlap
