@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from .specs import Checkpoint, ParallelConfig
+from .specs import Checkpoint, ParallelConfig, Schedule
 
 
 def block_ranges(blocks: Sequence[int]) -> str:
@@ -116,8 +116,10 @@ class Estimate:
         parts += [f"etp{c.etp}"] if c.etp > 1 else []
         parts += [f"zero{c.zero}", f"mb{c.micro_batch}x{self.num_microbatches}"]
         if c.pp > 1 or c.virtual_stages > 1:
-            parts.append(str(c.schedule) + (f"(v{c.virtual_stages})" if c.virtual_stages > 1
-                                            else ""))
+            # interleaved shows its chunks even at one (v1: 1F1B's order, see the report)
+            parts.append(str(c.schedule) + (f"(v{c.virtual_stages})"
+                                            if c.virtual_stages > 1
+                                            or c.schedule is Schedule.INTERLEAVED else ""))
         parts += ["sp"] if c.sequence_parallel else []
         parts.append(f"ckpt:{ckpt}")
         parts += ["offload"] if c.offload else []

@@ -16,6 +16,7 @@ from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, checkpoint_text
 from autopar.core.layout import Style
 from autopar.core.plan import Plan
+from autopar.core.specs import Schedule
 from autopar.report.execution import execution_lines
 
 GIB = 2**30
@@ -91,8 +92,15 @@ def head_table(est: Estimate, cluster: ClusterSpec | None) -> Table:
         " (over tp)" if c.experts_fold_tp and c.ep > 1 else "")
     head.add_row("parallel", f"dp {c.dp}  tp {c.tp}  pp {c.pp}  cp {c.cp}  {experts}  "
                              f"zero {c.zero}  sp {'on' if c.sequence_parallel else 'off'}")
+    # what the interleaved schedule is with one chunk (costmodel/pipeline.py): 1F1B's bubble,
+    # torch's interleaved warm-up (more micro-batches in flight than 1F1B's)
+    one_chunk = (" (one model chunk per rank: 1F1B's bubble, but torch's interleaved "
+                 "warm-up keeps 2(pp-1-r)+1 micro-batches in flight on rank r where 1F1B keeps "
+                 "pp-r; --schedule 1f1b holds less)"
+                 if c.schedule is Schedule.INTERLEAVED and c.virtual_stages == 1 and c.pp > 1
+                 else "")
     head.add_row("pipeline", f"{c.schedule}  v={c.virtual_stages}  micro-batch {c.micro_batch} x "
-                             f"{est.num_microbatches}")
+                             f"{est.num_microbatches}{one_chunk}")
     head.add_row("checkpoint", f"{checkpoint_text(c.checkpoint)}   "
                                f"offload {'on' if c.offload else 'off'}")
     head.add_row("step time", _seconds(est.step_time_s))

@@ -116,3 +116,16 @@ def test_the_report_says_which_model_states_it_prices(precision: str, total: int
     train = autopar.TrainSpec(global_batch=8, seq_len=128, precision=precision)
     rows = dict(execution_lines(autopar.ParallelConfig(dp=8), train, 4))
     assert f"= {total} B per parameter" in rows["model states"]
+
+
+def test_an_interleaved_plan_of_one_chunk_says_what_it_runs():
+    """Interleaved with one chunk per rank is no 1F1B: the summary shows the chunk count, and
+    the report says what differs (the warm-up's micro-batches in flight)."""
+    one = _plan("tiny-llama", dp=1, pp=2, micro_batch=1, schedule="interleaved",
+                virtual_stages=1)
+    assert "interleaved(v1)" in one.summary()
+    text = " ".join(one.report(width=400).split())
+    assert "one model chunk per rank" in text and "1F1B keeps pp-r" in text
+    two = _plan("tiny-llama", dp=1, pp=2, micro_batch=1, schedule="interleaved",
+                virtual_stages=2)
+    assert "interleaved(v2)" in two.summary() and "one model chunk" not in two.report()
