@@ -44,7 +44,7 @@ from autopar.models.family import (
     registered,
     unregister,
 )
-from autopar.models.init import initialise_
+from autopar.models.init import building_on, initialise_
 from autopar.models.parts import ModelParts
 from autopar.models.presets import Preset
 
@@ -192,7 +192,7 @@ def from_config(
         raise AutoparError(f"dtype must be a floating torch.dtype, got {dtype!r}", where="dtype",
                            fix="pass e.g. torch.float32 or torch.bfloat16")
     model_cls = family_named(config.family).model_class
-    with torch.device(device):
+    with building_on(device):
         model = model_cls(config)
     model = model.to(dtype=dtype)
     if device.type != "meta":

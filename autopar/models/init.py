@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from autopar.core.errors import AutoparError
 
@@ -150,6 +151,41 @@ def keeping_parameters() -> Iterator[None]:
         yield
     finally:
         torch.__future__.set_swap_module_params_on_conversion(before)
+
+
+_DRAWS = frozenset({
+    torch.Tensor.normal_, torch.Tensor.uniform_, torch.nn.init.normal_,
+    torch.nn.init.uniform_, torch.nn.init.trunc_normal_})
+"""Random fills a constructor's ``reset_parameters`` or ``_init_weights`` makes; on meta
+``Tensor.normal_`` runs torch's Python reference, whose first call imports torch._dynamo
+(0.7 s of the planner's command line on the CI machine)."""
+
+
+class _NoMetaDraws(TorchFunctionMode):
+    """Skips ``_DRAWS`` on meta tensors, which hold no values to draw: the tensor is returned
+    as the fill would return it, shape, dtype and device unchanged."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _DRAWS:
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def building_on(device: torch.device | str) -> Iterator[None]:
+    """Build a model on ``device`` (a ``torch.device`` context); on meta the constructors'
+    random fills are skipped (``_NoMetaDraws``), which changes nothing but the time: a
+    meta tensor has a shape and no values."""
+    device = torch.device(device)
+    if device.type != "meta":
+        with device:
+            yield
+        return
+    with _NoMetaDraws(), device:
+        yield
 
 
 def tied_groups(model: nn.Module) -> list[list[str]]:

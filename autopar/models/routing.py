@@ -15,11 +15,11 @@ it, so each module calling them in a traced forward wraps them again by name.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.fx
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
@@ -139,7 +139,9 @@ def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
 def local_weight(w: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
     """A parameter's local tensor (expert parallelism makes the stacked weights DTensors),
     its gradient scaled by ``grad_scale``."""
-    return scale_grad(w.to_local() if isinstance(w, DTensor) else w, grad_scale)
+    dtensor = sys.modules.get("torch.distributed.tensor")  # never imported: no DTensor here
+    local = dtensor is not None and isinstance(w, dtensor.DTensor)
+    return scale_grad(w.to_local() if local else w, grad_scale)
 
 
 

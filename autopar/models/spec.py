@@ -299,7 +299,6 @@ _LOADED: dict[str, Any] = {}
 
 
 def _call_factory(factory: str, device: Any):
-    import torch
     from torch import nn
 
     source, _, attr = factory.rpartition(":")
@@ -337,8 +336,10 @@ def _call_factory(factory: str, device: Any):
     if fn is None or not callable(fn):
         raise AutoparError(f"{source} has no callable {attr!r}", where=where,
                            fix="name a function that returns the nn.Module")
+    from autopar.models.init import building_on
+
     try:
-        with torch.device(device):
+        with building_on(device):  # on meta without the constructors' random fills
             model = fn()
     except Exception as err:  # noqa: BLE001 - the user's factory, reported in one line
         raise _raised(err, f"{attr}()", where) from err
@@ -379,11 +380,13 @@ def _canonical_config(spec: Mapping[str, Any]) -> tuple[str, dict] | None:
 def _build_transformers(spec: Mapping[str, Any], device: Any, seed: int):
     import torch
 
+    from autopar.models.init import building_on
+
     name = spec["architecture"]
     cls, config_class = _transformers_classes(name, spec["config"])
     try:
         config = config_class.from_dict(dict(spec["config"]))
-        with torch.device("meta"):
+        with building_on("meta"):
             model = cls(config)
     except Exception as err:  # noqa: BLE001 - transformers' own checks raise many kinds
         raise AutoparError(f"cannot build {name} from its config: {type(err).__name__}: "

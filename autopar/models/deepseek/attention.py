@@ -33,12 +33,12 @@ rank's heads through ``heads_share``: its gradient, each rank's heads' part, is 
 from __future__ import annotations
 
 import math
+import sys
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial
 
 from autopar.models.llama.model import apply_rope
 
@@ -50,9 +50,11 @@ def heads_share(t: torch.Tensor) -> torch.Tensor:
     """``t``, a tensor every head reads (MLA's shared rope key), as the rank's local tensor:
     a replicated DTensor of the tensor-parallel region becomes its local copy whose gradient
     -- the rank's heads' part -- is a partial sum over the tp ranks; a plain tensor is
-    returned as is."""
-    if isinstance(t, DTensor):
-        return t.to_local(grad_placements=[Partial()] * t.device_mesh.ndim)
+    returned as is. (DTensor's module is looked up, not imported: a process that never
+    imported it holds no DTensor, and the planner's command line spares its import.)"""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(t, dtensor.DTensor):
+        return t.to_local(grad_placements=[dtensor.Partial()] * t.device_mesh.ndim)
     return t
 
 
