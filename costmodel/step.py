@@ -552,6 +552,23 @@ def _optimizer_s(dense: float, expert: float, config: ParallelConfig, train: Tra
     return shard * traffic / (cluster.gpu.hbm_bytes_per_s * eff.memory) + scaling, 0.0
 
 
+def optimizer_terms_s(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
+                      config: ParallelConfig, efficiency: Efficiency = DEFAULT_EFFICIENCY,
+                      partition: StagePartition | None = None) -> float:
+    """The step's ``optimizer`` and ``offload`` seconds, as ``estimate_step`` prices them
+    (each the largest over the stages), which no checkpointing changes: with offload the CPU's
+    Adam and the transfers over the host link, which the search adds to a candidate's lower
+    bound before it prices an offloaded twin (``search.optimize``)."""
+    part = partition or even_partition(workload.num_blocks, config.pp, config.virtual_stages)
+    g = mesh_groups(config, cluster)
+    optimizer = offload = 0.0
+    for s in range(config.pp):
+        dense, expert = _stage_params(workload, part, s, config)
+        opt, off = _optimizer_s(dense, expert, config, train, g, cluster, efficiency)
+        optimizer, offload = max(optimizer, opt), max(offload, off)
+    return optimizer + offload
+
+
 def estimate_step(
     workload: Workload,
     cluster: ClusterSpec,

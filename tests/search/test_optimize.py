@@ -112,3 +112,22 @@ def test_a_moe_model_just_short_of_memory_recomputes_its_moe_layers():
     assert fit is not None and "moe" in fit.config.checkpoint_of(work.num_blocks)
     assert without is None or fit.step_time_s < without.step_time_s
     assert Checkpoint.MOE not in partial_policies(ModelFacts(num_blocks=2))
+
+
+def test_the_offloaded_twins_bound_skips_only_what_cannot_place(monkeypatch) -> None:
+    """A candidate that fits only with offload is priced again offloaded unless its bound
+    plus the CPU optimizer step and host transfers (``step.optimizer_terms_s``) already
+    exceed the kept plans: skipping those changes no kept plan (the same plans, in the same
+    order, as a search that prices every twin)."""
+    import autopar.search.optimize as optimize
+
+    train = autopar.TrainSpec(global_batch=64, seq_len=2048)
+    cluster = autopar.ClusterSpec.preset("dgx-a100-40g", nodes=1)
+    work, shape = _strategies("gpt-7.5b", cluster, train, heads=32)
+    skipping = search(work, shape, cluster, train)
+    assert skipping.stats.pruned.get("bound with offload", 0) > 0
+    monkeypatch.setattr(optimize, "optimizer_terms_s", lambda *a, **k: 0.0)
+    pricing_all = search(work, shape, cluster, train)
+    assert "bound with offload" not in pricing_all.stats.pruned
+    assert [e.config for e in skipping.best] == [e.config for e in pricing_all.best]
+    assert [e.step_time_s for e in skipping.best] == [e.step_time_s for e in pricing_all.best]

@@ -195,3 +195,21 @@ def test_offloaded_optimizer_states_must_fit_in_the_nodes_host_memory():
     assert not est.fits  # 405b: host memory short, whatever its HBM peak
     plain = autopar.estimate(model, cluster, train, config.with_(offload=False))
     assert plain.host_memory_bytes == 0
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_the_optimizer_terms_are_the_estimate_s(gpt, offload) -> None:
+    """``step.optimizer_terms_s`` (what the search adds to an offloaded twin's bound) is the
+    estimate's ``optimizer`` plus ``offload`` seconds, whatever the checkpointing."""
+    from autopar.costmodel.step import optimizer_terms_s
+
+    graph, train = gpt
+    cluster = ClusterSpec.preset("dgx-a100-80g", nodes=4)
+    for checkpoint in ("none", "full"):
+        config = ParallelConfig(dp=16, pp=2, zero=1, micro_batch=2, offload=offload,
+                                checkpoint=checkpoint)
+        est = autopar.estimate(graph, cluster, train, config)
+        terms = est.time_breakdown["optimizer"] + est.time_breakdown["offload"]
+        work = workload_of(graph, train)  # tp 1: the estimate's own workload
+        assert optimizer_terms_s(work, cluster, train, config) == pytest.approx(terms)
+        assert (terms > est.time_breakdown["optimizer"]) is offload
