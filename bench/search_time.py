@@ -177,8 +177,11 @@ def cli_run(case: Case, cache: Path) -> tuple[float, float, str]:
     user = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - before
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr}")
-    first = done.stdout.splitlines()[0] if done.stdout else ""
-    return user, wall, first.split(": ", 1)[-1]
+    # the title, "M on C (N x G GPUs): SUMMARY", puts the summary on a line of its own when
+    # the two do not fit on one
+    lines = [line.strip() for line in done.stdout.splitlines()] or [""]
+    title, _, summary = lines[0].partition("): ")
+    return user, wall, summary or (lines[1] if len(lines) > 1 else title)
 
 
 CLI_HEADER = ["model", "GPUs", "plan", "cold user s", "cold wall s", "cached user s",

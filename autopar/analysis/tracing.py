@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 from torch import nn
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.fx.node import _get_qualified_name
 from torch.utils import _pytree as pytree
 
@@ -443,8 +442,13 @@ def _build_nodes(model: nn.Module, traced: _Traced) -> list[NodeInfo]:
             continue
         try:
             info = _node_info(node, gm, canon, param_nbytes, const, inputs_ph)
-        except GuardOnDataDependentSymNode:
-            raise _data_dependent(node) from None
+        except Exception as err:
+            # sympy's module, imported where a trace runs, not when a cached graph is read
+            from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+            if isinstance(err, GuardOnDataDependentSymNode):
+                raise _data_dependent(node) from None
+            raise
         if info is not None:
             nodes.append(info)
     return nodes

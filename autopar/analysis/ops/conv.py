@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torch.utils.flop_counter import conv_flop_count
-
 from autopar.core.roofline import OpKind
 from autopar.analysis.graph import TensorMeta
 from autopar.analysis.ops.registry import OpFamily, register, saves_inputs
@@ -40,6 +38,8 @@ def conv_flop(op: str, raw: str, ins: Sequence[TensorMeta], outs: Sequence[Tenso
     """torch's count for the input ``ins[0]`` and weight ``ins[1]``. A transposed convolution
     is named so (``_TRANSPOSED``) or, as ATen's ``convolution``, has its ``transposed`` flag,
     the one bool among its scalar arguments, set."""
+    from torch.utils.flop_counter import conv_flop_count  # at the first convolution only
+
     if len(ins) < 2 or not outs:
         return 0.0
     transposed = raw in _TRANSPOSED or any(s is True for s in scalars)

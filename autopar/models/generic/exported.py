@@ -45,10 +45,8 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch import nn
-from torch.export import Dim
 from torch.fx import GraphModule, Node
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._sympy.numbers import int_oo
 
 from autopar.models.generic.module_graph import failure, training
 
@@ -116,6 +114,8 @@ def export_chain(template: nn.Module, leaves: tuple[str, ...], token: str,
     """``template``'s forward (a meta model: ``meta_copy``) exported for ``forward(token=...,
     **fixed)`` and collapsed (the module docstring); ``sizes``: (batch, seq) to trace at with
     both fixed, else both dynamic. ``ExportFailed`` with the reason where it cannot be."""
+    from torch.export import Dim  # imported where a forward is exported (0.2 s of start-up)
+
     batch, seq = sizes or (_TRACE_BATCH, min(_TRACE_SEQ, max_seq or _TRACE_SEQ))
     tokens = torch.zeros(batch, seq, dtype=torch.long, device=META)
     kwargs = {token: tokens, **_named(template, fixed)}
@@ -163,6 +163,8 @@ def _named(template: nn.Module, fixed: dict[str, object]) -> dict[str, object]:
 
 def _specialization(program: torch.export.ExportedProgram, token: str,
                     dtype: torch.dtype) -> Specialization:
+    from torch.utils._sympy.numbers import int_oo  # sympy: imported only once exported
+
     holder = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == token)
     ranges = []
     for size in holder.meta["val"].shape:
