@@ -70,6 +70,15 @@ GRID = [
          dict(dp=2, tp=8, pp=4, zero=1, micro_batch=1, sequence_parallel=True,
               schedule="interleaved", virtual_stages=2, checkpoint="full"), layers=16,
          quick=True),
+    # one chunk per rank under the interleaved schedule (torch's warm-up: 2(pp-1-r)+1 in
+    # flight), against its 1F1B twin (pp-r): issue 32's llama3-405b plan missed its first
+    # stage by -13.4 % this way (bench/results/memory_grid.md, 2026-11-28)
+    Case("405b-pp4-cp2-interleaved-v1", "llama3-405b", "hgx-h100-80g", 8, 32, 8192,
+         dict(dp=1, tp=8, pp=4, cp=2, zero=1, micro_batch=1, sequence_parallel=True,
+              schedule="interleaved", virtual_stages=1, checkpoint="selective"), layers=8),
+    Case("405b-pp4-cp2-1f1b", "llama3-405b", "hgx-h100-80g", 8, 32, 8192,
+         dict(dp=1, tp=8, pp=4, cp=2, zero=1, micro_batch=1, sequence_parallel=True,
+              schedule="1f1b", checkpoint="selective"), layers=8),
     # two chunks more than blocks: the embedding alone first, the loss alone last
     Case("70b-pp2-ends-as-chunks", "llama3-70b", "hgx-h100-80g", 2, 16, 4096,
          dict(dp=1, tp=8, pp=2, zero=0, micro_batch=1, sequence_parallel=True,
