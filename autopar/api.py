@@ -109,6 +109,7 @@ def estimate(
     *,
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
     split_weights: bool = False,
+    trace_cache: bool = False,
 ) -> Estimate:
     """Predicted step time and memory of ``model`` on ``cluster`` under ``config``: the estimate
     of the plan ``optimize`` returns when every ``ParallelConfig`` field is fixed to
@@ -120,11 +121,11 @@ def estimate(
 
     A ``Workload`` (``workload_of``) is priced as given, which holds for tp = 1 only: it records
     no strategies, so nothing in it divides by tp. With ``config.tp > 1`` it is refused; pass
-    the model or its ``GraphIR`` instead."""
+    the model or its ``GraphIR`` instead. ``trace_cache``: as ``optimize``'s."""
     config = as_config(config)
     if not isinstance(model, Workload):
         return plan_for(model, cluster, train, config, efficiency=efficiency,
-                        split_weights=split_weights).estimate
+                        split_weights=split_weights, trace_cache=trace_cache).estimate
     cluster = as_cluster(cluster)
     check_world(config, cluster)
     check(_before_trace(model, train), config, train)
@@ -224,17 +225,19 @@ def plan_for(
     name: str | None = None,
     split_weights: bool = True,
     model_spec: ModelSpec | None = None,
+    trace_cache: bool = False,
 ) -> Plan:
     """The ``Plan`` of one given configuration, with no search: its per-op strategies solved
     (by default every weight GEMM split, since a tp degree was asked for) and its step priced.
     What ``autopar verify`` and ``export`` run when a plan is given as flags. Refuses a
-    configuration that could not run for this model (``autopar.analysis.admissibility``)."""
+    configuration that could not run for this model (``autopar.analysis.admissibility``).
+    ``trace_cache``: as ``optimize``'s."""
     cluster = as_cluster(cluster)
     config = as_config(config)
     check_world(config, cluster)
     facts = _before_trace(model, train)
     check(facts, config, train)
-    graph = model if isinstance(model, GraphIR) else trace(model, train)
+    graph = traced(model, train, cache=trace_cache)
     name = name or graph.model_name or type(model).__name__
     return plan_config(graph, facts, name, cluster, train, config, efficiency=efficiency,
                        split_weights=split_weights, spec=model_spec or ModelSpec.of(model))

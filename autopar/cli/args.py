@@ -281,3 +281,11 @@ def nonnegative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative")
     return value
+
+
+def add_trace_cache(parser: argparse.ArgumentParser) -> None:
+    """``--no-cache``: trace the model again instead of reading the cache of traced graphs
+    (``analysis/trace_cache.py``), which the commands that trace a model read and fill."""
+    parser.add_argument("--no-cache", action="store_true",
+                        help="trace the model again, neither reading nor writing the cache of "
+                             "traced graphs ($AUTOPAR_CACHE_DIR, default ~/.cache/autopar)")

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
-from autopar.cli.args import (add_model_cluster_train, add_parallel, cluster_from_args,
+from autopar.cli.args import (add_model_cluster_train, add_parallel, add_trace_cache,
+                              cluster_from_args,
                               config_from_args, efficiency_from_args, expert_dp_note,
                               given_fields, model_from_args, nonnegative, progress_bar,
                               train_from_args, write_text)
@@ -32,14 +33,13 @@ def add_plan_parsers(sub: argparse._SubParsersAction, parents: list) -> None:
     add_model_cluster_train(est)
     add_parallel(est, "parallel configuration (ParallelConfig fields; dp defaults to the rest)")
     est.add_argument("--json", default=None, metavar="F", help="also write the estimate as JSON")
+    add_trace_cache(est)
     plan = sub.add_parser("plan", help="search for the fastest plan that fits", parents=[debug],
                           description="Search for the fastest parallel plan that fits; print "
                                       "its report and why it beat the runner-ups.")
     add_model_cluster_train(plan)
     add_parallel(plan, "constraints (ParallelConfig fields the search must keep)")
-    plan.add_argument("--no-cache", action="store_true",
-                      help="trace the model again, neither reading nor writing the cache of "
-                           "traced graphs ($AUTOPAR_CACHE_DIR, default ~/.cache/autopar)")
+    add_trace_cache(plan)
     out = plan.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="F", help="write the plan as JSON")
     out.add_argument("--html", default=None, metavar="F", help="write the report as one self-contained HTML page (charts: memory per "
@@ -111,7 +111,8 @@ def cmd_estimate(args: argparse.Namespace, console: Console) -> int:
     if note is not None:
         console.print(note)
     with console.status("tracing and costing..."):
-        est = estimate(model, cluster, train, config, efficiency=efficiency_from_args(args))
+        est = estimate(model, cluster, train, config, efficiency=efficiency_from_args(args),
+                       trace_cache=not args.no_cache)
     console.print(estimate_tables(est, cluster, title=f"{args.model} on {cluster.name}"))
     if args.json:
         write_text(args.json, json.dumps(est.to_dict(), indent=2, default=str), "--json")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autopar.cli.args import positive, read_plan, write_text
+from autopar.cli.args import add_trace_cache, positive, read_plan, write_text
 from autopar.core.errors import AutoparError
 from autopar.costmodel.cluster import CLUSTER_FILE_SUFFIXES, ClusterSpec
 
@@ -30,6 +30,7 @@ def add_replan_parser(sub: argparse._SubParsersAction, parents: list) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="export folder of the new plan (default: replan-<G>gpu beside the plan)")
     p.add_argument("--json", default=None, metavar="F", help="also write the new plan as JSON")
+    add_trace_cache(p)
     p.add_argument("--checkpoint-dir", default="checkpoints", metavar="D",
                    help="where the old run saved its checkpoints (for the resume command shown)")
 
@@ -54,7 +55,7 @@ def cmd_replan(args: argparse.Namespace, console: Console) -> int:
                                "leaves none", where="--lost-nodes", fix="lose fewer nodes")
         gpus = (plan.nodes - args.lost_nodes) * per
     with console.status(f"re-planning {plan.model} on {gpus} GPUs..."):
-        result = replan(plan, gpus, cluster)
+        result = replan(plan, gpus, cluster, trace_cache=not args.no_cache)
     new = result.plan
     out = Path(args.out) if args.out else Path(args.plan).resolve().parent / f"replan-{gpus}gpu"
     folder = new.export(out, new.model_spec)

@@ -104,3 +104,13 @@ def test_plan_uses_the_cache_unless_told_not_to(cache, capsys):
     first = capsys.readouterr().out
     assert main(args) == 0 and len(calls) == 2  # the third plan read the second's trace
     assert capsys.readouterr().out == first
+
+
+def test_estimate_reads_the_cache_the_plan_filled(cache, capsys):
+    folder, calls = cache
+    model = ["--model", "tiny-llama", "--cluster", "hgx-h100-80g", "--nodes", "1",
+             "--global-batch", "8", "--seq-len", "32"]
+    assert main(["estimate", *model, "--dp", "8", "--no-cache"]) == 0 and not folder.exists()
+    assert main(["plan", *model, "--no-explain"]) == 0 and len(calls) == 2
+    assert main(["estimate", *model, "--dp", "8"]) == 0 and len(calls) == 2  # read, not traced
+    assert len(list(folder.glob("*.pkl"))) == 1
