@@ -189,7 +189,7 @@ def _crashed(procs: list[Rank], folder: Path) -> dict[int, int]:
 def _exit_words(code: int) -> str:
     if code < 0:
         try:
-            return f"was killed by {signal.Signals(-code).name}"
+            return f"was killed by {signal.Signals(-code).name} (a crash in native code)"
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with status {code}"
@@ -202,7 +202,8 @@ def _raise_failure(folder: Path, nproc: int, errors: list[Path], timeout_s: floa
         # cause; its log holds the faulthandler's traceback
         rank, code = min(crashed.items())
         tail = (folder / f"rank{rank}.log").read_text().strip().splitlines()[-8:]
-        detail = f"rank{rank} {_exit_words(code)} without a Python error: " + " | ".join(tail)
+        detail = (f"rank{rank} {_exit_words(code)} and wrote no error file; its log ends: "
+                  + " | ".join(tail))
     elif errors:
         # the first rank to fail is the cause; the others mostly lost a peer
         first = min(errors, key=lambda e: e.stat().st_mtime)
