@@ -7,7 +7,9 @@ every time for the same model, batch and sequence length. ``traced`` stores it (
 ``cache_dir()``, named by a digest of everything the trace reads:
 
 * the model as built: every module's class and plain attributes (ints, strings, tuples, a
-  transformers ``config``), every parameter's and buffer's name, shape and dtype;
+  dataclass config as the zoo's, a transformers ``config``: a field such as a norm's epsilon
+  reaches the graph without changing a shape), every parameter's and buffer's name, shape and
+  dtype;
 * the source of every module class the model uses, outside torch (a factory file edited
   between two plans is a new model);
 * autopar's own source (the tracer and the op rules that count FLOPs and bytes) and torch's
@@ -97,7 +99,10 @@ def _module_state(module: nn.Module) -> list:
         plain = _plain(value)
         if plain is not None or value is None:
             attrs.append((name, plain))
-        elif name == "config" and hasattr(value, "to_dict"):  # a transformers config
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):  # a zoo config
+            attrs.append((name, json.dumps(dataclasses.asdict(value), sort_keys=True,
+                                           default=str)))
+        elif hasattr(value, "to_dict") and hasattr(value, "model_type"):  # transformers'
             attrs.append((name, json.dumps(value.to_dict(), sort_keys=True, default=str)))
     cls = type(module)
     return [f"{cls.__module__}.{cls.__qualname__}", attrs]

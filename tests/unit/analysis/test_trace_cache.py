@@ -5,6 +5,7 @@ entry is traced again, and ``cache=False`` / ``--no-cache`` touch nothing."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import autopar
 from autopar import TrainSpec
@@ -52,10 +53,35 @@ def test_what_the_trace_reads_makes_a_new_entry(cache):
     assert cache_key(base, 2, 32) != key and cache_key(base, 1, 64) != key
     deeper = autopar.models.build("tiny-llama", device="meta", num_layers=3)
     assert cache_key(deeper, 1, 32) != key
+    # a config field that changes no shape (the norms' epsilon, an op's scalar argument)
+    eps = autopar.models.build("tiny-llama", device="meta", norm_eps=1e-3)
+    assert [p.shape for p in eps.parameters()] == [p.shape for p in base.parameters()]
+    assert cache_key(eps, 1, 32) != key
     flagged = autopar.models.build("tiny-llama", device="meta")
     next(m for m in flagged.modules() if m is not flagged).some_flag = True  # a forward may read it
     assert cache_key(flagged, 1, 32) != key
     assert cache_key(base.to("meta").train(False), 1, 32) == key  # the mode trace() sets anyway
+
+
+def test_a_config_object_s_fields_are_read():
+    """A module's config -- a dataclass, as the zoo's -- is read field by field: its forward
+    may branch on a field no shape shows."""
+    import dataclasses
+
+    from torch import nn
+
+    @dataclasses.dataclass
+    class Cfg:
+        causal: bool = True
+
+    def net(causal: bool) -> nn.Module:
+        with torch.device("meta"):
+            m = nn.Linear(4, 4)
+        m.cfg = Cfg(causal)
+        return m
+
+    assert cache_key(net(True), 1, 8) == cache_key(net(True), 1, 8)
+    assert cache_key(net(True), 1, 8) != cache_key(net(False), 1, 8)
 
 
 def test_an_edited_factory_file_is_a_new_entry(tmp_path):
