@@ -430,7 +430,8 @@ def reissues(policy: Checkpoint) -> bool:
 def op_times(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: Efficiency, *,
              expert_scale: float = 1.0, expert: bool | None = None) -> tuple[PhaseTimes, ...]:
     """``estimate_op_s`` of each of ``layer``'s ops, in order: what ``layer_times`` sums, for
-    the whole layer and for the ops each policy reruns alike (they are priced once). With
+    the whole layer and for the ops each policy reruns alike (they are priced once: the cost
+    model's memo, ``step.layer_compute_s``). With
     ``expert`` only the expert ops (True) or only the others (False): the others depend
     neither on ``expert_scale`` nor on the split's ep and etp (``grouped_gemms`` alone reads
     them), so one pricing of them serves every expert layout."""
@@ -446,12 +447,12 @@ def merged_times(layer: LayerCost, dense: Sequence[PhaseTimes], experts: Sequenc
     return tuple(next(e) if op.expert else next(d) for op in layer.ops)
 
 
-def layer_times(layer: LayerCost, times: Sequence[PhaseTimes],
+def layer_times(ops: Sequence[OpCost], times: Sequence[PhaseTimes],
                 recomputed_by: Checkpoint | None = None) -> PhaseTimes:
-    """The sum of ``times`` (``op_times`` of ``layer``) over every op, or over the ops the
+    """The sum of ``times`` (each of ``ops``'s) over every op, or over the ops the
     ``recomputed_by`` policy reruns in the backward (``reruns``), added in the ops' order."""
     forward = backward_act = backward_weight = 0.0
-    for op, t in zip(layer.ops, times):
+    for op, t in zip(ops, times):
         if recomputed_by is not None and not reruns(op, recomputed_by):
             continue
         forward += t.forward
@@ -471,6 +472,7 @@ def estimate_layer_s(
 ) -> PhaseTimes:
     """Compute seconds of a layer (or of the ops the ``recomputed_by`` policy reruns in the
     backward, ``reruns``) for one micro-batch on one GPU."""
-    if recomputed_by is not None:  # only the rerun ops are priced (a profile notes each)
-        layer = replace(layer, ops=tuple(o for o in layer.ops if reruns(o, recomputed_by)))
-    return layer_times(layer, op_times(layer, split, cluster, eff, expert_scale=expert_scale))
+    # only the ops summed are priced (a profile notes each lookup)
+    ops = [o for o in layer.ops if recomputed_by is None or reruns(o, recomputed_by)]
+    return layer_times(ops, [estimate_op_s(o, split, cluster, eff, expert_scale=expert_scale)
+                             for o in ops])

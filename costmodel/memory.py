@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 from .compute import Split
 from autopar.core.specs import Checkpoint, Optimizer, Precision
+from .memo import ByLayer
 from .workload import LayerCost, OpKind, SavedTensor, Shard
 
 
@@ -186,14 +187,9 @@ def _bytes(layer: LayerCost, split: Split, which: Callable[[SavedTensor], bool])
 def _sized(tensors: Iterable[SavedTensor], split: Split) -> float:
     """Bytes of ``tensors`` for one micro-batch on one GPU."""
     total = 0.0
-    scales: dict[tuple[Shard, bool], float] = {}  # a few kinds of shard: each scaled once
     for t in tensors:
         size = t.bytes_per_element if t.bytes_per_element is not None else split.act_bytes
-        kind = (t.shard, t.per_token)
-        scale = scales.get(kind)
-        if scale is None:
-            scale = scales[kind] = (split.scale(t.shard) if t.per_token
-                                    else 1.0 / split.divisor(t.shard))
+        scale = split.scale(t.shard) if t.per_token else 1.0 / split.divisor(t.shard)
         total += t.elements * size * scale
     return total
 
@@ -246,21 +242,15 @@ def backward_peak(layer: LayerCost, split: Split, policy: Checkpoint, weight_gra
     return best
 
 
-_REBUILT: dict[tuple[int, Checkpoint], tuple[LayerCost, tuple[tuple[SavedTensor, ...], ...]]] = {}
-"""``_rebuilt`` of the layers seen (the layer held with its entry, so its ``id`` stays its)."""
+_REBUILT = ByLayer(1024)
+"""``_rebuilt`` of the layers seen."""
 
 
 def _rebuilt(layer: LayerCost, policy: Checkpoint) -> tuple[tuple[SavedTensor, ...], ...]:
     """For each moment of ``layer``'s backward, the saved tensors it holds rebuilt by
     ``policy``'s recomputation (``_recomputed``): the same at every split, so found once."""
-    key = (id(layer), policy)
-    hit = _REBUILT.get(key)
-    if hit is None or hit[0] is not layer:
-        if len(_REBUILT) >= 1024:
-            _REBUILT.clear()
-        hit = _REBUILT[key] = (layer, tuple(tuple(t for t in m.saved if _recomputed(t, policy))
-                                            for m in layer.backward))
-    return hit[1]
+    return _REBUILT.get(layer, (policy,), lambda: tuple(
+        tuple(t for t in m.saved if _recomputed(t, policy)) for m in layer.backward))
 
 
 def _recomputed(t: SavedTensor, policy: Checkpoint) -> bool:

@@ -13,15 +13,15 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import TypeVar
 
 from .cluster import ClusterSpec
 from .collectives import Collective, Group, estimate_collective_s
 from .compute import (PhaseTimes, Split, estimate_layer_s, estimate_op_s, layer_times, measured,
                       merged_times, op_times, reissues, reruns)
 from .efficiency import DEFAULT_EFFICIENCY, Efficiency
+from .memo import ByLayer
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, StageMemory
 from .moe import ep_alltoalls, ep_comm_s
@@ -249,37 +249,12 @@ def _layer_time(
                       t.forward + t.backward + recompute))
 
 
-_T = TypeVar("_T")
-
-
-class _ByLayer:
-    """Values of a layer remembered across estimates, by the layer and what else they depend
-    on: the search prices the same layer under the same split for many candidates (other dp,
-    pp, ZeRO, schedules). The layer is held with its entry, so its ``id`` is not reused while
-    the entry lives; at ``kept`` entries the table starts again."""
-
-    def __init__(self, kept: int) -> None:
-        self.kept = kept
-        self.table: dict[tuple, tuple[LayerCost, object]] = {}
-
-    def get(self, layer: LayerCost, key: tuple, make: Callable[[], _T]) -> _T:
-        full = (id(layer), *key)
-        hit = self.table.get(full)
-        if hit is not None and hit[0] is layer:
-            return hit[1]  # type: ignore[return-value]
-        if len(self.table) >= self.kept:
-            self.table.clear()
-        value = make()
-        self.table[full] = (layer, value)
-        return value
-
-
 LAYER_TIMES_KEPT = 4096
-_LAYER_TIMES = _ByLayer(LAYER_TIMES_KEPT)
+_LAYER_TIMES = ByLayer(LAYER_TIMES_KEPT)
 """``_layer_time`` of the candidates priced so far."""
-_LAYER_SIZES = _ByLayer(LAYER_TIMES_KEPT)
+_LAYER_SIZES = ByLayer(LAYER_TIMES_KEPT)
 """A layer's memory terms (``_layer_bytes``) of the candidates priced so far."""
-_RECOMPUTED = _ByLayer(256)
+_RECOMPUTED = ByLayer(256)
 """A block's FLOPs recomputed per policy (``_recomputed_flop``)."""
 
 
@@ -309,9 +284,9 @@ def _layer_bytes(layer: LayerCost, split: Split, policy: Checkpoint, block_grad_
     return _LAYER_SIZES.get(layer, (policy, split, block_grad_bytes), make)
 
 
-_LAYER_COMPUTE = _ByLayer(LAYER_TIMES_KEPT)
+_LAYER_COMPUTE = ByLayer(LAYER_TIMES_KEPT)
 """``estimate_layer_s`` of the candidates priced so far (``layer_compute_s``)."""
-_OP_TIMES = _ByLayer(LAYER_TIMES_KEPT)
+_OP_TIMES = ByLayer(LAYER_TIMES_KEPT)
 """``compute.op_times`` of the candidates priced so far: one pricing of a layer's ops serves
 its whole time and what each policy reruns."""
 
@@ -327,7 +302,7 @@ def layer_compute_s(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: E
                                 expert_scale=expert_scale)
 
     def make() -> PhaseTimes:
-        return layer_times(layer, _op_times(layer, split, cluster, eff, expert_scale),
+        return layer_times(layer.ops, _op_times(layer, split, cluster, eff, expert_scale),
                            recomputed_by)
     return _LAYER_COMPUTE.get(layer, (split, cluster, eff, expert_scale, recomputed_by), make)
 
@@ -359,20 +334,14 @@ def _recomputed_flop(block: LayerCost, policy: Checkpoint) -> float:
 def _stage_time(
     workload: Workload, groups: list[tuple[LayerCost, Checkpoint, int]], split: Split,
     config: ParallelConfig, g: MeshGroups, cluster: ClusterSpec, eff: Efficiency,
-    seen: dict[tuple[int, Checkpoint], tuple] | None = None,
 ) -> _StageTime:
-    """The seconds per micro-batch of a stage of ``groups`` (``_stage_groups``); ``seen`` keeps
-    each layer's times under a policy for the estimate's other stages (the same in every
-    stage of one estimate)."""
+    """The seconds per micro-batch of a stage of ``groups`` (``_stage_groups``)."""
     compute = PhaseTimes()
     recompute = 0.0
     comm = {"comm_tp": 0.0, "comm_cp": 0.0, "comm_ep": 0.0, "comm_pp": 0.0}
-    seen = {} if seen is None else seen
     for layer, policy, n in groups:
-        key = (id(layer), policy)
-        if key not in seen:
-            seen[key] = _shared_layer_time(layer, policy, split, config, g, cluster, eff)
-        t, rc, tp_s, cp_s, ep_s = seen[key]
+        t, rc, tp_s, cp_s, ep_s = _shared_layer_time(layer, policy, split, config, g,
+                                                     cluster, eff)
         compute = compute + PhaseTimes(n * t.forward, n * t.backward_act, n * t.backward_weight)
         recompute += n * rc
         comm["comm_tp"] += n * tp_s
@@ -552,21 +521,29 @@ def _optimizer_s(dense: float, expert: float, config: ParallelConfig, train: Tra
     return shard * traffic / (cluster.gpu.hbm_bytes_per_s * eff.memory) + scaling, 0.0
 
 
+def _optimizer_terms(stage_params: Iterable[tuple[float, float]], config: ParallelConfig,
+                     train: TrainSpec, g: MeshGroups, cluster: ClusterSpec, eff: Efficiency
+                     ) -> tuple[float, float]:
+    """The step's (``optimizer``, ``offload``) seconds: each the largest of ``_optimizer_s``
+    over the stages' (dense, expert) parameters."""
+    optimizer = offload = 0.0
+    for dense, expert in stage_params:
+        opt, off = _optimizer_s(dense, expert, config, train, g, cluster, eff)
+        optimizer, offload = max(optimizer, opt), max(offload, off)
+    return optimizer, offload
+
+
 def optimizer_terms_s(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
                       config: ParallelConfig, efficiency: Efficiency = DEFAULT_EFFICIENCY,
                       partition: StagePartition | None = None) -> float:
     """The step's ``optimizer`` and ``offload`` seconds, as ``estimate_step`` prices them
-    (each the largest over the stages), which no checkpointing changes: with offload the CPU's
-    Adam and the transfers over the host link, which the search adds to a candidate's lower
-    bound before it prices an offloaded twin (``search.optimize``)."""
+    (``_optimizer_terms``), which no checkpointing changes: with offload the CPU's Adam and the
+    transfers over the host link, which the search adds to a candidate's lower bound before it
+    prices an offloaded twin (``search.optimize``)."""
     part = partition or even_partition(workload.num_blocks, config.pp, config.virtual_stages)
-    g = mesh_groups(config, cluster)
-    optimizer = offload = 0.0
-    for s in range(config.pp):
-        dense, expert = _stage_params(workload, part, s, config)
-        opt, off = _optimizer_s(dense, expert, config, train, g, cluster, efficiency)
-        optimizer, offload = max(optimizer, opt), max(offload, off)
-    return optimizer + offload
+    params = (_stage_params(workload, part, s, config) for s in range(config.pp))
+    return sum(_optimizer_terms(params, config, train, mesh_groups(config, cluster), cluster,
+                                efficiency))
 
 
 def estimate_step(
@@ -606,28 +583,25 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     sb = state_bytes_per_param(train.precision, train.optimizer)
 
     # Stages of the same blocks under the same policies (the same signature: its groups, and
-    # whether it is the last, which holds the tied weights) cost the same, and a layer's times
-    # and sizes under a policy are the same in every stage: each is priced once per estimate.
-    # Not with a profile, whose lookups each note the terms they priced.
-    shared = cluster.profile is None
+    # whether it is the last, which holds the tied weights) cost the same: each is priced once
+    # per estimate. Not with a profile, whose lookups each note the terms they priced.
     groups = [_stage_groups(workload, part, s, policies) for s in range(config.pp)]
     signatures = [(tuple((id(layer), p, n) for layer, p, n in gr), s == config.pp - 1)
-                  if shared else s for s, gr in enumerate(groups)]
-    seen: dict[tuple[int, Checkpoint], tuple] | None = {} if shared else None
+                  if cluster.profile is None else s for s, gr in enumerate(groups)]
     by_signature: dict[object, _StageTime] = {}
     for s in range(config.pp):
         if signatures[s] not in by_signature:
             by_signature[signatures[s]] = _stage_time(workload, groups[s], split, config, g,
-                                                      cluster, eff, seen)
+                                                      cluster, eff)
     times = [by_signature[sig] for sig in signatures]
     slow = max(range(config.pp), key=lambda s: times[s].total)
     v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
     _, bubble = pipeline_s(config.schedule, config.pp, m, v, [t.total for t in times])
 
-    dp_exposed, optimizer_s, offload_s, offloaded = 0.0, 0.0, 0.0, 0.0
+    # each signature's (dense, expert) parameters, exposed gradient reduction and the
+    # optimizer states offload keeps in host memory
+    states: dict[object, tuple[tuple[float, float], float, float]] = {}
     stage_mem = []
-    sizes: dict[tuple[int, Checkpoint], tuple] = {}  # layer sizes shared by the stages
-    states: dict[object, tuple[float, float, float, float, float, float]] = {}
     for s in range(config.pp):
         if signatures[s] not in states:
             dense, expert = _stage_params(workload, part, s, config)
@@ -636,18 +610,17 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
                                                         sb.weights),
                                  config, m, times[s].backward, times[s].compute, g, cluster,
                                  eff)
-            opt, off = _optimizer_s(dense, expert, config, train, g, cluster, eff)
-            held = 0.0
-            if config.offload:  # the states this GPU keeps in host memory instead
-                held = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
-                                         expert_dp=g.expert_dp.size, offload=False).optimizer
-            states[signatures[s]] = (dense, expert, exposed, opt, off, held)
-        dense, expert, exposed, opt, off, held = states[signatures[s]]
-        dp_exposed, optimizer_s, offload_s = (max(dp_exposed, exposed), max(optimizer_s, opt),
-                                              max(offload_s, off))
-        offloaded = max(offloaded, held)
+            held = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
+                                     expert_dp=g.expert_dp.size, offload=False).optimizer \
+                if config.offload else 0.0
+            states[signatures[s]] = ((dense, expert), exposed, held)
+        (dense, expert), _, _ = states[signatures[s]]
         stage_mem.append(_stage_memory(workload, part, s, groups[s], split, config, m, v,
-                                       dense, expert, train, sb, g, sizes))
+                                       dense, expert, train, sb, g))
+    dp_exposed = max(0.0, *(exposed for _, exposed, _ in states.values()))
+    offloaded = max(0.0, *(held for _, _, held in states.values()))
+    optimizer_s, offload_s = _optimizer_terms((p for p, _, _ in states.values()), config,
+                                              train, g, cluster, eff)
 
     comm = {k: m * val for k, val in times[slow].comm.items()}
     comm["comm_dp"] = dp_exposed
@@ -692,11 +665,9 @@ def _stage_memory(
     workload: Workload, part: StagePartition, stage: int,
     groups: list[tuple[LayerCost, Checkpoint, int]], split: Split, config: ParallelConfig,
     m: int, v: int, dense: float, expert: float, train: TrainSpec, sb: StateBytes,
-    g: MeshGroups, seen: dict[tuple[int, Checkpoint], tuple] | None = None,
+    g: MeshGroups,
 ) -> StageMemory:
-    """The memory of stage ``stage`` of ``groups`` (``_stage_groups``); ``seen`` keeps each
-    layer's sizes under a policy for the estimate's other stages."""
-    seen = {} if seen is None else seen
+    """The memory of stage ``stage`` of ``groups`` (``_stage_groups``)."""
     kept = 0.0
     working = 0.0
     block_grad_bytes = sum(_layer_params(workload.block, config)) * \
@@ -704,10 +675,7 @@ def _stage_memory(
     walked: tuple[float, float] | None = None  # (activations, gradients) of a block's backward
     loss_kept = 0.0  # of ``kept``: what the loss layer (final norm, head, loss) keeps
     for layer, policy, n in groups:
-        key = (id(layer), policy)
-        if key not in seen:
-            seen[key] = _layer_bytes(layer, split, policy, block_grad_bytes)
-        saved, layer_working, peak = seen[key]
+        saved, layer_working, peak = _layer_bytes(layer, split, policy, block_grad_bytes)
         kept += n * saved
         if layer is workload.post:
             loss_kept = n * saved

@@ -11,15 +11,19 @@ of 8 with tp 2 and etp 1 is 8 neighbouring ranks, one node of 8 GPUs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .cluster import ClusterSpec
 from .collectives import Group
 from autopar.core.mesh import MeshAxis, expert_strides, mesh_strides
 from autopar.core.specs import ParallelConfig
 
+
+@lru_cache(maxsize=4096)
 def placed_group(size: int, stride: int, gpus_per_node: int) -> Group:
     """A group of ``size`` ranks ``stride`` apart, placed on domains of ``gpus_per_node``
-    consecutive ranks: its ranks in one domain (``per_node``), a divisor of ``size``."""
+    consecutive ranks: its ranks in one domain (``per_node``), a divisor of ``size``
+    (remembered: the search places the same few groups for thousands of candidates)."""
     if stride >= gpus_per_node:
         per_node = 1
     else:
@@ -47,30 +51,13 @@ class MeshGroups:
     """Ranks splitting each expert (expert tensor parallelism)."""
 
 
-_GROUPS: dict[tuple, MeshGroups] = {}
-"""``mesh_groups`` of the configurations seen (the search asks for each candidate's several
-times: its bound, its pricing, its strategy solve)."""
-GROUPS_KEPT = 65536
-
-
 def mesh_groups(config: ParallelConfig, cluster: ClusterSpec) -> MeshGroups:
     """The groups of ``config`` on ``cluster``, placed by the mesh's strides
     (``autopar.core.mesh``): a group whose ranks fit inside an NVLink domain (a node, or a
     multi-node domain: ``ClusterSpec.domain_gpus``) talks over NVLink; a group's ``per_node``
     counts its ranks in one domain."""
-    # what the strides depend on (core.mesh: the sizes, dp's dimension, the experts' fold)
-    key = (config.tp, config.cp, config.dp, config.pp, config.zero == 0, config.ep,
-           config.etp, config.experts_fold_tp, cluster.domain_gpus)
-    groups = _GROUPS.get(key)
-    if groups is None:
-        if len(_GROUPS) >= GROUPS_KEPT:
-            _GROUPS.clear()
-        groups = _GROUPS[key] = _placed(config, cluster.domain_gpus)
-    return groups
-
-
-def _placed(config: ParallelConfig, gpn: int) -> MeshGroups:
     stride = mesh_strides(config)
+    gpn = cluster.domain_gpus
     tp = placed_group(config.tp, stride[MeshAxis.TP], gpn)
     cp = placed_group(config.cp, stride[MeshAxis.CP], gpn)
     dp = placed_group(config.dp, stride[MeshAxis.DP_SHARD], gpn)  # dp_shard inside dp_replicate

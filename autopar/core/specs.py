@@ -7,7 +7,6 @@ These are inputs of the cost model (calculon keeps application, execution and sy
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Sequence
@@ -435,14 +434,6 @@ class ParallelConfig:
         return cls(**d)
 
     def with_(self, **changes: object) -> ParallelConfig:
-        """This configuration with ``changes``, checked; a change of fields no check between
-        fields reads (``_ALONE``: the search's checkpoint and offload variants of a candidate)
-        checks those fields alone."""
-        if changes.keys() <= _ALONE:
-            new = copy.copy(self)
-            for name, value in changes.items():
-                object.__setattr__(new, name, check_field(name, value))
-            return new
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, object]:
@@ -455,10 +446,6 @@ class ParallelConfig:
                 value = value.value
             out[f.name] = value
         return out
-
-
-_ALONE = frozenset({"checkpoint", "offload"})
-"""``ParallelConfig`` fields that ``__post_init__`` checks on their own only."""
 
 
 def parse_checkpoint(value: str | Sequence[str]) -> Checkpoint | tuple[Checkpoint, ...]:
