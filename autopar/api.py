@@ -24,7 +24,6 @@ from autopar.core.plan import Plan
 from autopar.search.planner import ProgressFn, plan_config, plan_search
 from autopar.search.replan import Replan, batches, cluster_for
 from autopar.analysis.trace_cache import traced
-from autopar.analysis.tracing import trace
 from autopar.analysis.workload import build_workload
 
 
@@ -33,7 +32,7 @@ def workload_of(model: nn.Module | GraphIR, train: TrainSpec, fusions: tuple[str
     """Trace ``model`` (unless given a ``GraphIR``) and build the cost model's base tables
     (tp = 1: ``autopar.analysis.workload``); ``estimate`` prices another tp through the strategy
     solve."""
-    graph = model if isinstance(model, GraphIR) else trace(model, train)
+    graph = traced(model, train, cache=False)
     return build_workload(graph, activation_bytes_per_element(train.precision),
                           name=type(model).__name__ if not isinstance(model, GraphIR) else "",
                           fusions=fusions)

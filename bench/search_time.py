@@ -37,7 +37,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,15 +164,13 @@ CLI_TARGETS_S = (5.0, 2.0)
 
 
 def cli_run(case: Case, cache: Path) -> tuple[float, float, str]:
-    """(user CPU s, wall s, the plan's summary line) of one ``python -m autopar plan`` of
-    ``case`` with ``cache`` as its trace cache."""
-    import os
-    import resource
-    import subprocess
-
+    """(user CPU s, wall s, the plan's summary) of one ``python -m autopar plan`` of ``case``
+    with ``cache`` as its trace cache (the plan read back from its ``--json`` file there)."""
+    saved = cache / "plan.json"
     command = [sys.executable, "-m", "autopar", "plan", "--model", case.model, "--cluster",
                case.cluster, "--nodes", str(case.nodes), "--global-batch",
-               str(case.global_batch), "--seq-len", str(case.seq_len), "--no-explain"]
+               str(case.global_batch), "--seq-len", str(case.seq_len), "--no-explain",
+               "--json", str(saved)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True,
@@ -177,11 +179,7 @@ def cli_run(case: Case, cache: Path) -> tuple[float, float, str]:
     user = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - before
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr}")
-    # the title, "M on C (N x G GPUs): SUMMARY", puts the summary on a line of its own when
-    # the two do not fit on one
-    lines = [line.strip() for line in done.stdout.splitlines()] or [""]
-    title, _, summary = lines[0].partition("): ")
-    return user, wall, summary or (lines[1] if len(lines) > 1 else title)
+    return user, wall, Plan.from_dict(json.loads(saved.read_text())).summary()
 
 
 CLI_HEADER = ["model", "GPUs", "plan", "cold user s", "cold wall s", "cached user s",
@@ -191,8 +189,6 @@ CLI_HEADER = ["model", "GPUs", "plan", "cold user s", "cold wall s", "cached use
 def cli_rows(cases: list[Case]) -> list[list[str]]:
     """``CLI_HEADER`` rows: each case planned from the CLI with an empty trace cache, then
     again with the graph it stored."""
-    import tempfile
-
     rows = []
     for case in cases:
         with tempfile.TemporaryDirectory(prefix="autopar-bench-cache-") as cache:

@@ -168,11 +168,16 @@ def traced(model: nn.Module | GraphIR, train: TrainSpec | None = None, *, cache:
 
 
 def _store(path: Path, graph: GraphIR) -> None:
-    """Write ``graph`` to ``path`` atomically; a cache that cannot be written is skipped."""
+    """Write ``graph`` to ``path`` atomically. A graph that cannot be written -- a full or
+    read-only disk, an op argument of a user's model that does not pickle -- is not kept, and
+    the command goes on with the graph it traced."""
+    temp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
+            temp = Path(f.name)
             pickle.dump(graph, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(f.name, path)
-    except OSError:
-        pass
+        os.replace(temp, path)
+    except Exception:  # noqa: BLE001 - a cache, never a reason to fail the command
+        if temp is not None:
+            temp.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import sys
+from types import ModuleType
 
 import torch
 import torch.fx
@@ -136,12 +137,18 @@ def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x if scale == 1.0 else _ScaleGrad.apply(x, scale)
 
 
+def dtensor_module(t: object) -> ModuleType | None:
+    """``torch.distributed.tensor`` where ``t`` is one of its DTensors, else None. The module
+    is looked up, not imported: a process that never imported it holds no DTensor, and the
+    planner's command line, which builds models but runs none sharded, spares its import."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module if module is not None and isinstance(t, module.DTensor) else None
+
+
 def local_weight(w: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
     """A parameter's local tensor (expert parallelism makes the stacked weights DTensors),
     its gradient scaled by ``grad_scale``."""
-    dtensor = sys.modules.get("torch.distributed.tensor")  # never imported: no DTensor here
-    local = dtensor is not None and isinstance(w, dtensor.DTensor)
-    return scale_grad(w.to_local() if local else w, grad_scale)
+    return scale_grad(w.to_local() if dtensor_module(w) is not None else w, grad_scale)
 
 
 

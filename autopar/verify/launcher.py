@@ -186,9 +186,14 @@ def _crashed(procs: list[Rank], folder: Path) -> dict[int, int]:
             if p.poll() not in (None, 0) and not (folder / f"rank{r}.error").exists()}
 
 
+KILLED_BY_SIGNAL = "was killed by SIG"
+"""How a failure names a rank a signal ended (``SIGABRT``, ``SIGSEGV``: a crash in native
+code); ``tests/dist/conftest.py`` reruns a test once on it."""
+
+
 def _exit_words(code: int) -> str:
     if code < 0:
-        try:
+        try:  # KILLED_BY_SIGNAL's words, with the signal's name
             return f"was killed by {signal.Signals(-code).name} (a crash in native code)"
         except ValueError:
             return f"was killed by signal {-code}"

@@ -33,7 +33,6 @@ rank's heads through ``heads_share``: its gradient, each rank's heads' part, is 
 from __future__ import annotations
 
 import math
-import sys
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autopar.models.llama.model import apply_rope
+from autopar.models.routing import dtensor_module
 
 if TYPE_CHECKING:
     from autopar.models.deepseek.model import DeepSeekConfig
@@ -50,10 +50,9 @@ def heads_share(t: torch.Tensor) -> torch.Tensor:
     """``t``, a tensor every head reads (MLA's shared rope key), as the rank's local tensor:
     a replicated DTensor of the tensor-parallel region becomes its local copy whose gradient
     -- the rank's heads' part -- is a partial sum over the tp ranks; a plain tensor is
-    returned as is. (DTensor's module is looked up, not imported: a process that never
-    imported it holds no DTensor, and the planner's command line spares its import.)"""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    if dtensor is not None and isinstance(t, dtensor.DTensor):
+    returned as is."""
+    dtensor = dtensor_module(t)
+    if dtensor is not None:
         return t.to_local(grad_placements=[dtensor.Partial()] * t.device_mesh.ndim)
     return t
 

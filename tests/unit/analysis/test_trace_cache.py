@@ -4,6 +4,8 @@ entry is traced again, and ``cache=False`` / ``--no-cache`` touch nothing."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -66,8 +68,6 @@ def test_what_the_trace_reads_makes_a_new_entry(cache):
 def test_a_config_object_s_fields_are_read():
     """A module's config -- a dataclass, as the zoo's -- is read field by field: its forward
     may branch on a field no shape shows."""
-    import dataclasses
-
     from torch import nn
 
     @dataclasses.dataclass
@@ -140,3 +140,19 @@ def test_estimate_reads_the_cache_the_plan_filled(cache, capsys):
     assert main(["plan", *model, "--no-explain"]) == 0 and len(calls) == 2
     assert main(["estimate", *model, "--dp", "8"]) == 0 and len(calls) == 2  # read, not traced
     assert len(list(folder.glob("*.pkl"))) == 1
+
+
+def test_a_graph_that_does_not_pickle_is_traced_and_not_kept(cache, monkeypatch):
+    """An op argument of a user's model that pickle refuses costs the cache, not the command:
+    the traced graph is returned, and neither an entry nor a temporary file is left."""
+    folder, calls = cache
+    real = trace_cache.trace
+
+    def unpicklable(*args, **kwargs):
+        graph = real(*args, **kwargs)
+        graph.nodes[0] = dataclasses.replace(graph.nodes[0], scalar_args=(lambda: None,))
+        return graph
+
+    monkeypatch.setattr(trace_cache, "trace", unpicklable)
+    graph = traced(autopar.models.build("tiny-llama", device="meta"), TRAIN)
+    assert graph.nodes and not list(folder.glob("*"))
