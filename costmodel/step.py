@@ -289,6 +289,8 @@ _LAYER_COMPUTE = ByLayer(LAYER_TIMES_KEPT)
 _OP_TIMES = ByLayer(LAYER_TIMES_KEPT)
 """``compute.op_times`` of the candidates priced so far: one pricing of a layer's ops serves
 its whole time and what each policy reruns."""
+_DENSE_OP_TIMES = ByLayer(LAYER_TIMES_KEPT)
+"""``compute.op_times`` of a layer's non-expert ops, for every expert layout and load."""
 
 
 def layer_compute_s(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: Efficiency,
@@ -310,10 +312,11 @@ def layer_compute_s(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: E
 def _op_times(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: Efficiency,
               expert_scale: float) -> tuple[PhaseTimes, ...]:
     """``compute.op_times`` of ``layer``, remembered (``_OP_TIMES``): its non-expert ops priced
-    once for every expert layout and load (ep, etp and the imbalance leave them unchanged)."""
+    once for every expert layout and load (``_DENSE_OP_TIMES``: ep, etp and the imbalance
+    leave them unchanged)."""
     def make() -> tuple[PhaseTimes, ...]:
         dense_split = split if split.ep == split.etp == 1 else replace(split, ep=1, etp=1)
-        dense = _OP_TIMES.get(layer, (dense_split, cluster, eff, "dense"), lambda: op_times(
+        dense = _DENSE_OP_TIMES.get(layer, (dense_split, cluster, eff), lambda: op_times(
             layer, dense_split, cluster, eff, expert=False))
         if not any(op.expert for op in layer.ops):
             return dense
