@@ -62,7 +62,11 @@ def main() -> None:
     priced = [c for c in checks if c.error is not None]
     mean = sum(abs(c.error) for c in priced) / max(1, len(priced))
     misses = len(checks) - len(priced)
-    note = (f"{len(checks)} runs: mean |error| {mean:.1%} over the {len(priced)} priced, "
+    # the runs the tests hold to the mean: those without a "validation" note saying why not
+    used = [c for c in priced if "validation" not in c.run]
+    used_mean = sum(abs(c.error) for c in used) / max(1, len(used))
+    note = (f"{len(checks)} runs: mean |error| {mean:.1%} over the {len(priced)} priced "
+            f"({used_mean:.1%} over the {len(used)} used for validation), "
             f"{misses} refused, {sum(not c.fits for c in priced)} predicted not to fit; "
             f"{time.time() - start:.0f} s")
     table = Table(*header, title=f"Published runs ({Path(args.runs).name}, {args.precision})",

@@ -406,6 +406,12 @@ def _gathered_weight_bytes(workload: Workload, part: StagePartition, stage: int,
     return weight_bytes * (1.0 - share) + 1.0 * share
 
 
+FSDP_GATHERS = 2
+"""All-gathers of each FSDP unit per micro-batch: before its forward and before its backward.
+A checkpointed unit's recomputation runs inside its backward, on the weights that backward
+gathered, so it adds none: FSDP2 applied over the checkpointed block, as ``passes/`` (and
+torchtitan) do it; ``tests/dist/test_comm_counts.py`` counts the engine's. Before 2026-11-28
+the cost model priced a third under checkpointing, 1.5 times the gathers the engine runs."""
 FSDP_UNIT_PARAMS = 10**8
 """Parameters of one FSDP unit when the caller does not give the layer size: the default
 ``min_num_params`` of PyTorch FSDP's ``size_based_auto_wrap_policy`` (1e8), which groups layers
@@ -430,6 +436,9 @@ def _dp_comm_s(
     of it hidden) nor than ZeRO-2 (which repeats the reduce-scatter every micro-batch).
     ZeRO 3 (FSDP): see ``_fsdp_exposed_s``; ``unit_params`` is one FSDP unit on this GPU (the
     largest wrapped layer's parameters), ``FSDP_UNIT_PARAMS`` when not given.
+    ``backward_s`` and ``stage_compute_s`` are one micro-batch's backward and whole compute,
+    the recomputed forward included: it runs inside the backward, and the collectives
+    overlap it as they overlap the rest of it.
     """
     def coll(kind: Collective, n_dense: float, n_expert: float, nbytes: float) -> float:
         return (estimate_collective_s(kind, n_dense * nbytes, g.dp_cp, cluster, eff)
@@ -453,9 +462,8 @@ def _dp_comm_s(
         return (1 if config.zero == 1 else m) * reduce + gather
     if unit_params is None:
         unit_params = FSDP_UNIT_PARAMS
-    gathers = 3 if config.checkpoint != Checkpoint.NONE else 2
     per_mb = _fsdp_exposed_s(dense, expert, min(unit_params, dense), grad_bytes, weight_bytes,
-                             gathers, stage_compute_s, g, cluster, eff)
+                             FSDP_GATHERS, stage_compute_s, g, cluster, eff)
     return m * per_mb
 
 
@@ -465,8 +473,8 @@ def _fsdp_exposed_s(
 ) -> float:
     """Exposed FSDP (ZeRO-3) communication of one micro-batch.
 
-    FSDP all-gathers the weights of one unit (a wrapped layer) before each use -- forward,
-    backward, and the recomputation when checkpointing -- and reduce-scatters each unit's
+    FSDP all-gathers the weights of one unit (a wrapped layer) before each use -- forward and
+    backward (``FSDP_GATHERS``: ``gathers``) -- and reduce-scatters each unit's
     gradients after its backward: one collective per unit and pass, each paying its latency
     (Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3; FSDP2's ``fully_shard`` per transformer
     block with ``reshard_after_forward``). Prefetching overlaps the all-gather of the next unit
@@ -611,8 +619,8 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
             exposed = _dp_comm_s(dense, expert, sb.grads,
                                  _gathered_weight_bytes(workload, part, s, config, train, dense,
                                                         sb.weights),
-                                 config, m, times[s].backward, times[s].compute, g, cluster,
-                                 eff)
+                                 config, m, times[s].backward + times[s].recompute,
+                                 times[s].compute + times[s].recompute, g, cluster, eff)
             held = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
                                      expert_dp=g.expert_dp.size, offload=False).optimizer \
                 if config.offload else 0.0

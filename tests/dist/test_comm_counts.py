@@ -198,3 +198,27 @@ def test_selective_gathers_the_kept_shards_again_in_the_backward(fake_world, mod
     assert again == 2 * work.num_blocks  # the attention's and the MLP's inputs
     assert backward["selective"]["all-gather"] == backward["none"]["all-gather"] + again
     assert backward["selective"]["reduce-scatter"] == backward["none"]["reduce-scatter"]
+
+
+@pytest.mark.parametrize("checkpoint", ["none", "full", "selective"])
+def test_zero3_gathers_each_unit_twice_whatever_the_recomputation(fake_world, checkpoint):
+    """dp 2, ZeRO-3 (FSDP2 on every block and on the stage): each unit's weights are
+    all-gathered before its forward and before its backward, and its gradients
+    reduce-scattered once; a checkpointed block recomputes on the weights its backward
+    gathered, so recomputation adds no gather (``costmodel.step.FSDP_GATHERS``, which the
+    cost model prices per unit and micro-batch)."""
+    from autopar.costmodel.step import FSDP_GATHERS
+
+    spec = ModelSpec("tiny-llama", {"num_layers": 3})
+    train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")
+    config = ParallelConfig(dp=2, zero=3, checkpoint=checkpoint)
+    plan = autopar.plan_for(spec.build("meta"), process_cluster(2), train, config)
+    program = autopar.parallelize(spec.build("cpu"), plan, autopar.device_mesh(plan))
+    tokens = torch.randint(256, (1, 32))
+    with CommDebugMode() as step:
+        loss = program.loss(program.modules[0](tokens), tokens)
+        loss.backward()
+    counts = {str(op): n for op, n in step.get_comm_counts().items()}
+    units = 3 + 1  # the blocks and the stage's own parameters (embedding, final norm, head)
+    assert counts.get("c10d._allgather_base_") == FSDP_GATHERS * units
+    assert counts.get("c10d._reduce_scatter_base_") == units

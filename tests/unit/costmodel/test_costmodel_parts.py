@@ -318,3 +318,15 @@ def test_fsdp_exposes_the_first_all_gather_and_last_reduce_scatter(a100: Cluster
 def test_zero3_exposure_repeats_every_micro_batch(a100: ClusterSpec) -> None:
     one = _exposed(3, a100, m=1, compute_s=10.0, unit_params=6.4e7)
     assert _exposed(3, a100, m=8, compute_s=10.0, unit_params=6.4e7) == pytest.approx(8 * one)
+
+
+def test_zero3_recomputation_adds_no_gather(a100: ClusterSpec) -> None:
+    """A checkpointed block recomputes on the weights its backward gathered (FSDP2 over the
+    checkpointed block: ``tests/dist/test_comm_counts.py`` counts the engine's gathers), so the
+    same compute window exposes the same FSDP traffic under any policy."""
+    g = mesh_groups(ParallelConfig(dp=32, zero=3), a100)
+    exposed = {policy: _dp_comm_s(1.7e9, 0.0, 2.0, 2.0,
+                                  ParallelConfig(dp=32, zero=3, checkpoint=policy), 4, 0.02,
+                                  0.03, g, a100, EFF)
+               for policy in ("none", "full", "selective")}
+    assert exposed["full"] == exposed["none"] == exposed["selective"]
