@@ -19,8 +19,9 @@ costs the restart and the work since the last checkpoint, on average half an int
 save every ``tau`` seconds, a unit of useful work takes ``1 + delta / tau + (tau / 2 + R) / M``
 of wall time (Young 1974, first order; ``delta`` the blocking time of a save, ``R`` the
 restart), which ``tau = sqrt(2 delta M)`` minimises (Young's interval; Daly 2006 refines it for
-``delta`` near ``M``, far from these runs), bounded below by the time the asynchronous write
-takes. Goodput is the useful share of wall time, its inverse.
+``delta`` near ``M``, far from these runs), rounded to whole steps (a save runs between two)
+and bounded below by the time the asynchronous write takes. Goodput is the useful share of
+wall time, its inverse.
 
 The cluster gives the rates (``ClusterSpec.failure_rate_per_gpu_hour``,
 ``checkpoint_bytes_per_s``, ``relaunch_s``, ``host_link``; a cluster file sets them). The
@@ -103,7 +104,12 @@ class Goodput:
     mtbi_s: float
     """The job's mean time between interruptions."""
     interval_s: float
-    """Seconds between checkpoints (Young's interval, at least the write time)."""
+    """Seconds between checkpoints (Young's interval in whole steps, at least the write
+    time)."""
+
+    @property
+    def interval_steps(self) -> int:
+        return max(1, round(self.interval_s / self.step_s)) if self.step_s > 0 else 1
     goodput: float
     """Useful share of the wall time."""
     wall_s: float
@@ -127,6 +133,16 @@ class Goodput:
     def to_dict(self) -> dict[str, float | int | None]:
         return {**asdict(self), "wall_days": self.wall_days,
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu}
+
+
+def _whole_steps(tau: float, write: float, step_s: float, cost) -> float:
+    """The checkpoint interval: a save happens between steps, so a whole number of them,
+    at least one and at least the asynchronous write; of the two whole numbers about Young's
+    ``tau``, the one of lower ``cost``."""
+    if step_s <= 0:
+        return max(tau, write)
+    k = max(1, math.ceil(write / step_s), math.floor(tau / step_s))
+    return min((k * step_s, (k + 1) * step_s), key=cost)
 
 
 def checkpoint_bytes(params: float, train: TrainSpec) -> float:
@@ -161,8 +177,11 @@ def goodput_of(*, tokens: float, tokens_per_step: float, step_s: float, gpus: in
         interval = max(write, ideal)
         overhead = blocking / interval if interval > 0 else 0.0
     else:
-        interval = max(math.sqrt(2.0 * blocking * mtbi), write, step_s)
-        overhead = blocking / interval + (interval / 2.0 + restart) / mtbi
+        def cost(tau: float) -> float:
+            return blocking / tau + (tau / 2.0 + restart) / mtbi
+
+        interval = _whole_steps(math.sqrt(2.0 * blocking * mtbi), write, step_s, cost)
+        overhead = cost(interval)
     good = 1.0 / (1.0 + overhead)
     wall = ideal / good
     gpu_hours = wall * gpus / 3600.0

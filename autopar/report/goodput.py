@@ -32,7 +32,8 @@ def goodput_table(g: Goodput, r: Reliability) -> Table:
         ("cost", "give --gpu-hour-cost" if g.cost is None else f"{g.cost:,.0f}"),
         ("tokens/s per GPU", f"{g.tokens_per_s_per_gpu:,.0f} over the wall time"),
         ("checkpoint", f"{g.checkpoint_bytes / 1e12:.3g} TB (DCP: master weights and optimizer "
-                       f"states), every {_s(g.interval_s)}; blocks {_s(g.checkpoint_blocking_s)}"
+                       f"states), every {g.interval_steps:,} steps ({_s(g.interval_s)}); blocks "
+                       f"{_s(g.checkpoint_blocking_s)}"
                        f" (async staging to host), written in {_s(g.checkpoint_write_s)} at "
                        f"{r.storage_bytes_per_s / 1e12:.3g} TB/s"),
         ("interruptions", "none priced (failure rate 0)" if g.interruptions == 0 else

@@ -126,3 +126,14 @@ def test_the_cluster_carries_its_rates_and_a_file_sets_them(tmp_path):
     path.write_text("base: hgx-h100-80g\nrelaunch_s: -5\n")
     with pytest.raises(AutoparError, match="relaunch_s"):
         ClusterSpec.from_file(path)
+
+
+def test_checkpoints_fall_between_steps():
+    """A save runs between two steps: the interval is a whole number of them, at least one
+    and at least the asynchronous write, the better of the two about Young's interval."""
+    fast = _llama3()  # Young's interval (~10 s) near one 7.1 s step
+    assert fast.interval_steps >= 1
+    assert fast.interval_s == pytest.approx(fast.interval_steps * fast.step_s)
+    assert fast.interval_s >= fast.checkpoint_write_s
+    slow_write = _llama3(reliability=Reliability(storage_bytes_per_s=1e11))  # 49 s writes
+    assert slow_write.interval_steps == math.ceil(slow_write.checkpoint_write_s / 7.1)
