@@ -115,6 +115,10 @@ GRID = [
          dict(dp=4, tp=2, ep=8, zero=1, micro_batch=1, sequence_parallel=True), layers=4),
     Case("qwen3-30b-ep8-moe-ckpt", "qwen3-30b-a3b", "hgx-h100-80g", 1, 16, 4096,
          dict(dp=8, ep=8, zero=1, micro_batch=1, checkpoint="moe"), layers=4),
+    # the moe policy under tp + SP keeps the column-parallel inputs as shards (regathered)
+    Case("qwen3-30b-fold-tp2-ep8-moe-ckpt", "qwen3-30b-a3b", "hgx-h100-80g", 1, 16, 4096,
+         dict(dp=4, tp=2, ep=8, zero=1, micro_batch=1, sequence_parallel=True,
+              checkpoint="moe"), layers=4),
     Case("dsv3-pp2-ep8", "deepseek-v3", "hgx-h100-80g", 2, 16, 4096,
          dict(dp=8, pp=2, ep=8, zero=1, micro_batch=1), layers=5),
     Case("mixtral-ep8-etp2-zero1", "mixtral-8x7b", "hgx-h100-80g", 2, 32, 4096,

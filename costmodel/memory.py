@@ -141,16 +141,16 @@ def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
         return layer.input_elements * split.act_bytes * split.scale(Shard.SEQ)
     if policy is Checkpoint.MATMULS:
         return _bytes(layer, split, lambda t: t.matmuls)
-    if policy is Checkpoint.SELECTIVE:
+    if policy.regathers:
         # in the producers' layouts: a gathered input is kept as its shard and gathered again
-        # in the backward (passes/regather.py)
-        return (_bytes(layer, split, lambda t: t.without_checkpoint and not t.attention_core)
+        # in the backward (passes/regather.py); selective recomputes the attention core, moe
+        # what the MoE layers make inside (their input is made outside)
+        inside = ((lambda t: t.attention_core) if policy is Checkpoint.SELECTIVE
+                  else (lambda t: t.moe_layer))
+        return (_bytes(layer, split, lambda t: t.without_checkpoint and not inside(t))
                 + gathered_kv_bytes(layer, split))
     kept = layer.held or layer.saved  # as the savers hold them, where the solve walked it
-    # moe: what none keeps but what the MoE layers make inside (their input is made outside)
-    inside = policy is Checkpoint.MOE
-    return (_sized((t for t in kept if t.without_checkpoint and not (inside and t.moe_layer)),
-                   split)
+    return (_sized((t for t in kept if t.without_checkpoint), split)
             + gathered_kv_bytes(layer, split))
 
 

@@ -160,10 +160,10 @@ def tp_comm_s(
     for c in layer.tp_collectives:
         t = tp_collective_s(c, split, g.tp, cluster, eff)
         # a recomputed forward issues its collectives again: the matmuls policy caches GEMM
-        # outputs, not the collectives after them; selective recomputes the attention core
-        # only, which issues none, but gathers the column-parallel inputs it kept as shards
-        # again (passes/checkpointing.py, passes/regather.py)
-        again = reissues(policy) or (policy is Checkpoint.SELECTIVE
+        # outputs, not the collectives after them; selective and moe recompute the attention
+        # core or the MoE layers, which issue no tp collective, but gather the
+        # column-parallel inputs they kept as shards again (Checkpoint.regathers)
+        again = reissues(policy) or (policy.regathers
                                      and c.kind == Collective.ALL_GATHER.value)
         repeats = 2 if (c.phase is Phase.FORWARD and again) else 1
         if overlapped_gemm_s is not None and Collective(c.kind) in OVERLAPPED_BY_ASYNC_TP:

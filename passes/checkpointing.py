@@ -30,7 +30,9 @@
   (``SplitCall``) included. The layer's forward is swapped for a checkpointed one (an instance
   ``forward``) only while the block runs, and put back as it was after (a class's forward, or
   an instance one a family set), so the module's hooks -- the fold's ``TokenShards`` slice and
-  gather -- run outside the checkpoint as before, and no name changes.
+  gather -- run outside the checkpoint as before, and no name changes. Under sequence
+  parallelism the column-parallel linears' gathered inputs are kept as shards and gathered
+  again in the backward, as under ``selective`` (``Checkpoint.regathers``).
 * ``none``: the block runs as is.
 
 Under FSDP2's mixed precision a block's floating inputs (the rotary tables, a mask) are cast to
@@ -162,7 +164,7 @@ def run_block(call: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor], bl
     if policy is Checkpoint.NONE:
         return call(block, x, extra)
     if policy is Checkpoint.MOE:
-        with moe_layers_checkpointed(block):
+        with regathered_saves(), moe_layers_checkpointed(block):
             return call(block, x, extra)
     context = matmuls_context if policy is Checkpoint.MATMULS else None
     kwargs = {"context_fn": context} if context is not None else {}

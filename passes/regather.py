@@ -14,9 +14,9 @@ gather. Weights,
 sharded tensors and plain tensors are saved as they are, or as the saved-tensor hooks around
 the block save them.
 
-``passes/checkpointing.py`` applies it under the ``selective`` policy; the cost model prices
-the kept shard (``costmodel.memory.saved_bytes``) and the backward all-gather
-(``costmodel.step.tp_comm_s``).
+``passes/checkpointing.py`` applies it under the policies that regather
+(``Checkpoint.regathers``: ``selective`` and ``moe``); the cost model prices the kept shard
+(``costmodel.memory.saved_bytes``) and the backward all-gather (``costmodel.step.tp_comm_s``).
 """
 
 from __future__ import annotations

@@ -112,8 +112,19 @@ class Checkpoint(StrEnum):
     ``ExpertLayer.module``) runs under non-reentrant checkpoint -- its input is kept, everything
     it makes inside is recomputed in the backward pass, the dispatch and combine all-to-alls
     under expert parallelism (and the gather of a split call's routing, ``SplitCall``) issued
-    again; every other op of the block keeps what ``none`` keeps. Only for a model whose family
-    gives its MoE layers' modules (``analysis/admissibility.py``)."""
+    again; every other op of the block keeps what ``none`` keeps, but that under sequence
+    parallelism the column-parallel linears' all-gathered inputs are kept as their shards and
+    gathered again in the backward, as Megatron's linears do under any recomputation
+    (``passes/regather.py``, as ``selective``). Only for a model whose family gives its MoE
+    layers' modules (``analysis/admissibility.py``)."""
+
+    @property
+    def regathers(self) -> bool:
+        """Whether the policy keeps a sequence-parallel all-gather's output as its shard and
+        gathers it again in the backward (``passes/regather.py``): ``selective`` and ``moe``,
+        Megatron's selective recomputations; ``full`` keeps only the block input, and ``none``
+        and ``matmuls`` keep the gathered inputs whole."""
+        return self in (Checkpoint.SELECTIVE, Checkpoint.MOE)
 
 
 def _choice(enum: type[StrEnum], value: object, name: str) -> StrEnum:

@@ -12,8 +12,10 @@ sequence, and its parallel layout as autopar expresses it (``run_config``):
 * recomputation: Megatron's ``full`` -> ``full``; its selective module ``moe`` (the whole MoE
   layer) -> ``moe``, the same policy; its other selective modules (``layernorm``,
   ``moe_act``, ``mla_up_proj``: a few element-wise ops and up-projections rerun) and none ->
-  ``none``, the policy whose time is theirs to within those reruns, and which keeps what they
-  drop (``recompute_policy``);
+  ``selective``, the policy whose time is theirs to within those reruns, and which keeps what
+  they drop: Megatron's linears keep a column-parallel input as its sequence shard under any
+  recomputation (``Checkpoint.regathers``), and with the fused attention these runs ran
+  ``selective`` recomputes nothing else (``recompute_policy``);
 * what the engines ran that autopar's engine does not, as the priced fusions that name it
   (``core.specs.MOE_FUSIONS``): the fused token permutation (``moe_permute``, unless the run
   states ``moe_permute_fusion=false``: ``train.permute_fusion``), DeepEP's or HybridEP's
@@ -170,7 +172,7 @@ def recompute_policy(recompute: str) -> str:
     if "per-op" in text or "'op'" in text:  # torchtitan's per-op SAC: the matmuls kept
         return "matmuls"
     modules = {m.strip(" ,;:()[]'\"") for m in text.replace(",", " ").split()}
-    return "moe" if "moe" in modules else "none"
+    return "moe" if "moe" in modules else "selective"
 
 
 def run_config(run: dict) -> ParallelConfig:

@@ -59,19 +59,17 @@ REFUSED: dict[str, str] = {}
 each be a chunk of their own: ``core.stages.chunk_sizes``)."""
 
 NOT_FITTING = {
-    "q235b-h100-longctx-16k": "77.5 of 72.2 GiB: priced under the moe policy (the run's "
-    "--recompute-modules layernorm moe), whose norms' recomputation autopar does not run",
-    "q235b-h100-longctx-32k": "78.4 GiB: as the 16k run, and the whole sequence's K/V that "
-    "autopar's context parallelism all-gathers and keeps (passes/context_parallel.py), where "
-    "Megatron's ring attention keeps its own chunk's (195 GiB with the explicit (s/cp x s) mask "
-    "autopar's cp kept until 2026-11-27)",
-    "q235b-h100-longctx-64k": "as the 32k run (80.2 GiB)",
-    "q235b-h100-longctx-128k": "as the 32k run (83.9 GiB)",
+    "q235b-h100-longctx-128k": "72.9 of 72.2 GiB (83.9 before 2026-11-28, when the moe policy "
+    "kept the column-parallel inputs whole under SP; the 16k, 32k and 64k runs now fit): the "
+    "whole sequence's K/V that autopar's context parallelism all-gathers and keeps "
+    "(passes/context_parallel.py), where Megatron's ring attention keeps its own chunk's, and "
+    "the norms' recomputation (the run's --recompute-modules layernorm) autopar does not run",
     "q30b-h100-a2a-noovl": "74.5 of 72.2 GiB: without the fused permutation the zoo's "
     "dropless layer keeps more than Megatron's unfused one",
     "q30b-h100-a2a-ovl": "as the run without overlap",
-    "dsv3-h100-1024-bf16": "the run recomputes mla_up_proj, moe_act and layernorm and puts "
-    "the embedding alone in its first chunk; priced without either",
+    "dsv3-h100-1024-bf16": "154.6 GiB: the run recomputes mla_up_proj and mlp, keeps bf16 "
+    "Adam moments and main gradients (the precision-aware optimizer) and puts the embedding "
+    "alone in its first chunk; priced without any of them",
     "gptoss120b-h100-64-bf16-2511": "micro-batch 4 as printed (the config says 1)",
     "moonlight16b-h100-16-ep8-card": "74.0 of 72.2 GiB usable: within the headroom autopar "
     "keeps",
