@@ -168,36 +168,41 @@ class _Collectives(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("model", ["tiny-gpt-eager", "tiny-llama"])
-def test_selective_gathers_the_kept_shards_again_in_the_backward(fake_world, model):
-    """tp 2 + SP, selective: the column-parallel linears' inputs are kept as sequence shards
-    and gathered again in the backward (``passes/regather.py``): one all-gather more in the
-    backward per forward all-gather of a block, as ``costmodel.step.tp_comm_s`` prices;
-    nothing else changes (the recomputed attention core issues no collective)."""
+@pytest.mark.parametrize("model, policy", [("tiny-gpt-eager", "selective"),
+                                           ("tiny-llama", "selective"), ("tiny-moe", "moe")])
+def test_regathering_policies_gather_the_kept_shards_again_in_the_backward(fake_world, model,
+                                                                            policy):
+    """tp 2 + SP, ``selective`` and ``moe`` (``Checkpoint.regathers``): the column-parallel
+    linears' inputs are kept as sequence shards and gathered again in the backward
+    (``passes/regather.py``): one all-gather more in the backward per forward all-gather of a
+    block, as ``costmodel.step.tp_comm_s`` prices; nothing else changes (the recomputed
+    attention core, and the MoE layer whose tokens stay sequence shards, issue no tp
+    collective)."""
     from autopar.costmodel.workload import Phase
 
     spec = (ModelSpec("tiny-gpt", {"attention": "eager"}) if model == "tiny-gpt-eager"
             else ModelSpec(model))
     train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")
     backward = {}
-    for policy in ("none", "selective"):
-        config = ParallelConfig(tp=2, sequence_parallel=True, micro_batch=2, checkpoint=policy)
+    for name in ("none", policy):
+        config = ParallelConfig(tp=2, sequence_parallel=True, micro_batch=2, checkpoint=name)
         plan = autopar.plan_for(spec.build("meta"), process_cluster(2), train, config)
         program = autopar.parallelize(spec.build("cpu"), plan, autopar.device_mesh(plan))
         tokens = torch.randint(256, (2, 32))
         loss = program.loss(program.modules[0](tokens), tokens)
         with _Collectives() as mode:
             loss.backward()
-        backward[policy] = mode.counts
+        backward[name] = mode.counts
     built = spec.build("meta")
     work = strategies_of(autopar.trace(built, train), facts_of(built), spec.label,
                          process_cluster(2), train, efficiency=DEFAULT_EFFICIENCY,
                          split_weights=True)(config)
     again = work.num_blocks * sum(1 for c in work.block.tp_collectives
                                   if c.phase is Phase.FORWARD and c.kind == "all-gather")
-    assert again == 2 * work.num_blocks  # the attention's and the MLP's inputs
-    assert backward["selective"]["all-gather"] == backward["none"]["all-gather"] + again
-    assert backward["selective"]["reduce-scatter"] == backward["none"]["reduce-scatter"]
+    # the attention's and the MLP's inputs; a MoE block's attention's
+    assert again == (1 if policy == "moe" else 2) * work.num_blocks
+    assert backward[policy]["all-gather"] == backward["none"]["all-gather"] + again
+    assert backward[policy]["reduce-scatter"] == backward["none"]["reduce-scatter"]
 
 
 @pytest.mark.parametrize("checkpoint", ["none", "full", "selective"])
@@ -222,34 +227,3 @@ def test_zero3_gathers_each_unit_twice_whatever_the_recomputation(fake_world, ch
     units = 3 + 1  # the blocks and the stage's own parameters (embedding, final norm, head)
     assert counts.get("c10d._allgather_base_") == FSDP_GATHERS * units
     assert counts.get("c10d._reduce_scatter_base_") == units
-
-
-def test_moe_policy_gathers_the_kept_shards_again_in_the_backward(fake_world):
-    """tp 2 + SP, the ``moe`` policy (Megatron's ``--recompute-modules moe``): as under
-    ``selective``, the column-parallel linears' inputs are kept as sequence shards and gathered
-    again in the backward (``Checkpoint.regathers``), one all-gather more per forward one of
-    the block; the MoE layer's recomputation, whose tokens stay sequence shards, issues no tp
-    collective."""
-    from autopar.costmodel.workload import Phase
-
-    spec = ModelSpec("tiny-moe")
-    train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")
-    backward = {}
-    for policy in ("none", "moe"):
-        config = ParallelConfig(tp=2, sequence_parallel=True, micro_batch=2, checkpoint=policy)
-        plan = autopar.plan_for(spec.build("meta"), process_cluster(2), train, config)
-        program = autopar.parallelize(spec.build("cpu"), plan, autopar.device_mesh(plan))
-        tokens = torch.randint(256, (2, 32))
-        loss = program.loss(program.modules[0](tokens), tokens)
-        with _Collectives() as mode:
-            loss.backward()
-        backward[policy] = mode.counts
-    built = spec.build("meta")
-    work = strategies_of(autopar.trace(built, train), facts_of(built), spec.label,
-                         process_cluster(2), train, efficiency=DEFAULT_EFFICIENCY,
-                         split_weights=True)(config)
-    again = work.num_blocks * sum(1 for c in work.block.tp_collectives
-                                  if c.phase is Phase.FORWARD and c.kind == "all-gather")
-    assert again >= work.num_blocks  # the attention's input at least
-    assert backward["moe"]["all-gather"] == backward["none"]["all-gather"] + again
-    assert backward["moe"]["reduce-scatter"] == backward["none"]["reduce-scatter"]
