@@ -222,6 +222,7 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
     from autopar.analysis.admissibility import check, facts_of
     from autopar.analysis.tracing import trace
     from autopar.costmodel.step import check_world
+    from autopar.measure.validation import run_partition
     from autopar.search.planner import plan_config
 
     measured = measured_s(run)
@@ -253,7 +254,8 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
         check_world(config, cluster)
         check(facts, config, train)
         est = plan_config(graph, facts, run["model"]["name"], cluster, train, config,
-                          efficiency=efficiency, split_weights=False, spec=spec).estimate
+                          efficiency=efficiency, split_weights=False, spec=spec,
+                          partition=run_partition(config, graph)).estimate
     except AutoparError as err:
         return MoERunCheck(run, measured, None, refused=str(err))
     gib = 2.0 ** 30

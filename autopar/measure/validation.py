@@ -31,7 +31,9 @@ from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate
 from autopar.costmodel.memory import model_state_bytes, state_bytes_per_param
-from autopar.core.specs import Optimizer, PRICED_FUSIONS, ParallelConfig, Precision, TrainSpec
+from autopar.core.specs import (Optimizer, PRICED_FUSIONS, ParallelConfig, Precision, Schedule,
+                                TrainSpec)
+from autopar.costmodel.pipeline import StagePartition, even_partition
 from autopar.search.planner import config_estimate, strategies_of
 from autopar.analysis.graph import GraphIR
 from autopar.analysis.tracing import trace
@@ -100,6 +102,18 @@ def megatron_inputs(row: dict, cluster_preset: str = "dgx-a100-80g"
     return model, cluster, train
 
 
+def run_partition(config: ParallelConfig, graph: GraphIR) -> StagePartition | None:
+    """The run's pipeline stages as Megatron-LM cuts them: the layers split evenly over the
+    stages (it refuses a count the stages do not divide unless told how to cut it), the
+    embedding and the loss a chunk each where the run counts them as layers
+    (``core.stages.chunk_sizes``) -- ``costmodel.pipeline.even_partition``, not the search's
+    stages balanced by cost, which a run does not get unless it gives a layout."""
+    if config.pp == 1:
+        return None
+    v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
+    return even_partition(graph.num_blocks, config.pp, v)
+
+
 def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
                        efficiency: Efficiency = DEFAULT_EFFICIENCY,
                        graph: GraphIR | None = None) -> RunCheck:
@@ -120,7 +134,7 @@ def check_megatron_row(row: dict, cluster_preset: str = "dgx-a100-80g", *,
                                     schedule="interleaved" if v > 1 else "1f1b",
                                     virtual_stages=v, checkpoint="full",
                                     fusions=MEGATRON_FUSIONS)
-            est = config_estimate(strategies, config)
+            est = config_estimate(strategies, config, run_partition(config, graph))
         except AutoparError as e:
             tried.append(f"micro-batch {mb}, {v} chunks: {e}")
             continue

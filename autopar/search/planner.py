@@ -23,6 +23,7 @@ from autopar.core.plan import Plan, SolverInfo
 from autopar.search.infeasible import infeasible_error
 from autopar.search.optimize import search, stage_partition
 from autopar.costmodel.memory import state_bytes_per_param
+from autopar.costmodel.pipeline import StagePartition
 from autopar.core.specs import ParallelConfig
 from autopar.costmodel.step import estimate_step, split_of
 from autopar.costmodel.topology import mesh_groups
@@ -138,27 +139,31 @@ def strategies_of(graph: GraphIR, facts: ModelFacts, name: str, cluster: Cluster
     return Strategies(solver, cluster, train, efficiency, replace(facts, fused_attention=fused))
 
 
-def config_estimate(strategies: Strategies, config: ParallelConfig) -> Estimate:
+def config_estimate(strategies: Strategies, config: ParallelConfig,
+                    partition: StagePartition | None = None) -> Estimate:
     """``config`` priced as the search prices the candidate: its workload under the strategies
     solved for its tp split, its pipeline stages cut as the search cuts them (balanced by
-    compute for 1F1B and GPipe, equal chunks for the interleaved schedule). Raises
-    ``AutoparError`` when the solved strategies could not run."""
+    compute for 1F1B and GPipe, equal chunks for the interleaved schedule), or as
+    ``partition`` gives them. Raises ``AutoparError`` when the solved strategies could not
+    run."""
     work = strategies(config)
     cluster, train, eff = strategies.cluster, strategies.train, strategies.efficiency
-    part = stage_partition(work, config, train, cluster, eff) if config.pp > 1 else None
+    part = partition if partition is not None or config.pp == 1 else \
+        stage_partition(work, config, train, cluster, eff)
     return estimate_step(work, cluster, train, config, efficiency=eff, partition=part)
 
 
 def plan_config(graph: GraphIR, facts: ModelFacts, name: str, cluster: ClusterSpec,
                 train: TrainSpec, config: ParallelConfig, *, efficiency: Efficiency,
-                split_weights: bool, spec: ModelSpec | None = None) -> Plan:
+                split_weights: bool, spec: ModelSpec | None = None,
+                partition: StagePartition | None = None) -> Plan:
     """The plan of one given configuration (no search): its per-op strategies solved, its
-    step priced as the search prices that candidate (``config_estimate``); it may not fit
-    (``plan.estimate.fits``). Raises ``AutoparError`` when the plan could not run
-    (``admissibility.check_plan``)."""
+    step priced as the search prices that candidate (``config_estimate``; its stages as
+    ``partition`` cuts them where given); it may not fit (``plan.estimate.fits``). Raises
+    ``AutoparError`` when the plan could not run (``admissibility.check_plan``)."""
     strategies = strategies_of(graph, facts, name, cluster, train, efficiency=efficiency,
                                fusions=config.fusions, split_weights=split_weights)
-    est = config_estimate(strategies, config)
+    est = config_estimate(strategies, config, partition)
     plan = _plan(est, name, cluster, train, strategies, spec=spec)
     check_plan(strategies.facts, plan)
     return plan
