@@ -13,7 +13,9 @@ which blocks recompute are the training script's code, which the README shows.
 =====================  ==============================================================  =======
 plan field             DeepSpeed                                                       fit
 =====================  ==============================================================  =======
-dp, nodes x gpus       implied: train_batch_size = micro * accumulation * dp             exact
+dp, nodes x gpus       implied: train_batch_size = micro * accumulation * dp * tp        exact
+                       (``counted_batch``: DeepSpeed counts the world, / pp under a
+                       PipelineModule, as data parallel; AutoTP's tp ranks share batches)
 tp                     ``tensor_parallel.autotp_size`` (AutoTP of a transformers model)  close
 pp, stage_blocks       code: ``PipelineModule(num_stages=pp, partition_method=           none /
                        "uniform")``; the JSON has no stage count                         close
@@ -34,6 +36,8 @@ offload                ``zero_optimization.offload_optimizer`` on the CPU (ZeRO 
 precision              ``bf16`` / ``fp16`` (dynamic loss scaling as autopar's) / fp32;   exact
                        bf16-pure: ``bf16_master_weights_and_grads`` and
                        ``bf16_optimizer_states`` (ZeRO >= 1)
+gradient reduction     ``communication_data_type`` fp32 under bf16 and fp16, as          exact
+                       autopar's engine reduces (FSDP2's ``reduce_dtype``)
 optimizer              ``optimizer.type`` AdamW / Adam (``adam_w_mode`` false) / SGD     exact
 seq_len, fusions,      none: the data loader's and the model's                           none
 model shape
@@ -82,18 +86,23 @@ def deepspeed_config(plan: Plan) -> tuple[dict[str, object], dict[str, Row]]:
                      "optimizer states of its ZeRO optimizer only", where="config.offload",
                      fix="re-plan with --zero 1 or higher")
 
-    cfg: dict[str, object] = {"train_batch_size": t.global_batch,
+    counted = counted_batch(plan)
+    cfg: dict[str, object] = {"train_batch_size": counted,
                               "train_micro_batch_size_per_gpu": c.micro_batch,
                               "gradient_accumulation_steps": m}
     row("nodes x gpus_per_node", f"{plan.nodes} x {plan.gpus_per_node}",
         f"deepspeed --num_nodes {plan.nodes} --num_gpus {plan.gpus_per_node}", Fit.EXACT)
-    row("config.dp", c.dp, "", Fit.EXACT, "DeepSpeed's data-parallel size is the world size / "
-        "(tp * pp); train_batch_size = micro batch * accumulation * dp checks it")
+    row("config.dp", c.dp, "", Fit.EXACT, "DeepSpeed's batch check counts the world size "
+        "(/ pp under a PipelineModule) as data parallel: AutoTP's tp ranks read the same "
+        "micro-batches, so its count is dp * tp" if c.tp > 1 else "DeepSpeed's data-parallel "
+        "size is the world size (/ pp under a PipelineModule)")
     row("config.micro_batch", c.micro_batch, f"train_micro_batch_size_per_gpu = {c.micro_batch}",
         Fit.EXACT)
     row("config.num_microbatches", m, f"gradient_accumulation_steps = {m}", Fit.EXACT,
         "under pipelining, the micro-batches of one step" if c.pp > 1 else "")
-    row("train.global_batch", t.global_batch, f"train_batch_size = {t.global_batch}", Fit.EXACT)
+    row("train.global_batch", t.global_batch, f"train_batch_size = {counted}", Fit.EXACT,
+        f"DeepSpeed counts each of the {c.tp} tp ranks' identical micro-batches: "
+        f"{t.global_batch} distinct sequences a step" if c.tp > 1 else "")
 
     if c.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": c.tp}
@@ -156,7 +165,13 @@ def deepspeed_config(plan: Plan) -> tuple[dict[str, object], dict[str, Row]]:
                      where="train.precision",
                      fix="export to megatron, bridge or torchtitan (FP8 through Transformer "
                          "Engine or torchao), or re-plan with --precision bf16")
-    elif p is Precision.BF16_PURE:
+    if p in (Precision.BF16, Precision.FP16):
+        # autopar's engine reduces gradients in fp32 (passes/data_parallel.py:mixed_precision);
+        # DeepSpeed's default is the compute dtype
+        cfg["communication_data_type"] = "fp32"
+        row("gradient reduction", "fp32", "communication_data_type = fp32", Fit.EXACT,
+            "gradients reduced in fp32, as autopar's engine reduces them")
+    if p is Precision.BF16_PURE:
         if c.zero == 0:
             raise refuse("precision bf16-pure with ZeRO-0: DeepSpeed keeps bf16 master weights "
                          "and optimizer states only in its ZeRO optimizer",
@@ -166,7 +181,7 @@ def deepspeed_config(plan: Plan) -> tuple[dict[str, object], dict[str, Row]]:
                        "bf16_optimizer_states": True}
         row("train.precision", p, "bf16.enabled, bf16_master_weights_and_grads, "
             "bf16_optimizer_states = true", Fit.EXACT)
-    else:
+    elif p is Precision.FP32:
         row("train.precision", p, "", Fit.EXACT, "DeepSpeed's default: fp32")
     o = t.optimizer
     optimizer: dict[str, object] = {"type": {Optimizer.ADAMW: "AdamW", Optimizer.ADAM: "Adam",
@@ -186,6 +201,15 @@ def deepspeed_config(plan: Plan) -> tuple[dict[str, object], dict[str, Row]]:
     row("model", spec.label if spec else plan.model, "", Fit.NONE,
         "DeepSpeed trains the nn.Module your script builds")
     return cfg, rows
+
+
+def counted_batch(plan: Plan) -> int:
+    """``train_batch_size`` as DeepSpeed 0.19.8 checks it when launched as the README says
+    (``runtime/config.py``: micro-batch x accumulation x its data-parallel world size, which is
+    the whole world without an ``mpu`` and world / pp under a ``PipelineModule``'s grid; AutoTP
+    adds no ``mpu``): the plan's global batch times tp, the tp ranks counted apart though they
+    read the same micro-batches."""
+    return plan.train.global_batch * plan.config.tp
 
 
 def _pipeline(plan: Plan, cfg: dict[str, object], row) -> None:
@@ -276,6 +300,10 @@ Pipelining is code in DeepSpeed: build the model as a `PipelineModule` of its la
 
 and train with `engine.train_batch()`; the config's gradient_accumulation_steps are the
 micro-batches of a step."""
+    tp = "" if c.tp == 1 else f"""
+With AutoTP (`tensor_parallel.autotp_size = {c.tp}`) the {c.tp} ranks of a tensor-parallel
+group must read the same micro-batches; DeepSpeed's `train_batch_size` counts them apart
+({counted_batch(plan)} for the plan's {plan.train.global_batch} sequences a step)."""
     usage = f"""`{CONFIG}` is DeepSpeed's config for this plan:
 
     engine, optimizer, _, _ = deepspeed.initialize(model=model, config="{CONFIG}",
@@ -284,6 +312,6 @@ micro-batches of a step."""
 launched on {plan.nodes} node(s) x {plan.gpus_per_node} GPUs
 (`deepspeed --num_nodes {plan.nodes} --num_gpus {plan.gpus_per_node} train.py`, or torchrun).
 Add the learning rate and its schedule (`optimizer.params`, `scheduler`): the plan does not
-decide them.{pipe}"""
+decide them.{tp}{pipe}"""
     text = json.dumps(cfg, indent=2, sort_keys=True) + "\n"
     return Export("DeepSpeed", {CONFIG: text}, plan_rows(plan, rows), SOURCE, usage)

@@ -31,6 +31,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+import torch
 
 import autopar
 from autopar import AutoparError, ClusterSpec, ParallelConfig, TrainSpec
@@ -220,20 +221,30 @@ def test_megatron_and_bridge_refuse_bf16_pure(llama_zero3_offload):
 # ----- DeepSpeed -----
 
 def _deepspeed_config(plan, monkeypatch):
-    """The export loaded by DeepSpeed's own parser, its data-parallel size the plan's."""
+    """The export loaded by DeepSpeed's own parser as ``deepspeed.initialize`` loads it when
+    launched as the export's README says, on the plan's world: without an ``mpu`` (AutoTP
+    gives none) it counts the whole world as data parallel; a ``PipelineModule`` hands it
+    its grid, whose data-parallel size DeepSpeed's ``PipeDataParallelTopology`` gives. Only
+    the process group is a stand-in: its rank and world size, the plan's."""
     ds_config = pytest.importorskip(
         "deepspeed.runtime.config",
         reason="deepspeed is not installed (pip install deepspeed==0.19.8; DS_BUILD_OPS=0)")
-    # without a process group DeepSpeedConfig takes a world of one; the mpu gives it the
-    # plan's data-parallel size, as the engine does under model parallelism
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+
+    world, pp = plan.config.world_size, plan.config.pp
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: world)
+    mpu = None
+    if pp > 1:
+        topology = PipeDataParallelTopology(num_pp=pp, num_dp=world // pp)
 
-    class Mpu:
-        def get_data_parallel_world_size(self) -> int:
-            return plan.config.dp
+        class Grid:  # the PipelineModule's grid: its data-parallel size from the topology
+            def get_data_parallel_world_size(self) -> int:
+                return topology.get_dim("data")
 
+        mpu = Grid()
     text = export_target(plan, "deepspeed").files["ds_config.json"]
-    return json.loads(text), ds_config.DeepSpeedConfig(json.loads(text), mpu=Mpu())
+    return json.loads(text), ds_config.DeepSpeedConfig(json.loads(text), mpu=mpu)
 
 
 def test_deepspeed_parser_rejects_a_wrong_key(llama_zero3_offload, monkeypatch):
@@ -250,8 +261,10 @@ def test_deepspeed_fp16_pipeline_plan_loads_in_deepspeeds_parser(llama_interleav
     plan = llama_interleaved_fp16
     raw, ds = _deepspeed_config(plan, monkeypatch)
     m = plan.estimate.num_microbatches
+    # DeepSpeed counts the two tp ranks' identical micro-batches apart: 2 x 64
     assert (ds.train_batch_size, ds.train_micro_batch_size_per_gpu,
-            ds.gradient_accumulation_steps) == (64, 1, m)
+            ds.gradient_accumulation_steps) == (2 * 64, 1, m)
+    assert ds.communication_data_type == torch.float32  # reduced as autopar's engine reduces
     assert ds.zero_optimization_stage == 1 and ds.zero_config.offload_optimizer is None
     assert ds.float16_config.enabled and ds.float16_config.loss_scale == 0  # dynamic
     assert ds.float16_config.initial_scale_power == 16 and not ds.bfloat16_config.enabled
@@ -270,13 +283,14 @@ def test_deepspeed_zero3_offload_and_bf16(llama_zero3_offload, monkeypatch):
     assert ds.zero_config.offload_param is None  # autopar offloads no parameters
     assert ds.bfloat16_config.enabled and not ds.float16_config.enabled
     assert ds.train_batch_size == 64 and ds.gradient_accumulation_steps == 4
+    assert ds.communication_data_type == torch.float32
     assert "activation_checkpointing" in raw and "tensor_parallel" not in raw
     assert ds.optimizer_name == "adamw"
 
 
 def test_deepspeed_gpt175b_full_recompute_under_pipelining(gpt175b, monkeypatch):
     raw, ds = _deepspeed_config(gpt175b, monkeypatch)
-    assert ds.train_batch_size == 1536 and ds.gradient_accumulation_steps == 96
+    assert ds.train_batch_size == 8 * 1536 and ds.gradient_accumulation_steps == 96
     assert ds.pipeline["activation_checkpoint_interval"] == 1
     assert ds.tensor_parallel_config.autotp_size == 8
 
