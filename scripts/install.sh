@@ -17,3 +17,8 @@ extra=""
 # the test extras hold deepspeed, an sdist: build none of its CUDA ops (it compiles them on first
 # use, which the tests never make)
 DS_BUILD_OPS=0 "$PY" -m pip install -q -e ".${extra}"
+# the tests run the frameworks' own code on autopar's exports: Megatron-LM's argument checks ship
+# in the megatron-core wheel (Python 3.12 only, its argument code pure Python), unpacked, not
+# installed (scripts/fetch_frameworks.py)
+[ "${1:-}" = "test" ] && "$PY" scripts/fetch_frameworks.py
+exit 0

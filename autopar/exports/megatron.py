@@ -5,7 +5,9 @@ Names and checks read from NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb
 ``megatron/core/transformer/transformer_config.py`` (recompute fields),
 ``megatron/core/transformer/pipeline_parallel_layer_layout.py`` (the layout string). The flags
 that parser accepts are in ``tests/data/megatron_lm_args.json``, which the tests parse the
-script with.
+script with; ``tests/unit/exports/test_megatron_validate.py`` runs the ``parse_args`` and
+``validate_args`` of megatron-core 0.19.2 (PyPI, the release users install) on each plan kind's
+script as its README launches it, and reads back what Megatron derives.
 
 The mapping, field by field (``megatron_items`` builds it; Megatron-Bridge reuses it, since its
 overrides are the same config fields):
@@ -77,7 +79,8 @@ from autopar.models.shape import ModelShape, model_shape
 
 SOURCE = ("NVIDIA/Megatron-LM megatron/training/arguments.py and "
           "megatron/core/transformer/transformer_config.py at "
-          "d98e8a64ddf34856e74b24714e3bedb2f5a39553")
+          "d98e8a64ddf34856e74b24714e3bedb2f5a39553; accepted by parse_args and validate_args "
+          "of megatron-core 0.19.2 (PyPI), the release the tests run")
 SCRIPT = "megatron_args.sh"
 
 Setting = tuple[str, object]
@@ -152,8 +155,11 @@ def _zero(plan: Plan) -> Item:
                     "over the data-parallel ranks, gradients reduce-scattered")
     strategy = "optim_grads" if z == 2 else "optim_grads_params"
     return Item("config.zero", value, (("use_megatron_fsdp", True),
-                                       ("data_parallel_sharding_strategy", strategy)),
-                Fit.EXACT, "Megatron-FSDP (version 1 turns the distributed optimizer on)")
+                                       ("data_parallel_sharding_strategy", strategy),
+                                       ("ckpt_format", "fsdp_dtensor")),
+                Fit.EXACT, "Megatron-FSDP (version 1 turns the distributed optimizer on; it "
+                "saves only the fsdp_dtensor checkpoint format, and needs "
+                "CUDA_DEVICE_MAX_CONNECTIONS unset, which the script does)")
 
 
 def _chunks(plan: Plan) -> list[int]:
@@ -489,6 +495,15 @@ def _number(value: object) -> str:
     return str(value)
 
 
+def _connections(plan: Plan) -> list[str]:
+    """``CUDA_DEVICE_MAX_CONNECTIONS`` as ``validate_args`` wants it: unset under
+    Megatron-FSDP (ZeRO-2/3), which refuses 1; 1 otherwise, which keeps the tensor- and
+    context-parallel collectives in issue order before Blackwell."""
+    if plan.config.zero >= 2:
+        return ["unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP refuses 1"]
+    return ["export CUDA_DEVICE_MAX_CONNECTIONS=1"]
+
+
 def export(plan: Plan) -> Export:
     """``megatron_args.sh``: the arguments as a bash array a launch script passes on."""
     items = megatron_items(plan)
@@ -501,7 +516,7 @@ def export(plan: Plan) -> Export:
              "#   source megatron_args.sh",
              "#   torchrun \"${TORCHRUN_ARGS[@]}\" pretrain_gpt.py \"${MEGATRON_ARGS[@]}\" "
              "--data-path ... --tokenizer-type ... --train-iters ... --lr ...",
-             "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+             *_connections(plan),
              f"TORCHRUN_ARGS=(--nnodes {plan.nodes} --nproc-per-node {plan.gpus_per_node})",
              "MEGATRON_ARGS=("]
     for item in items:
