@@ -39,6 +39,7 @@ SECTION = {
     "data_parallel_sharding_strategy": "ddp",
     "optimizer": "optimizer", "optimizer_cpu_offload": "optimizer",
     "use_precision_aware_optimizer": "optimizer", "optimizer_offload_fraction": "optimizer",
+    "ckpt_format": "checkpoint",
 }
 """Megatron field -> Bridge section; every other field is the model's (``model.``)."""
 RENAMED = {"untie_embeddings_and_output_weights": ("share_embeddings_and_output_weights", False),

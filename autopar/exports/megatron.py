@@ -412,6 +412,27 @@ def _optimizer(plan: Plan) -> Item:
                 "same states and time")
 
 
+LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+"""The Llama 3.x rotary scaling Megatron-LM's ``--use-rope-scaling`` applies, its factor aside
+(``megatron/core/models/common/embeddings/rotary_pos_embedding.py``: ``apply_rope_scaling``'s
+fixed arguments)."""
+
+
+def _rope_scaling(scaling: tuple[tuple[str, object], ...]) -> tuple[tuple[Setting, ...], str]:
+    """Megatron's switches for a model's rotary scaling (``ModelShape.rope_scaling``), and
+    where they cannot express it the words saying what is not carried (else "")."""
+    if not scaling:
+        return (), ""
+    fields = dict(scaling)
+    if fields.get("rope_type") == "llama3" and all(
+            float(fields.get(k, -1)) == v for k, v in LLAMA3_ROPE.items()):
+        return ((("use_rope_scaling", True),
+                 ("rope_scaling_factor", float(fields.get("factor", 8.0)))), "")
+    return (), (f"the rotary scaling {fields} is not carried: Megatron's --use-rope-scaling is "
+                "Llama 3.x's with its fixed frequency factors")
+
+
 def _shape_items(shape: ModelShape | None, tp: int) -> list[Item]:
     if shape is None:
         return [Item("model", "not recorded", (), Fit.NONE,
@@ -443,12 +464,16 @@ def _shape_items(shape: ModelShape | None, tp: int) -> list[Item]:
         if s.rope_theta:
             arch += (("rotary_base", int(s.rope_theta)),)
         note = "SwiGLU, RMSNorm, RoPE, no biases"
+        scaling, missed = _rope_scaling(s.rope_scaling)
+        arch += scaling
     else:
         arch = (("normalization", "LayerNorm"), ("position_embedding_type", "learned_absolute"))
         note = "GELU, LayerNorm, learned positions, biases (Megatron's GPT defaults)"
+        missed = ""
     if not s.tied:
         arch += (("untie_embeddings_and_output_weights", True),)
-    items.append(Item("model.family", s.family, arch, Fit.EXACT, note))
+    items.append(Item("model.family", s.family, arch, Fit.CLOSE if missed else Fit.EXACT,
+                      f"{note}; {missed}" if missed else note))
     if s.num_experts:
         moe: tuple[Setting, ...] = (("num_experts", s.num_experts), ("moe_router_topk", s.top_k))
         if s.capacity_factor is None:

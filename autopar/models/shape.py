@@ -73,6 +73,9 @@ class ModelShape:
     """SwiGLU MLP with RMSNorm, RoPE and no biases (Llama); else GELU, LayerNorm, learned
     positions and biases (GPT-2, Megatron-LM's GPT)."""
     rope_theta: float = 0.0
+    rope_scaling: tuple[tuple[str, object], ...] = ()
+    """The rotary embedding's frequency scaling as the config gives it (``rope_type``,
+    ``factor``...: transformers' ``rope_parameters`` or ``rope_scaling``); () for none."""
     num_experts: int = 0
     top_k: int = 0
     capacity_factor: float | None = None
@@ -124,6 +127,37 @@ def _zoo(config: Any) -> ModelShape:
         aux_loss_coef=float(getattr(config, "router_aux_loss_coef", 0.0)), **_facts(config))
 
 
+ROPE_DEFAULT_THETA = 10000.0
+"""transformers' rotary base where a config gives none."""
+
+
+def _rope_parameters(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The rotary embedding's parameters of a transformers config: ``rope_parameters``
+    (transformers 5, which moved ``rope_theta`` and ``rope_scaling`` into it), else
+    ``rope_scaling`` (transformers 4)."""
+    found = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    return found if isinstance(found, Mapping) else {}
+
+
+def _rope_theta(config: Mapping[str, Any]) -> float:
+    """The rotary base: the top-level ``rope_theta`` (transformers 4), else
+    ``rope_parameters["rope_theta"]`` (transformers 5), else transformers' default."""
+    theta = config.get("rope_theta") or _rope_parameters(config).get("rope_theta")
+    return float(theta or ROPE_DEFAULT_THETA)
+
+
+def _rope_scaling(config: Mapping[str, Any]) -> tuple[tuple[str, object], ...]:
+    """The rotary scaling's fields, sorted (the base apart), or () for plain RoPE."""
+    params = dict(_rope_parameters(config))
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind == "default":
+        return ()
+    params.pop("rope_theta", None)
+    params.pop("type", None)
+    params["rope_type"] = kind
+    return tuple(sorted(params.items()))
+
+
 def _transformers(architecture: str, config: Mapping[str, Any]) -> ModelShape | None:
     """A Llama-style transformers config (``num_hidden_layers``, ``intermediate_size``...)."""
     try:
@@ -136,7 +170,7 @@ def _transformers(architecture: str, config: Mapping[str, Any]) -> ModelShape | 
             ffn_hidden_size=int(config["intermediate_size"]),
             vocab_size=int(config["vocab_size"]),
             tied=bool(config.get("tie_word_embeddings", False)), gated=True,
-            rope_theta=float(config.get("rope_theta", 10000.0)),
+            rope_theta=_rope_theta(config), rope_scaling=_rope_scaling(config),
             top_k=int(config.get("num_experts_per_tok", 0) or 0), **facts)
     except (KeyError, TypeError, ValueError):
         return None

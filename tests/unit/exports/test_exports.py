@@ -529,3 +529,45 @@ def test_bridge_and_torchtitan_carry_fp8_and_deepspeed_refuses_it(llama_fp8):
     assert 'converters=[Float8LinearConverter.Config(recipe_name="rowwise"' in text
     with pytest.raises(AutoparError, match="no FP8 switch"):
         export_target(llama_fp8, "deepspeed")
+
+
+# ----- a transformers model's rotary embedding -----
+
+LLAMA31_T5 = {  # transformers 5 writes the rotary base and scaling into rope_parameters
+    "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+    "max_position_embeddings": 131072,
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}}
+
+
+@pytest.mark.parametrize("config", [
+    LLAMA31_T5,
+    # transformers 4: rope_theta at the top, the scaling in rope_scaling
+    {**{k: v for k, v in LLAMA31_T5.items() if k != "rope_parameters"}, "rope_theta": 500000.0,
+     "rope_scaling": {k: v for k, v in LLAMA31_T5["rope_parameters"].items()
+                      if k != "rope_theta"}},
+], ids=["transformers5", "transformers4"])
+def test_megatron_carries_a_transformers_llamas_rotary_base_and_scaling(config):
+    from autopar.core.model_spec import ModelSpec
+    from autopar.exports.megatron import _shape_items, flags
+    from autopar.models.shape import model_shape
+
+    shape = model_shape(ModelSpec("", transformers={"architecture": "LlamaForCausalLM",
+                                                    "config": config}))
+    assert shape.rope_theta == 500000.0
+    family = next(i for i in _shape_items(shape, 1) if i.field == "model.family")
+    words = flags(family.settings)
+    assert words[words.index("--rotary-base") + 1] == "500000"
+    assert float(words[words.index("--rope-scaling-factor") + 1]) == 8.0
+    assert "--use-rope-scaling" in words and family.fit is Fit.EXACT
+    # a scaling Megatron's switches cannot express is said so, not written as Llama 3's
+    yarn = {**config, "rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0,
+                                          "factor": 4.0}}
+    yarn.pop("rope_scaling", None)
+    shape = model_shape(ModelSpec("", transformers={"architecture": "LlamaForCausalLM",
+                                                    "config": yarn}))
+    family = next(i for i in _shape_items(shape, 1) if i.field == "model.family")
+    assert family.fit is Fit.CLOSE and "yarn" in family.note
+    assert "--use-rope-scaling" not in flags(family.settings)
