@@ -15,9 +15,11 @@ keys Bridge accepts are in ``tests/data/megatron_bridge_keys.json``.
 
 Where Bridge differs from Megatron-LM's command line: precision is a recipe name
 (``mixed_precision=bf16_mixed``; its loss scaling is Megatron's default, from 2^32, close), the
-virtual pipeline is ``model.virtual_pipeline_model_parallel_size``, the model's activation is a
-Python function that no override sets (the recipe's model provider chooses it), and the
-Megatron-LM-only switches (``--group-query-attention``, ``--swiglu``) have no field.
+virtual pipeline is ``model.virtual_pipeline_model_parallel_size``, a gated MLP's activation is
+``model.activation_func=silu`` (else the recipe's provider's stays: a GPT recipe's GELU), the
+experts' count is ``model.num_moe_experts`` and their width always written
+(``moe_ffn_hidden_size``: a recipe's own would stay), and the Megatron-LM-only switches
+(``--group-query-attention``, ``--swiglu``) have no field.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ SECTION = {
 RENAMED = {"untie_embeddings_and_output_weights": ("share_embeddings_and_output_weights", False),
            "swiglu": ("gated_linear_unit", True)}
 """Megatron-LM flags whose Bridge field has another name (and the value it takes)."""
+FIELD_NAMES = {"num_experts": "num_moe_experts"}
+"""Megatron-LM arguments whose ``TransformerConfig`` field, which Bridge's ``model.`` section
+is, has another name (the value kept)."""
 NOT_FIELDS = frozenset({"group_query_attention", "fp16", "bf16", "initial_loss_scale",
                         "loss_scale_window", "hysteresis", "vocab_size",
                         "max_position_embeddings", "num_layers_per_virtual_pipeline_stage"})
@@ -69,6 +74,7 @@ def overrides_of(settings: tuple[Setting, ...]) -> list[str]:
             continue
         if name in RENAMED:
             name, value = RENAMED[name]
+        name = FIELD_NAMES.get(name, name)
         out.append(f"{SECTION.get(name, 'model')}.{name}={_value(value)}")
     return out
 
@@ -111,11 +117,14 @@ def _bridge_item(item: Item, plan: Plan) -> tuple[list[str], Fit, str]:
                                "NullTokenizer)")
     elif item.field == "model.max_positions":
         fit, note = Fit.NONE, "the recipe's model provider sets the position table"
+    elif item.field == "model.family" and "swiglu" in names:
+        # the gated MLP's activation: a recipe of another architecture (a GPT one's GELU)
+        # would otherwise keep its own
+        extra = ["model.activation_func=silu"]
     elif item.field == "model.family":
-        fit, note = Fit.CLOSE, ("choose the recipe of this architecture (a llama3 recipe for "
-                                "llama, a GPT one for gpt): its provider sets the activation "
-                                "function, which no override can; the overrides here set the "
-                                "rest of the shape")
+        fit, note = Fit.CLOSE, ("choose a GPT recipe: its provider sets the GELU activation "
+                                "the plan's model runs; the overrides here set the rest of the "
+                                "shape")
     return overrides_of(item.settings) + extra, fit, note
 
 

@@ -483,8 +483,8 @@ def _shape_items(shape: ModelShape | None, tp: int) -> list[Item]:
             fit, note = Fit.CLOSE, ("capacity per expert in both; Megatron drops by routing "
                                     "probability (--moe-token-drop-policy probs), autopar by "
                                     "position, all first choices before any second")
-        if s.moe_ffn_hidden_size:
-            moe += (("moe_ffn_hidden_size", s.moe_ffn_hidden_size),)
+        # each expert's width, always: a recipe's own (Bridge) would stay otherwise
+        moe += (("moe_ffn_hidden_size", s.moe_ffn_hidden_size or s.ffn_hidden_size),)
         if s.shared_expert_size:
             moe += (("moe_shared_expert_intermediate_size", s.shared_expert_size),)
         if s.aux_loss_coef:  # Switch's loss over the tokens of a call in both

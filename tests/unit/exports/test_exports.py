@@ -406,10 +406,18 @@ def _overrides(plan) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines())
 
 
+@pytest.fixture(scope="module")
+def mixtral_ep8():
+    """Mixtral 8x7B over 16 GPUs, ep 8, ZeRO-1: the experts' count and width to carry."""
+    return _plan("mixtral-8x7b", H100, 2, TrainSpec(global_batch=64, seq_len=4096),
+                 dp=16, ep=8, zero=1, micro_batch=1)
+
+
 def test_bridge_overrides_are_fields_of_its_config_sections(llama_interleaved_fp16, gpt175b,
                                                             llama_zero3_offload,
-                                                            llama_uneven_blocks):
-    for plan in (llama_interleaved_fp16, gpt175b, llama_zero3_offload, llama_uneven_blocks):
+                                                            llama_uneven_blocks, mixtral_ep8):
+    for plan in (llama_interleaved_fp16, gpt175b, llama_zero3_offload, llama_uneven_blocks,
+                 mixtral_ep8):
         for key, value in _overrides(plan).items():
             section, _, name = key.rpartition(".")
             assert name in BRIDGE["sections"][section], key
@@ -571,3 +579,13 @@ def test_megatron_carries_a_transformers_llamas_rotary_base_and_scaling(config):
     family = next(i for i in _shape_items(shape, 1) if i.field == "model.family")
     assert family.fit is Fit.CLOSE and "yarn" in family.note
     assert "--use-rope-scaling" not in flags(family.settings)
+
+
+def test_bridge_sets_the_experts_and_the_gated_activation(mixtral_ep8, gpt175b):
+    """Mixtral on a recipe of another MoE: the experts' count under its TransformerConfig name
+    and their width, which the recipe's would replace silently; SiLU for the gated MLP."""
+    o = _overrides(mixtral_ep8)
+    assert (o["model.num_moe_experts"], o["model.moe_ffn_hidden_size"]) == ("8", "14336")
+    assert "model.num_experts" not in o
+    assert o["model.activation_func"] == "silu" and o["model.gated_linear_unit"] == "true"
+    assert "model.activation_func" not in _overrides(gpt175b)  # GELU: a GPT recipe's
