@@ -589,3 +589,21 @@ def test_bridge_sets_the_experts_and_the_gated_activation(mixtral_ep8, gpt175b):
     assert "model.num_experts" not in o
     assert o["model.activation_func"] == "silu" and o["model.gated_linear_unit"] == "true"
     assert "model.activation_func" not in _overrides(gpt175b)  # GELU: a GPT recipe's
+
+
+def test_bridge_overrides_every_recipe_default_the_plan_decides(llama_uneven_blocks,
+                                                                mixtral_ep8):
+    """A recipe's own virtual pipeline, distributed optimizer and TP communication overlap
+    would survive overrides that only set what the plan turns on: a ZeRO-0 plan without
+    pipelining, sequence parallelism or recomputation says each off."""
+    zero0 = _plan("llama3-8b", H100, 1, TrainSpec(global_batch=16, seq_len=4096),
+                  dp=8, zero=0, micro_batch=1, checkpoint="none")
+    o = _overrides(zero0)
+    assert o["model.virtual_pipeline_model_parallel_size"] == "null"
+    assert (o["ddp.use_distributed_optimizer"], o["ddp.use_megatron_fsdp"]) == ("false", "false")
+    assert (o["model.tp_comm_overlap"], o["model.sequence_parallel"]) == ("false", "false")
+    assert o["model.recompute_granularity"] == "null"
+    for key in o:
+        section, _, name = key.rpartition(".")
+        assert name in BRIDGE["sections"][section], key
+    assert _overrides(mixtral_ep8)["ddp.use_distributed_optimizer"] == "true"
