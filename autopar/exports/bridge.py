@@ -54,6 +54,7 @@ FIELD_NAMES = {"num_experts": "num_moe_experts"}
 """Megatron-LM arguments whose ``TransformerConfig`` field, which Bridge's ``model.`` section
 is, has another name (the value kept)."""
 NOT_FIELDS = frozenset({"group_query_attention", "fp16", "bf16", "initial_loss_scale",
+                        "accumulate_allreduce_grads_in_fp32",
                         "loss_scale_window", "hysteresis", "vocab_size",
                         "max_position_embeddings", "num_layers_per_virtual_pipeline_stage"})
 """Megatron-LM flags with no Bridge field of that name: handled below, or said in the row."""
@@ -110,8 +111,10 @@ def _bridge_item(item: Item, plan: Plan) -> tuple[list[str], Fit, str]:
             extra = ["mixed_precision=fp16_mixed"]
             fit, note = Fit.CLOSE, ("fp16_mixed's dynamic loss scaling starts at 2^32 "
                                     "(Megatron's default) where autopar's starts at 2^16 and "
-                                    "grows every 2000 clean steps; set "
-                                    "mixed_precision.initial_loss_scale in Python to match")
+                                    "grows every 2000 clean steps, and it reduces gradients in "
+                                    "fp16 where autopar reduces them in fp32; set "
+                                    "mixed_precision.initial_loss_scale and "
+                                    "grad_reduce_in_fp32 in Python to match")
         else:
             extra = ["mixed_precision=null"]
     elif item.field == "model.vocab_size":

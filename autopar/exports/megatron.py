@@ -369,9 +369,12 @@ def _precision(plan: Plan) -> Item:
         return Item("train.precision", str(p),
                     (("fp16", True), ("initial_loss_scale", LOSS_SCALING["init_scale"]),
                      ("loss_scale_window", LOSS_SCALING["growth_interval"]),
-                     ("hysteresis", 1)), Fit.EXACT,
+                     ("hysteresis", 1), ("accumulate_allreduce_grads_in_fp32", True)),
+                    Fit.EXACT,
                     "dynamic loss scaling as autopar's engine runs it: from 2^16, halved at "
-                    "every overflow (the step skipped), doubled after 2000 clean steps")
+                    "every overflow (the step skipped), doubled after 2000 clean steps; "
+                    "gradients accumulated and reduced in fp32 as autopar's engine reduces "
+                    "them (Megatron's fp16 default is fp16; under bf16 it is fp32 already)")
     if p is Precision.FP32:
         return Item("train.precision", str(p), (), Fit.EXACT, "Megatron-LM's default")
     if p is Precision.FP8:

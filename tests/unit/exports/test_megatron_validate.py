@@ -150,6 +150,8 @@ def test_megatron_accepts_the_export_and_derives_the_plan(name: str, validated) 
     assert bool(a["fp16"]) == (precision == "fp16")
     assert bool(a["bf16"]) == (precision in ("bf16", "fp8"))
     assert bool(a["fp8"]) == (precision == "fp8")
+    if precision in ("bf16", "fp16", "fp8") and c.zero < 2:  # reduced in fp32, as autopar's
+        assert a["accumulate_allreduce_grads_in_fp32"]
     policy = c.checkpoint if isinstance(c.checkpoint, str) else None
     if policy == "full":
         assert a["recompute_granularity"] == "full"
