@@ -41,6 +41,9 @@ def add_export_parser(sub: argparse._SubParsersAction,
                         "(default autopar)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the exported files in a folder that is not empty")
+    p.add_argument("--allow-approximate", action="store_true",
+                   help="write a model whose architecture the target's switches do not express "
+                        "(megatron, bridge) anyway; its README says what is not carried")
     return p
 
 
@@ -54,7 +57,8 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     from autopar.exports import export_formats, formats_of
 
     names = formats_of(args.format)
-    written = export_formats(plan, args.folder, names, spec, overwrite=args.overwrite)
+    written = export_formats(plan, args.folder, names, spec, overwrite=args.overwrite,
+                             allow_approximate=args.allow_approximate)
     console.print(f"plan: {plan.summary()} on {plan.nodes} x {plan.gpus_per_node} GPUs",
                   highlight=False)
     for name, folder in written.items():

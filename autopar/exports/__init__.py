@@ -54,20 +54,24 @@ def formats_of(text: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def export_target(plan: Plan, name: str) -> Export:
-    """The ``Export`` of ``plan`` for the target ``name`` (a key of ``TARGETS``), in memory."""
-    return import_module(TARGETS[name]).export(plan)
+def export_target(plan: Plan, name: str, *, allow_approximate: bool = False) -> Export:
+    """The ``Export`` of ``plan`` for the target ``name`` (a key of ``TARGETS``), in memory.
+    A model whose architecture the target's switches do not express is refused unless
+    ``allow_approximate`` (its README then says what is not carried)."""
+    return import_module(TARGETS[name]).export(plan, allow_approximate=allow_approximate)
 
 
 def export_formats(plan: Plan, folder: str | os.PathLike[str],
                    formats: str | Sequence[str] = "autopar", model: ModelSpec | None = None,
-                   *, overwrite: bool = False) -> dict[str, Path]:
+                   *, overwrite: bool = False, allow_approximate: bool = False
+                   ) -> dict[str, Path]:
     """Write ``plan`` in each of ``formats`` (see ``formats_of``) and return format -> the
     folder written. One format goes into ``folder`` itself, several each into
     ``folder/<format>``. Every target is built first, so a plan one of them refuses writes
     nothing; the folder must be empty unless ``overwrite``."""
     names = formats_of(formats)
-    built = {n: _built(plan, n, several=len(names) > 1) for n in names if n in TARGETS}
+    built = {n: _built(plan, n, several=len(names) > 1, allow_approximate=allow_approximate)
+             for n in names if n in TARGETS}
     if "autopar" in names:
         from autopar.passes.mesh import executable_spec
 
@@ -87,9 +91,9 @@ def export_formats(plan: Plan, folder: str | os.PathLike[str],
     return written
 
 
-def _built(plan: Plan, name: str, several: bool) -> Export:
+def _built(plan: Plan, name: str, several: bool, allow_approximate: bool = False) -> Export:
     try:
-        return export_target(plan, name)
+        return export_target(plan, name, allow_approximate=allow_approximate)
     except AutoparError as err:
         if not several:
             raise

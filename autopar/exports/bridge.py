@@ -50,7 +50,8 @@ SECTION = {
 RENAMED = {"untie_embeddings_and_output_weights": ("share_embeddings_and_output_weights", False),
            "swiglu": ("gated_linear_unit", True)}
 """Megatron-LM flags whose Bridge field has another name (and the value it takes)."""
-FIELD_NAMES = {"num_experts": "num_moe_experts"}
+FIELD_NAMES = {"num_experts": "num_moe_experts", "norm_epsilon": "layernorm_epsilon",
+               "use_rope_scaling": "rope_scaling"}
 """Megatron-LM arguments whose ``TransformerConfig`` field, which Bridge's ``model.`` section
 is, has another name (the value kept)."""
 NOT_FIELDS = frozenset({"group_query_attention", "fp16", "bf16", "initial_loss_scale",
@@ -154,11 +155,11 @@ def decided(plan: Plan) -> dict[str, str]:
     return out
 
 
-def export(plan: Plan) -> Export:
+def export(plan: Plan, allow_approximate: bool = False) -> Export:
     """``overrides.txt``: one override a line, the order of the plan's fields, then what the
     plan decides by Megatron's defaults (``decided``)."""
     rows, lines = {}, []
-    for item in megatron_items(plan):
+    for item in megatron_items(plan, allow_approximate):
         overrides, fit, note = _bridge_item(item, plan)
         rows[item.field] = Row(item.field, item.value, " ".join(overrides), fit, note)
         lines += overrides

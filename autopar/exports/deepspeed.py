@@ -285,8 +285,10 @@ def _checkpoint(plan: Plan, cfg: dict[str, object], row) -> None:
            if c.pp > 1 else ""))
 
 
-def export(plan: Plan) -> Export:
-    """``ds_config.json`` for ``deepspeed.initialize(config=...)``."""
+def export(plan: Plan, allow_approximate: bool = False) -> Export:
+    """``ds_config.json`` for ``deepspeed.initialize(config=...)``. The model is the training
+    script's own code, so nothing here depends on its architecture (``allow_approximate``
+    changes nothing)."""
     cfg, rows = deepspeed_config(plan)
     c = plan.config
     pipe = ""

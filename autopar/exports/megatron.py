@@ -59,6 +59,13 @@ model shape            ``--num-layers --hidden-size --ffn-hidden-size           
                        --num-attention-heads --group-query-attention
                        --num-query-groups --max-position-embeddings``, the family's
                        switches; a factory model's shape is not known
+transformers model     Llama-style architectures (Llama, Mistral, Qwen2/3, Mixtral,      exact /
+                       Qwen3-MoE) field by field: ``--rotary-base`` (transformers 5's    refused
+                       ``rope_parameters`` too), Llama 3.x ``--use-rope-scaling``,
+                       ``--add-qkv-bias``, ``--qk-layernorm``, ``--norm-epsilon``,
+                       the experts' width; another architecture, activation, MLP
+                       biases, a sliding window or a shared expert refused
+                       (``ModelShape.unmapped``) unless ``--allow-approximate``
 =====================  ==============================================================  =======
 """
 
@@ -101,9 +108,11 @@ class Item:
     note: str = ""
 
 
-def megatron_items(plan: Plan) -> list[Item]:
+def megatron_items(plan: Plan, allow_approximate: bool = False) -> list[Item]:
     """The plan as Megatron config fields, one ``Item`` per plan field (see the table in the
-    module docstring); ``AutoparError`` for what Megatron cannot run."""
+    module docstring); ``AutoparError`` for what Megatron cannot run, and for a model whose
+    architecture the switches do not express (``ModelShape.unmapped``) unless
+    ``allow_approximate``."""
     c, t = plan.config, plan.train
     shape = model_shape(plan.model_spec or ModelSpec.zoo(plan.model))
     items = [
@@ -140,7 +149,7 @@ def megatron_items(plan: Plan) -> list[Item]:
         _precision(plan),
         _optimizer(plan),
     ]
-    return items + _shape_items(shape, c.tp)
+    return items + _shape_items(shape, c.tp, allow_approximate)
 
 
 def _zero(plan: Plan) -> Item:
@@ -436,7 +445,8 @@ def _rope_scaling(scaling: tuple[tuple[str, object], ...]) -> tuple[tuple[Settin
                 "Llama 3.x's with its fixed frequency factors")
 
 
-def _shape_items(shape: ModelShape | None, tp: int) -> list[Item]:
+def _shape_items(shape: ModelShape | None, tp: int, allow_approximate: bool = False
+                 ) -> list[Item]:
     if shape is None:
         return [Item("model", "not recorded", (), Fit.NONE,
                      "the plan's model is a factory or unknown: add --num-layers, --hidden-size, "
@@ -467,6 +477,14 @@ def _shape_items(shape: ModelShape | None, tp: int) -> list[Item]:
         if s.rope_theta:
             arch += (("rotary_base", int(s.rope_theta)),)
         note = "SwiGLU, RMSNorm, RoPE, no biases"
+        if s.qkv_bias:
+            arch += (("add_qkv_bias", True),)
+            note = "SwiGLU, RMSNorm, RoPE, biases on q, k and v only"
+        if s.qk_norm:
+            arch += (("qk_layernorm", True),)
+            note += ", RMSNorm on q and k"
+        if s.norm_eps:
+            arch += (("norm_epsilon", s.norm_eps),)
         scaling, missed = _rope_scaling(s.rope_scaling)
         arch += scaling
     else:
@@ -475,8 +493,19 @@ def _shape_items(shape: ModelShape | None, tp: int) -> list[Item]:
         missed = ""
     if not s.tied:
         arch += (("untie_embeddings_and_output_weights", True),)
-    items.append(Item("model.family", s.family, arch, Fit.CLOSE if missed else Fit.EXACT,
-                      f"{note}; {missed}" if missed else note))
+    if s.unmapped:
+        what = "; ".join(s.unmapped)
+        if not allow_approximate:
+            raise refuse(f"the model's {what}: Megatron's switches written here would run "
+                         "another model", where="model",
+                         fix="export with --allow-approximate to write the Llama-style "
+                             "switches anyway (the README then says what differs), or "
+                             "export to autopar's own format")
+        items.append(Item("model.family", s.family, arch, Fit.NONE,
+                          f"written as Llama's ({note}); not carried: {what}"))
+    else:
+        items.append(Item("model.family", s.family, arch, Fit.CLOSE if missed else Fit.EXACT,
+                          f"{note}; {missed}" if missed else note))
     if s.num_experts:
         moe: tuple[Setting, ...] = (("num_experts", s.num_experts), ("moe_router_topk", s.top_k))
         if s.capacity_factor is None:
@@ -532,9 +561,10 @@ def _connections(plan: Plan) -> list[str]:
     return ["export CUDA_DEVICE_MAX_CONNECTIONS=1"]
 
 
-def export(plan: Plan) -> Export:
-    """``megatron_args.sh``: the arguments as a bash array a launch script passes on."""
-    items = megatron_items(plan)
+def export(plan: Plan, allow_approximate: bool = False) -> Export:
+    """``megatron_args.sh``: the arguments as a bash array a launch script passes on
+    (``megatron_items``)."""
+    items = megatron_items(plan, allow_approximate)
     rows = {i.field: Row(i.field, i.value, " ".join(flags(i.settings)), i.fit, i.note)
             for i in items}
     lines = [f"# autopar plan for {plan.model}: {plan.summary()}",

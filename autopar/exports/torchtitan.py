@@ -325,7 +325,10 @@ _AC_NAME = {Checkpoint.FULL: "FullAC", Checkpoint.MOE: "FullAC", Checkpoint.MATM
 
 
 def _flavor(shape: ModelShape | None) -> str | None:
-    if shape is None or not shape.gated or shape.num_experts:
+    """The llama3 flavor of the model's shape: a Llama block (no q/k/v biases or q/k norms,
+    nothing ``ModelShape.unmapped``) of the same sizes; else None."""
+    if (shape is None or not shape.gated or shape.num_experts or shape.unmapped
+            or shape.qkv_bias or shape.qk_norm):
         return None
     for flavor, fields in LLAMA3_FLAVORS.items():
         if all(getattr(shape, k) == v for k, v in fields.items()):
@@ -405,9 +408,11 @@ def {FUNCTION}() -> Trainer.Config:
 '''
 
 
-def export(plan: Plan) -> Export:
+def export(plan: Plan, allow_approximate: bool = False) -> Export:
     """``autopar_plan.py`` (the config function) and ``autopar_plan_config.json`` (its
-    ``save_config_file`` fields)."""
+    ``save_config_file`` fields). The model is a llama3 flavor of the same block or none
+    (``_flavor``), so nothing is refused for its architecture (``allow_approximate``
+    changes nothing)."""
     titan, rows = titan_config(plan)
     text = json.dumps(saved_config(plan, titan), indent=2) + "\n"
     usage = f"""`{MODULE}` defines `{FUNCTION}()`, a torchtitan `Trainer.Config`; put it where

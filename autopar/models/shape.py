@@ -88,6 +88,17 @@ class ModelShape:
     """Leading layers with a dense MLP (``deepseek``)."""
     aux_loss_coef: float = 0.0
     """Weight of the router's load-balancing loss (``models/moe``)."""
+    qkv_bias: bool = False
+    """Biases on the q, k and v projections (Qwen2's; Llama's ``attention_bias``)."""
+    qk_norm: bool = False
+    """RMSNorm on each head's q and k (Qwen3's)."""
+    norm_eps: float = 0.0
+    """The norms' epsilon where the config gives it (0: the target's default)."""
+    unmapped: tuple[str, ...] = ()
+    """What of the model's architecture the Llama-style switches (SwiGLU, RMSNorm, RoPE, q/k
+    norm and qkv bias as given) do not express: a transformers config's other architecture,
+    activation, biases or sliding window (``_unmapped``). The Megatron and Bridge exports
+    refuse such a model unless told to write it anyway."""
 
 
 def model_shape(spec: ModelSpec | None) -> ModelShape | None:
@@ -158,12 +169,46 @@ def _rope_scaling(config: Mapping[str, Any]) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(params.items()))
 
 
+LLAMA_STYLE = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                         "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"})
+"""transformers architectures whose block is Llama's (RMSNorm, gated MLP, RoPE, no output
+biases) but for what ``ModelShape`` records of them: Qwen2's q/k/v biases, Qwen3's q/k norms,
+the experts' count and width (transformers' modeling files of each)."""
+QKV_BIAS = frozenset({"Qwen2ForCausalLM"})
+"""Architectures with biases on q, k and v whatever the config says (Qwen2's attention)."""
+QK_NORM = frozenset({"Qwen3ForCausalLM", "Qwen3MoeForCausalLM"})
+"""Architectures with an RMSNorm on each head's q and k (Qwen3's attention)."""
+
+
+def _unmapped(architecture: str, config: Mapping[str, Any]) -> tuple[str, ...]:
+    """What of a transformers model the Llama-style shape does not express (``ModelShape``'s
+    ``unmapped``)."""
+    out = []
+    if architecture not in LLAMA_STYLE:
+        out.append(f"the {architecture} architecture (its norms, activation, biases and "
+                   "layout are not read field by field)")
+        return tuple(out)
+    act = str(config.get("hidden_act") or "silu")
+    if act != "silu":
+        out.append(f"the activation {act} (the gated MLP is written as SwiGLU)")
+    if config.get("mlp_bias"):
+        out.append("the MLP's biases")
+    window = config.get("sliding_window")
+    if window and (architecture == "MistralForCausalLM" or config.get("use_sliding_window")):
+        out.append(f"sliding-window attention ({window} tokens)")
+    if config.get("shared_expert_intermediate_size"):
+        out.append("the shared expert")
+    return tuple(out)
+
+
 def _transformers(architecture: str, config: Mapping[str, Any]) -> ModelShape | None:
     """A Llama-style transformers config (``num_hidden_layers``, ``intermediate_size``...)."""
     try:
         facts = _facts(SimpleNamespace(**config))
         if facts["num_heads"] is None:
             return None
+        experts = facts["num_experts"]
+        moe_width = int(config.get("moe_intermediate_size") or 0) if experts else 0
         return ModelShape(
             family=architecture, num_layers=int(config["num_hidden_layers"]),
             hidden_size=int(config["hidden_size"]),
@@ -171,6 +216,11 @@ def _transformers(architecture: str, config: Mapping[str, Any]) -> ModelShape | 
             vocab_size=int(config["vocab_size"]),
             tied=bool(config.get("tie_word_embeddings", False)), gated=True,
             rope_theta=_rope_theta(config), rope_scaling=_rope_scaling(config),
-            top_k=int(config.get("num_experts_per_tok", 0) or 0), **facts)
+            top_k=int(config.get("num_experts_per_tok", 0) or 0),
+            moe_ffn_hidden_size=moe_width,
+            qkv_bias=architecture in QKV_BIAS or bool(config.get("attention_bias")),
+            qk_norm=architecture in QK_NORM,
+            norm_eps=float(config.get("rms_norm_eps") or 0.0),
+            unmapped=_unmapped(architecture, config), **facts)
     except (KeyError, TypeError, ValueError):
         return None

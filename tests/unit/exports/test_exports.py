@@ -607,3 +607,57 @@ def test_bridge_overrides_every_recipe_default_the_plan_decides(llama_uneven_blo
         section, _, name = key.rpartition(".")
         assert name in BRIDGE["sections"][section], key
     assert _overrides(mixtral_ep8)["ddp.use_distributed_optimizer"] == "true"
+
+
+# ----- a transformers model's architecture, field by field -----
+
+TINY_HF = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+           "max_position_embeddings": 256, "rms_norm_eps": 1e-6}
+
+
+def _hf_family(architecture: str, config: dict, allow: bool = False):
+    from autopar.core.model_spec import ModelSpec
+    from autopar.exports.megatron import _shape_items
+    from autopar.models.shape import model_shape
+
+    shape = model_shape(ModelSpec("", transformers={"architecture": architecture,
+                                                    "config": config}))
+    return next(i for i in _shape_items(shape, 1, allow) if i.field == "model.family")
+
+
+def test_qwen_attention_is_carried_and_other_architectures_are_refused():
+    from autopar.exports.megatron import flags
+
+    qwen2 = flags(_hf_family("Qwen2ForCausalLM", TINY_HF).settings)
+    assert "--add-qkv-bias" in qwen2 and "--qk-layernorm" not in qwen2
+    qwen3 = _hf_family("Qwen3ForCausalLM", TINY_HF)
+    assert "--qk-layernorm" in flags(qwen3.settings) and qwen3.fit is Fit.EXACT
+    assert "--add-qkv-bias" not in flags(qwen3.settings)
+    eps = flags(qwen3.settings)
+    assert float(eps[eps.index("--norm-epsilon") + 1]) == 1e-6
+    # GPT-NeoX is not a Llama block: refused, or written anyway with what is not carried
+    neox = {**TINY_HF, "hidden_act": "gelu"}
+    with pytest.raises(AutoparError, match="GPTNeoXForCausalLM"):
+        _hf_family("GPTNeoXForCausalLM", neox)
+    item = _hf_family("GPTNeoXForCausalLM", neox, allow=True)
+    assert item.fit is Fit.NONE and "not carried" in item.note
+    # a Llama-style architecture with another activation or a sliding window is refused too
+    with pytest.raises(AutoparError, match="activation gelu"):
+        _hf_family("LlamaForCausalLM", {**TINY_HF, "hidden_act": "gelu"})
+    with pytest.raises(AutoparError, match="sliding-window"):
+        _hf_family("MistralForCausalLM", {**TINY_HF, "sliding_window": 4096})
+
+
+def test_bridge_names_the_architecture_fields_as_its_provider_does():
+    """Qwen3's q/k norm and epsilon and Llama 3.1's rotary scaling as Bridge overrides: each a
+    field of its model section (``GPTModelProvider``/``TransformerConfig`` names)."""
+    from autopar.exports.bridge import overrides_of
+
+    qwen3 = overrides_of(_hf_family("Qwen3ForCausalLM", TINY_HF).settings)
+    llama31 = overrides_of(_hf_family("LlamaForCausalLM", LLAMA31_T5).settings)
+    assert "model.qk_layernorm=true" in qwen3 and "model.layernorm_epsilon=1e-06" in qwen3
+    assert "model.rope_scaling=true" in llama31 and "model.rope_scaling_factor=8" in llama31
+    for key in (o.split("=", 1)[0] for o in qwen3 + llama31):
+        section, _, name = key.rpartition(".")
+        assert name in BRIDGE["sections"][section], key
