@@ -66,6 +66,10 @@ transformers model     Llama-style architectures (Llama, Mistral, Qwen2/3, Mixtr
                        the experts' width; another architecture, activation, MLP
                        biases, a sliding window or a shared expert refused
                        (``ModelShape.unmapped``) unless ``--allow-approximate``
+DeepSeek (zoo)         ``--multi-latent-attention`` with its ranks and head sizes,      exact
+                       ``--rope-type rope`` (autopar's MLA runs plain RoPE)
+GPT-OSS (zoo)          sinks, sliding window, biases, clamped SwiGLU: refused unless    refused
+                       ``--allow-approximate``
 =====================  ==============================================================  =======
 """
 
@@ -485,6 +489,15 @@ def _shape_items(shape: ModelShape | None, tp: int, allow_approximate: bool = Fa
             note += ", RMSNorm on q and k"
         if s.norm_eps:
             arch += (("norm_epsilon", s.norm_eps),)
+        if s.mla:  # DeepSeek's attention; autopar's runs plain RoPE, Megatron's MLA YaRN
+            mla = dict(s.mla)
+            arch += (("multi_latent_attention", True), ("rope_type", "rope"),
+                     *((("q_lora_rank", mla["q_lora_rank"]),) if mla["q_lora_rank"] else ()),
+                     ("kv_lora_rank", mla["kv_lora_rank"]),
+                     ("qk_head_dim", mla["qk_nope_head_dim"]),
+                     ("qk_pos_emb_head_dim", mla["qk_rope_head_dim"]),
+                     ("v_head_dim", mla["v_head_dim"]))
+            note += ", multi-head latent attention"
         scaling, missed = _rope_scaling(s.rope_scaling)
         arch += scaling
     else:

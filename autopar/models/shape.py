@@ -94,6 +94,9 @@ class ModelShape:
     """RMSNorm on each head's q and k (Qwen3's)."""
     norm_eps: float = 0.0
     """The norms' epsilon where the config gives it (0: the target's default)."""
+    mla: tuple[tuple[str, int | None], ...] = ()
+    """Multi-head latent attention's ranks and head sizes (``q_lora_rank``, ``kv_lora_rank``,
+    ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; ``deepseek``), or ()."""
     unmapped: tuple[str, ...] = ()
     """What of the model's architecture the Llama-style switches (SwiGLU, RMSNorm, RoPE, q/k
     norm and qkv bias as given) do not express: a transformers config's other architecture,
@@ -135,7 +138,11 @@ def _zoo(config: Any) -> ModelShape:
         shared_expert_size=getattr(config, "num_shared_experts", 0)
         * getattr(config, "moe_ffn_hidden_size", 0),
         first_k_dense=getattr(config, "first_k_dense", 0),
-        aux_loss_coef=float(getattr(config, "router_aux_loss_coef", 0.0)), **_facts(config))
+        aux_loss_coef=float(getattr(config, "router_aux_loss_coef", 0.0)),
+        norm_eps=float(getattr(config, "norm_eps", 0.0) or 0.0),
+        mla=tuple((k, getattr(config, k)) for k in MLA_FIELDS)
+        if str(getattr(config, "attention", "")) == "mla" else (),
+        unmapped=_zoo_unmapped(config), **_facts(config))
 
 
 ROPE_DEFAULT_THETA = 10000.0
@@ -198,6 +205,27 @@ def _unmapped(architecture: str, config: Mapping[str, Any]) -> tuple[str, ...]:
         out.append(f"sliding-window attention ({window} tokens)")
     if config.get("shared_expert_intermediate_size"):
         out.append("the shared expert")
+    return tuple(out)
+
+
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              "v_head_dim")
+
+
+def _zoo_unmapped(config: Any) -> tuple[str, ...]:
+    """What of a zoo model a Llama- or GPT-style shape does not express: GPT-OSS's attention
+    sinks, sliding window, attention and expert biases and clamped SwiGLU (``models/moe``)."""
+    out = []
+    if getattr(config, "attention_sinks", False):
+        out.append("attention sinks")
+    if getattr(config, "sliding_window", None):
+        out.append(f"sliding-window attention ({config.sliding_window} tokens)")
+    if getattr(config, "attention_bias", False):
+        out.append("the attention's biases")
+    if getattr(config, "expert_bias", False):
+        out.append("the experts' biases")
+    if getattr(config, "swiglu_limit", None):
+        out.append(f"the SwiGLU clamped at {config.swiglu_limit}")
     return tuple(out)
 
 

@@ -39,7 +39,10 @@ READ_BACK = ("world_size", "data_parallel_size", "tensor_model_parallel_size",
              "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "params_dtype",
              "main_grads_dtype", "grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32",
              "optimizer", "pipeline_model_parallel_layout", "decoder_first_pipeline_num_layers",
-             "decoder_last_pipeline_num_layers", "optimizer_cpu_offload")
+             "decoder_last_pipeline_num_layers", "optimizer_cpu_offload",
+             "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+             "qk_pos_emb_head_dim", "v_head_dim", "rope_type", "moe_layer_freq",
+             "moe_shared_expert_intermediate_size")
 
 
 def _sourced(script: str) -> tuple[dict[str, str | None], list[str]]:

@@ -76,7 +76,17 @@ PLANS = {
     "llama3-8b-fp8-tp2": ("llama3-8b", H100, 1, dict(global_batch=32, seq_len=4096,
                                                      precision="fp8"),
                           dict(dp=4, tp=2, zero=1, micro_batch=1, sequence_parallel=True)),
+    # DeepSeek-V3's latent attention, shared expert and dense first layers
+    "deepseek-v3-pp4-ep8": ("deepseek-v3", H100, 4, dict(global_batch=32, seq_len=4096),
+                            dict(dp=8, pp=4, ep=8, zero=1, micro_batch=1)),
+    # GPT-OSS's sinks, window and biases: refused by autopar before anything is written
+    "gpt-oss-20b-ep4": ("gpt-oss-20b", H100, 1, dict(global_batch=16, seq_len=4096),
+                        dict(dp=8, ep=4, zero=1, micro_batch=1)),
 }
+
+
+REFUSED = {"gpt-oss-20b-ep4": "attention sinks"}
+"""Plan kinds the export refuses, and a word of the reason it gives."""
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +122,7 @@ def validated(tmp_path_factory) -> dict[str, tuple[object, dict]]:
 def test_megatron_accepts_the_export_and_derives_the_plan(name: str, validated) -> None:
     plan, verdict = validated[name]
     if "export refused" in verdict:  # refused by autopar with the reason, before writing
-        assert "Megatron" in verdict["export refused"] or verdict["export refused"]
+        assert name in REFUSED and REFUSED[name] in verdict["export refused"]
         return
     assert "refused" not in verdict, verdict.get("refused")
     a, c, t = verdict["args"], plan.config, plan.train
@@ -143,9 +153,19 @@ def test_megatron_accepts_the_export_and_derives_the_plan(name: str, validated) 
     assert (a["num_layers"], a["hidden_size"], a["num_attention_heads"]) == \
         (model.num_layers, model.hidden_size, model.num_heads)
     if getattr(model, "num_experts", 0):  # the experts' shape as the plan priced it
+        width = getattr(model, "moe_ffn_hidden_size", 0) or model.ffn_hidden_size
         assert (a["num_experts"], a["moe_router_topk"], a["moe_ffn_hidden_size"]) == \
-            (model.num_experts, model.top_k, model.ffn_hidden_size)
+            (model.num_experts, model.top_k, width)
         assert a["expert_tensor_parallel_size"] == c.etp
+    if getattr(model, "num_shared_experts", 0):
+        assert a["moe_shared_expert_intermediate_size"] == \
+            model.num_shared_experts * model.moe_ffn_hidden_size
+    if str(getattr(model, "attention", "")) == "mla":  # DeepSeek's latent attention
+        assert a["multi_latent_attention"] and a["rope_type"] == "rope"
+        assert (a["q_lora_rank"], a["kv_lora_rank"], a["qk_head_dim"],
+                a["qk_pos_emb_head_dim"], a["v_head_dim"]) == \
+            (model.q_lora_rank, model.kv_lora_rank, model.qk_nope_head_dim,
+             model.qk_rope_head_dim, model.v_head_dim)
     precision = t.precision.value
     assert bool(a["fp16"]) == (precision == "fp16")
     assert bool(a["bf16"]) == (precision in ("bf16", "fp8"))
