@@ -1,8 +1,12 @@
 """A plan as a torchtitan job config: a ``Trainer.Config`` function, and its JSON.
 
 torchtitan's configurations are Python functions returning a ``Trainer.Config`` (they replaced
-the TOML files in 2026), selected with ``--module`` and ``--config``. Names read from
-pytorch/torchtitan at b5bcd76c66d0acb1a08b176d9639425bc55e0b2a (2026-08-21):
+the TOML files in 2026), selected with ``--module`` and ``--config``. Written for torchtitan
+0.3.0 (PyPI, 2026-09), the release users install: its ``TrainingConfig`` and
+``ParallelismConfig`` (``local_batch_size``, ``global_batch_size``, ``seq_len``,
+``pipeline_parallel_microbatch_size``; a later main counts tokens instead) and its trainer's
+checks (``disable_cuda_graphs`` under pipelining). The other names read from
+pytorch/torchtitan at b5bcd76c66d0acb1a08b176d9639425bc55e0b2a (2026-08-21), the same in 0.3.0:
 ``torchtitan/config/configs.py`` (``TrainingConfig``, ``ParallelismConfig``),
 ``torchtitan/trainer.py`` (``Trainer.Config``, its ``to_dict`` that ``debug.save_config_file``
 writes, the gradient accumulation it derives), ``torchtitan/distributed/activation_checkpoint.py``
@@ -30,9 +34,10 @@ stage_blocks
 cp, ep                 ``context_parallel_degree``, ``expert_parallel_degree``           exact
                        (ep with ZeRO-0 refused: torchtitan carves experts from the
                        sharded ranks)
-micro_batch, seq_len,  ``num_tokens_per_microbatch_per_dp_rank``,                        exact
-global_batch,          ``num_tokens_per_train_step``, ``max_context_length``,
-num_microbatches       ``num_pp_microbatches`` (accumulation is derived)
+micro_batch, seq_len,  ``local_batch_size``, ``global_batch_size``, ``seq_len``,            exact
+global_batch,          ``pipeline_parallel_microbatch_size`` (accumulation is derived;
+num_microbatches       under pipelining local = micro-batches x micro-batch size);
+                       ``disable_cuda_graphs`` (autopar's engine runs none)
 checkpoint             none: ``None``; full: ``FullAC``; selective and matmuls:           exact /
                        ``SelectiveAC`` (another policy: saves every second matmul);     close
                        moe: ``FullAC`` (no MoE-layer-only AC); per block: one policy
@@ -61,10 +66,10 @@ from autopar.core.stages import chunk_sizes
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
 from autopar.models.shape import ModelShape, model_shape
 
-SOURCE = ("pytorch/torchtitan torchtitan/config/configs.py, torchtitan/trainer.py, "
+SOURCE = ("torchtitan 0.3.0 (PyPI): torchtitan/config/configs.py, torchtitan/trainer.py, "
           "torchtitan/distributed/activation_checkpoint.py, "
-          "torchtitan/distributed/pipeline_parallel.py at "
-          "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a")
+          "torchtitan/distributed/pipeline_parallel.py (the same names at "
+          "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a but for the batch fields)")
 MODULE = "autopar_plan.py"
 JSON = "autopar_plan_config.json"
 FUNCTION = "autopar_plan"
@@ -171,21 +176,29 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
             "degree: export to Megatron-LM (--expert-tensor-parallel-size), or plan etp=1")
     _pipeline(plan, par, row)
 
+    # torchtitan 0.3.0 (trainer.py): gradient accumulation = global_batch_size /
+    # (local_batch_size * dp); under pipelining local_batch_size splits into
+    # local / pipeline_parallel_microbatch_size pipeline micro-batches
+    local = c.micro_batch * m if c.pp > 1 else c.micro_batch
     training: dict[str, object] = {
-        "num_tokens_per_microbatch_per_dp_rank": c.micro_batch * t.seq_len,
-        "num_tokens_per_train_step": t.global_batch * t.seq_len,
-        "max_context_length": t.seq_len}
-    row("config.micro_batch", c.micro_batch, f"num_tokens_per_microbatch_per_dp_rank = "
-        f"{c.micro_batch} x {t.seq_len}", Fit.EXACT)
-    row("train.global_batch", t.global_batch,
-        f"num_tokens_per_train_step = {t.global_batch} x {t.seq_len}", Fit.EXACT)
-    row("train.seq_len", t.seq_len, f"max_context_length = {t.seq_len}", Fit.EXACT)
+        "local_batch_size": local, "global_batch_size": t.global_batch, "seq_len": t.seq_len,
+        # autopar's engine runs no CUDA graph (and torchtitan refuses them under pipelining)
+        "disable_cuda_graphs": True}
+    row("config.micro_batch", c.micro_batch,
+        f"parallelism.pipeline_parallel_microbatch_size = {c.micro_batch}" if c.pp > 1
+        else f"local_batch_size = {c.micro_batch}", Fit.EXACT)
+    row("train.global_batch", t.global_batch, f"global_batch_size = {t.global_batch}",
+        Fit.EXACT)
+    row("train.seq_len", t.seq_len, f"seq_len = {t.seq_len}", Fit.EXACT)
     if c.pp > 1:
-        row("config.num_microbatches", m, f"num_pp_microbatches = {m}", Fit.EXACT,
-            "one pipeline schedule run per step, no further accumulation")
+        row("config.num_microbatches", m, f"local_batch_size = {local} (= {m} x "
+            f"{c.micro_batch})", Fit.EXACT,
+            "one pipeline schedule run of local / micro-batch size micro-batches per step, no "
+            "further accumulation")
     else:
         row("config.num_microbatches", m, "", Fit.EXACT,
-            f"torchtitan derives {m} gradient accumulation step(s) from the token counts")
+            f"torchtitan derives {m} gradient accumulation step(s): global_batch_size / "
+            "(local_batch_size x dp)")
     if c.offload:
         training["enable_cpu_offload"] = True
         row("config.offload", True, "training.enable_cpu_offload = true", Fit.CLOSE,
@@ -255,7 +268,7 @@ def _pipeline(plan: Plan, par: dict[str, object], row) -> None:
         return
     name = SCHEDULES[c.schedule]
     par["pipeline_parallel_schedule"] = name
-    par["num_pp_microbatches"] = plan.estimate.num_microbatches
+    par["pipeline_parallel_microbatch_size"] = c.micro_batch
     row("config.schedule", c.schedule, f"pipeline_parallel_schedule = {name!r}", Fit.EXACT,
         "the torch.distributed.pipelining schedule autopar's engine runs")
     chunks = (chunk_sizes(sum(plan.stage_blocks), c.pp * c.virtual_stages)

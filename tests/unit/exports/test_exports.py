@@ -354,12 +354,14 @@ def test_torchtitan_pipeline_fields_and_token_counts(gpt175b):
     assert layers == [f"layers.{i}" for i in range(96)]
     assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"],
             par["tensor_parallel_degree"], par["enable_sequence_parallel"]) == (16, 1, 8, True)
-    # torchtitan's accumulation (trainer.py): train-step tokens / (micro-batch tokens x
-    # pipeline micro-batches x dp) -- one pipeline run per step
-    accumulation = training["num_tokens_per_train_step"] // (
-        training["num_tokens_per_microbatch_per_dp_rank"] * par["num_pp_microbatches"] * 16)
-    assert accumulation == 1 and par["num_pp_microbatches"] == 96
-    assert training["max_context_length"] == 2048
+    # torchtitan 0.3.0's trainer.py: accumulation = global_batch_size / (local_batch_size x
+    # dp); pipeline micro-batches = local_batch_size / pipeline_parallel_microbatch_size --
+    # one pipeline run of 96 per step; CUDA graphs off, which it requires under pipelining
+    accumulation = training["global_batch_size"] // (training["local_batch_size"] * 16)
+    assert training["global_batch_size"] % (training["local_batch_size"] * 16) == 0
+    pp_microbatches = training["local_batch_size"] // par["pipeline_parallel_microbatch_size"]
+    assert accumulation == 1 and pp_microbatches == 96
+    assert training["seq_len"] == 2048 and training["disable_cuda_graphs"] is True
     assert training["mixed_precision_param"] == "bfloat16"
     assert saved["activation_checkpoint"] == {"preserve_rng_state": True,
                                               "determinism_check": "default", "debug": False}
@@ -370,9 +372,9 @@ def test_torchtitan_zero3_offload_and_llama3_flavor(llama_zero3_offload):
     assert saved["model_spec"] == {"name": "llama3", "flavor": "8B"}
     assert saved["parallelism"]["fsdp_reshard_after_forward"] == "always"
     assert saved["training"]["enable_cpu_offload"] is True
-    # without pipelining torchtitan accumulates micro-batch tokens x dp up to the step
+    # without pipelining torchtitan 0.3.0 accumulates local batches x dp up to the step
     t = saved["training"]
-    assert t["num_tokens_per_train_step"] // (t["num_tokens_per_microbatch_per_dp_rank"] * 16) \
+    assert t["global_batch_size"] // (t["local_batch_size"] * 16) \
         == llama_zero3_offload.estimate.num_microbatches
     assert "FullAC" in _call_keywords(tree, "Trainer.Config")["activation_checkpoint"]
 
@@ -661,3 +663,46 @@ def test_bridge_names_the_architecture_fields_as_its_provider_does():
     for key in (o.split("=", 1)[0] for o in qwen3 + llama31):
         section, _, name = key.rpartition(".")
         assert name in BRIDGE["sections"][section], key
+
+
+def _torchtitan_configs():
+    """torchtitan 0.3.0's ``torchtitan/config/configs.py`` (the wheel
+    ``scripts/fetch_frameworks.py`` unpacks), loaded on its own: its dataclasses need only
+    torch, where the package's ``__init__`` imports its CLI's dependencies."""
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+    from fetch_frameworks import torchtitan_dir
+
+    path = torchtitan_dir() / "torchtitan" / "config" / "configs.py"
+    if not path.exists():
+        pytest.skip(f"torchtitan's code is not fetched ({path}): "
+                    "python3 scripts/fetch_frameworks.py")
+    spec = importlib.util.spec_from_file_location("torchtitan_0_3_0_configs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_torchtitan_030_builds_its_configs_from_each_export(gpt175b, llama_zero3_offload,
+                                                             llama_uneven_blocks, mixtral_ep8):
+    """torchtitan 0.3.0's own ``TrainingConfig`` and ``ParallelismConfig`` (keyword-only
+    dataclasses: an unknown field is a TypeError, as the issue's first symptom was) take every
+    export's fields, and hold the plan's batch: its trainer's accumulation and pipeline
+    micro-batches (``trainer.py``) are the plan's."""
+    configs = _torchtitan_configs()
+    for plan in (gpt175b, llama_zero3_offload, llama_uneven_blocks, mixtral_ep8):
+        saved, _ = _titan(plan)  # (an fp16 plan is refused: torchtitan has no loss scaling)
+        training = configs.TrainingConfig(**saved["training"])
+        par = configs.ParallelismConfig(**saved["parallelism"])
+        c, m = plan.config, plan.estimate.num_microbatches
+        dp = par.data_parallel_replicate_degree * max(1, par.data_parallel_shard_degree)
+        assert dp == c.dp and training.seq_len == plan.train.seq_len
+        accumulation = training.global_batch_size // (training.local_batch_size * dp)
+        assert training.global_batch_size == plan.train.global_batch
+        if c.pp > 1:
+            assert accumulation == 1 and training.disable_cuda_graphs
+            assert training.local_batch_size // par.pipeline_parallel_microbatch_size == m
+        else:
+            assert accumulation == m
