@@ -51,7 +51,7 @@ blocks, so parameter names (and checkpoint files) do not change with the policy.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 
 import torch
@@ -158,13 +158,10 @@ def run_block(call: Callable[[nn.Module, torch.Tensor, tuple], torch.Tensor], bl
               x: torch.Tensor, extra: tuple, policy: Checkpoint) -> torch.Tensor:
     """``call(block, x, extra)`` under ``policy``."""
     set_core_runners(block, policy)
-    if policy is Checkpoint.SELECTIVE:
-        with regathered_saves():
-            return call(block, x, extra)
-    if policy is Checkpoint.NONE:
-        return call(block, x, extra)
-    if policy is Checkpoint.MOE:
-        with regathered_saves(), moe_layers_checkpointed(block):
+    if policy in (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MOE):
+        # the block runs as is; selective's cores and moe's layers checkpoint themselves
+        with (regathered_saves() if policy.regathers else nullcontext()), \
+                (moe_layers_checkpointed(block) if policy is Checkpoint.MOE else nullcontext()):
             return call(block, x, extra)
     context = matmuls_context if policy is Checkpoint.MATMULS else None
     kwargs = {"context_fn": context} if context is not None else {}
