@@ -200,12 +200,25 @@ def _unmapped(architecture: str, config: Mapping[str, Any]) -> tuple[str, ...]:
         out.append(f"the activation {act} (the gated MLP is written as SwiGLU)")
     if config.get("mlp_bias"):
         out.append("the MLP's biases")
-    window = config.get("sliding_window")
-    if window and (architecture == "MistralForCausalLM" or config.get("use_sliding_window")):
+    window = _config_window(config)
+    if window:
         out.append(f"sliding-window attention ({window} tokens)")
     if config.get("shared_expert_intermediate_size"):
         out.append("the shared expert")
     return tuple(out)
+
+
+def _config_window(config: Mapping[str, Any]) -> int | None:
+    """The attention window a transformers config gives some layer: the hf_llama family's rule
+    (``context.attention_window``: the config's own, unless per-layer types or
+    ``use_sliding_window=False`` say otherwise), and under per-layer types the window of the
+    ``sliding_attention`` layers."""
+    from autopar.models.hf_llama.context import attention_window
+
+    window = attention_window(SimpleNamespace(**config), None)
+    if window is None and "sliding_attention" in (config.get("layer_types") or ()):
+        window = config.get("sliding_window") or None
+    return window
 
 
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
