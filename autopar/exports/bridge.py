@@ -21,14 +21,15 @@ experts' count is ``model.num_moe_experts`` and their width always written
 (``moe_ffn_hidden_size``: a recipe's own would stay), and the Megatron-LM-only switches
 (``--group-query-attention``, ``--swiglu``) have no field. What the plan decides by Megatron's
 defaults -- no interleaving, the distributed optimizer or Megatron-FSDP off, no sequence
-parallelism, no TP communication overlap, no recomputation -- is written too (``decided``), so a
-recipe's own setting does not survive.
+parallelism, no TP communication overlap, no recomputation -- is written too, so a recipe's
+own setting does not survive: the Megatron items carry the switches off and the fields unset
+(``None``: ``null``), which Megatron's command line leaves out (``megatron.flags``).
 """
 
 from __future__ import annotations
 
 from autopar.core.plan import Plan
-from autopar.core.specs import ASYNC_TP, Fp8Recipe, Precision
+from autopar.core.specs import Fp8Recipe, Precision
 from autopar.exports.mapping import Export, Fit, Row, plan_rows
 from autopar.exports.megatron import Item, Setting, megatron_items
 
@@ -62,6 +63,8 @@ NOT_FIELDS = frozenset({"group_query_attention", "fp16", "bf16", "initial_loss_s
 
 
 def _value(value: object) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
@@ -91,8 +94,11 @@ def _bridge_item(item: Item, plan: Plan) -> tuple[list[str], Fit, str]:
     fit, note = item.fit, item.note
     if item.field == "train.seq_len":
         extra = [f"dataset.seq_length={plan.train.seq_len}"]
-    elif item.field == "config.virtual_stages" and "num_layers_per_virtual_pipeline_stage" in names:
-        extra = [f"model.virtual_pipeline_model_parallel_size={plan.config.virtual_stages}"]
+    elif item.field == "config.virtual_stages":  # null without interleaving: a recipe's goes
+        c = plan.config
+        interleaved = c.schedule.value == "interleaved" and c.virtual_stages > 1
+        extra = ["model.virtual_pipeline_model_parallel_size="
+                 + (str(c.virtual_stages) if interleaved else "null")]
     elif item.field == "train.precision":
         p = plan.train.precision
         if p is Precision.BF16:
@@ -135,36 +141,15 @@ def _bridge_item(item: Item, plan: Plan) -> tuple[list[str], Fit, str]:
     return overrides_of(item.settings) + extra, fit, note
 
 
-def decided(plan: Plan) -> dict[str, str]:
-    """What the plan decides that Megatron-LM's command line leaves to its defaults (a switch
-    off, no interleaving, no recomputation) but a Bridge recipe may have set otherwise: each
-    written explicitly, so that no recipe setting survives the overrides (a recipe's virtual
-    pipeline under pp 1, its distributed optimizer under ZeRO-0, its TP communication
-    overlap)."""
-    c = plan.config
-    interleaved = c.schedule.value == "interleaved" and c.virtual_stages > 1
-    policy = c.checkpoint if isinstance(c.checkpoint, str) else None
-    out = {"model.sequence_parallel": _value(c.sequence_parallel),
-           "model.virtual_pipeline_model_parallel_size":
-               str(c.virtual_stages) if interleaved else "null",
-           "ddp.use_distributed_optimizer": _value(c.zero == 1),
-           "ddp.use_megatron_fsdp": _value(c.zero >= 2),
-           "model.tp_comm_overlap": _value(ASYNC_TP in c.fusions and c.tp > 1)}
-    if policy == "none":
-        out["model.recompute_granularity"] = "null"
-    return out
-
-
 def export(plan: Plan, allow_approximate: bool = False) -> Export:
-    """``overrides.txt``: one override a line, the order of the plan's fields, then what the
-    plan decides by Megatron's defaults (``decided``)."""
+    """``overrides.txt``: one override a line, the order of the plan's fields; what the plan
+    turns off (a switch false, a field null) written too, which the Megatron command line
+    leaves to its defaults, so that a recipe's own setting does not survive."""
     rows, lines = {}, []
     for item in megatron_items(plan, allow_approximate):
         overrides, fit, note = _bridge_item(item, plan)
         rows[item.field] = Row(item.field, item.value, " ".join(overrides), fit, note)
         lines += overrides
-    written = {line.split("=", 1)[0] for line in lines}
-    lines += [f"{key}={value}" for key, value in decided(plan).items() if key not in written]
     text = "\n".join(lines) + "\n"
     usage = f"""`{OVERRIDES}` holds one Hydra-style override a line for a Megatron-Bridge recipe of
 this model (`docs/recipe-usage.md`), e.g.

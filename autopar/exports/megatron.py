@@ -143,7 +143,7 @@ def megatron_items(plan: Plan, allow_approximate: bool = False) -> list[Item]:
              "derived by Megatron: global batch / (micro batch * dp)"),
         *_pipeline(plan, shape),
         Item("config.sequence_parallel", str(c.sequence_parallel),
-             (("sequence_parallel", True),) if c.sequence_parallel else (), Fit.EXACT),
+             (("sequence_parallel", c.sequence_parallel),), Fit.EXACT),
         _checkpoint(plan, shape),
         _offload(plan),
         _fusions(plan),
@@ -160,14 +160,17 @@ def _zero(plan: Plan) -> Item:
     z = plan.config.zero
     value = str(z)
     if z == 0:
-        return Item("config.zero", value, (), Fit.EXACT,
+        return Item("config.zero", value, (("use_distributed_optimizer", False),
+                                           ("use_megatron_fsdp", False)), Fit.EXACT,
                     "Megatron's DDP: gradients all-reduced, states replicated")
     if z == 1:
-        return Item("config.zero", value, (("use_distributed_optimizer", True),), Fit.EXACT,
+        return Item("config.zero", value, (("use_distributed_optimizer", True),
+                                           ("use_megatron_fsdp", False)), Fit.EXACT,
                     "the distributed optimizer: fp32 main weights and optimizer states sharded "
                     "over the data-parallel ranks, gradients reduce-scattered")
     strategy = "optim_grads" if z == 2 else "optim_grads_params"
-    return Item("config.zero", value, (("use_megatron_fsdp", True),
+    return Item("config.zero", value, (("use_distributed_optimizer", False),
+                                       ("use_megatron_fsdp", True),
                                        ("data_parallel_sharding_strategy", strategy),
                                        ("ckpt_format", "fsdp_dtensor")),
                 Fit.EXACT, "Megatron-FSDP (version 1 turns the distributed optimizer on; it "
@@ -240,7 +243,8 @@ def _checkpoint(plan: Plan, shape: ModelShape | None) -> Item:
     if isinstance(c.checkpoint, Checkpoint):
         policy = c.checkpoint
         if policy is Checkpoint.NONE:
-            return Item("config.checkpoint", value, (), Fit.EXACT, "nothing recomputed")
+            return Item("config.checkpoint", value, (("recompute_granularity", None),),
+                        Fit.EXACT, "nothing recomputed")
         if policy is Checkpoint.FULL:
             return Item("config.checkpoint", value, _FULL_ALL, Fit.EXACT,
                         "every layer recomputed from its input")
@@ -355,8 +359,7 @@ def _fusions(plan: Plan) -> Item:
     settings: tuple[Setting, ...] = ()
     if "linear_cross_entropy" in fusions:
         settings = (("cross_entropy_loss_fusion", True),)
-    if ASYNC_TP in fusions:
-        settings = (*settings, ("tp_comm_overlap", True))
+    settings = (*settings, ("tp_comm_overlap", ASYNC_TP in fusions))
     for name in fusions:
         settings = (*settings, *MOE_SETTINGS.get(name, ()))
     return Item("config.fusions", ", ".join(fusions) or "none", settings, Fit.CLOSE,
@@ -545,9 +548,12 @@ def _shape_items(shape: ModelShape | None, tp: int, allow_approximate: bool = Fa
 
 
 def flags(settings: Iterable[Setting]) -> list[str]:
-    """Command-line words of Megatron config settings."""
+    """Command-line words of Megatron config settings: a switch off or a field unset (``None``)
+    is Megatron's default, and writes no word (but for the negative flags of ``FLAG_OF``)."""
     out: list[str] = []
     for name, value in settings:
+        if value is None:
+            continue
         flag = FLAG_OF.get(name, "--" + name.replace("_", "-"))
         if isinstance(value, bool):
             if value or name in FLAG_OF:
