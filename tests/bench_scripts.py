@@ -1,4 +1,5 @@
-"""A benchmark script of ``bench/`` imported as a module, for tests that check its cases."""
+"""A benchmark script of ``bench/`` (or any file) imported as a module, for tests that check its
+cases."""
 
 from __future__ import annotations
 
@@ -14,8 +15,13 @@ def load(script: str, name: str) -> ModuleType:
     """``bench/<script>.py`` as the module ``name`` (once per run; dataclasses look their
     module up in ``sys.modules``). A name of its own keeps ``bench/kernels.py`` from
     shadowing the ``kernels`` package."""
+    return load_file(BENCH / f"{script}.py", name)
+
+
+def load_file(path: Path, name: str) -> ModuleType:
+    """The Python file ``path`` as the module ``name``, once per run (``load``)."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{script}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)

@@ -438,7 +438,7 @@ LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
 fixed arguments)."""
 
 
-def _rope_scaling(scaling: tuple[tuple[str, object], ...]) -> tuple[tuple[Setting, ...], str]:
+def _rope_settings(scaling: tuple[tuple[str, object], ...]) -> tuple[tuple[Setting, ...], str]:
     """Megatron's switches for a model's rotary scaling (``ModelShape.rope_scaling``), and
     where they cannot express it the words saying what is not carried (else "")."""
     if not scaling:
@@ -501,7 +501,7 @@ def _shape_items(shape: ModelShape | None, tp: int, allow_approximate: bool = Fa
                      ("qk_pos_emb_head_dim", mla["qk_rope_head_dim"]),
                      ("v_head_dim", mla["v_head_dim"]))
             note += ", multi-head latent attention"
-        scaling, missed = _rope_scaling(s.rope_scaling)
+        scaling, missed = _rope_settings(s.rope_scaling)
         arch += scaling
     else:
         arch = (("normalization", "LayerNorm"), ("position_embedding_type", "learned_absolute"))

@@ -34,21 +34,19 @@ import pytest
 import torch
 
 import autopar
-from autopar import AutoparError, ClusterSpec, ParallelConfig, TrainSpec
+from autopar import AutoparError, ParallelConfig, TrainSpec
 from autopar.cli.main import main
 from autopar.core.specs import Checkpoint
 from autopar.exports import FORMATS, TARGETS, export_formats, export_target
 from autopar.exports.mapping import Fit
 from autopar.exports.megatron import layout_string
 from autopar.exports.torchtitan import LLAMA3_FLAVORS
+from export_checks import plan as _plan, torchtitan_configs
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 H100 = "hgx-h100-80g"
 
 
-def _plan(model: str, cluster: str, nodes: int, train: TrainSpec, **config):
-    return autopar.plan_for(autopar.models.build(model), ClusterSpec.preset(cluster, nodes=nodes),
-                            train, ParallelConfig(**config), name=model)
 
 
 @pytest.fixture(scope="module")
@@ -665,33 +663,13 @@ def test_bridge_names_the_architecture_fields_as_its_provider_does():
         assert name in BRIDGE["sections"][section], key
 
 
-def _torchtitan_configs():
-    """torchtitan 0.3.0's ``torchtitan/config/configs.py`` (the wheel
-    ``scripts/fetch_frameworks.py`` unpacks), loaded on its own: its dataclasses need only
-    torch, where the package's ``__init__`` imports its CLI's dependencies."""
-    import importlib.util
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
-    from fetch_frameworks import torchtitan_dir
-
-    path = torchtitan_dir() / "torchtitan" / "config" / "configs.py"
-    if not path.exists():
-        pytest.skip(f"torchtitan's code is not fetched ({path}): "
-                    "python3 scripts/fetch_frameworks.py")
-    spec = importlib.util.spec_from_file_location("torchtitan_0_3_0_configs", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_torchtitan_030_builds_its_configs_from_each_export(gpt175b, llama_zero3_offload,
                                                              llama_uneven_blocks, mixtral_ep8):
     """torchtitan 0.3.0's own ``TrainingConfig`` and ``ParallelismConfig`` (keyword-only
     dataclasses: an unknown field is a TypeError, as the issue's first symptom was) take every
     export's fields, and hold the plan's batch: its trainer's accumulation and pipeline
     micro-batches (``trainer.py``) are the plan's."""
-    configs = _torchtitan_configs()
+    configs = torchtitan_configs()
     for plan in (gpt175b, llama_zero3_offload, llama_uneven_blocks, mixtral_ep8):
         saved, _ = _titan(plan)  # (an fp16 plan is refused: torchtitan has no loss scaling)
         training = configs.TrainingConfig(**saved["training"])

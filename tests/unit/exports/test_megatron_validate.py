@@ -19,27 +19,14 @@ from pathlib import Path
 import pytest
 
 import autopar
-from autopar import AutoparError, ClusterSpec, ParallelConfig, TrainSpec
+from autopar import AutoparError, TrainSpec
 from autopar.exports import export_formats
-
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "scripts"))
-from fetch_frameworks import megatron_dir  # noqa: E402
-
-MEGATRON = megatron_dir()
-pytestmark = pytest.mark.skipif(
-    not (MEGATRON / "megatron" / "training" / "arguments.py").exists(),
-    reason=f"Megatron-LM's code is not fetched ({MEGATRON}): python3 scripts/fetch_frameworks.py")
+from export_checks import megatron_dir, plan as _plan
 
 H100, A100 = "hgx-h100-80g", "dgx-a100-80g"
 CAPABILITY = {H100: (9, 0), A100: (8, 0)}
 """The compute capability of each cluster's GPU (NVIDIA's CUDA GPUs list: H100 9.0, A100
 8.0), which the driver's stand-in CUDA device reports to Megatron."""
-
-
-def _plan(model: str, cluster: str, nodes: int, train: TrainSpec, **config):
-    return autopar.plan_for(autopar.models.build(model), ClusterSpec.preset(cluster, nodes=nodes),
-                            train, ParallelConfig(**config), name=model)
 
 
 PLANS = {
@@ -93,6 +80,7 @@ REFUSED = {"gpt-oss-20b-ep4": "attention sinks"}
 def validated(tmp_path_factory) -> dict[str, tuple[object, dict]]:
     """Per plan kind: (the plan, Megatron's verdict: its derived arguments, or why it refused
     them), or (the plan, {"export refused": reason})."""
+    megatron = megatron_dir()  # skips, saying so, where it is not fetched
     tmp = tmp_path_factory.mktemp("megatron")
     plans, cases, out = {}, [], {}
     for name, (model, cluster, nodes, train, config) in PLANS.items():
@@ -108,7 +96,7 @@ def validated(tmp_path_factory) -> dict[str, tuple[object, dict]]:
                       "capability": CAPABILITY[cluster]})
     (tmp / "cases.json").write_text(json.dumps(cases))
     done = subprocess.run([sys.executable, str(Path(__file__).with_name(
-        "megatron_validate_run.py")), str(MEGATRON), str(tmp / "cases.json")],
+        "megatron_validate_run.py")), str(megatron), str(tmp / "cases.json")],
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     for line in done.stdout.splitlines():
