@@ -23,7 +23,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from autopar.measure.moe_validation import check_moe_run, fp8_recipe_of, load_runs
+from autopar.measure.moe_validation import (check_moe_run, fp8_recipe_of, load_runs,
+                                            used_for_validation)
 
 RUNS = Path(__file__).resolve().parents[1] / "tests" / "data" / "moe_runs.json"
 
@@ -63,7 +64,7 @@ def main() -> None:
     mean = sum(abs(c.error) for c in priced) / max(1, len(priced))
     misses = len(checks) - len(priced)
     # the runs the tests hold to the mean: those without a "validation" note saying why not
-    used = [c for c in priced if "validation" not in c.run]
+    used = [c for c in priced if used_for_validation(c.run)]
     used_mean = sum(abs(c.error) for c in used) / max(1, len(used))
     note = (f"{len(checks)} runs: mean |error| {mean:.1%} over the {len(priced)} priced "
             f"({used_mean:.1%} over the {len(used)} used for validation), "

@@ -62,6 +62,13 @@ def load_runs(path: str | Path, precision: str | None = "bf16") -> list[dict]:
             if precision is None or r["train"]["precision"] == precision]
 
 
+def used_for_validation(run: dict) -> bool:
+    """Whether the run counts in the mean error the tests hold: every run but those whose
+    ``validation`` field says why not (a step that fixed overheads no cost model here prices
+    dominate)."""
+    return "validation" not in run
+
+
 def measured_s(run: dict) -> float:
     """The run's step time: printed, or derived as its ``derivation`` field says."""
     m = run["measured"]

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from autopar.measure.moe_validation import MoERunCheck, check_moe_run, load_runs
+from autopar.measure.moe_validation import (MoERunCheck, check_moe_run, load_runs,
+                                            used_for_validation)
 
 RUNS = Path(__file__).resolve().parents[2] / "data" / "moe_runs.json"
 ALL = load_runs(RUNS)
 BY_ID = {r["id"]: r for r in ALL}
-USED = [r for r in ALL if "validation" not in r]
+USED = [r for r in ALL if used_for_validation(r)]
 
 MEAN_ERROR = 0.15
 """Mean |error| over ``USED`` measured on 2026-11-28 (x86_64, torch 2.13: 0.148 over all 21,
