@@ -61,6 +61,8 @@ class Split:
     GPU's FP8 peak, with their casts (``fp8_cast_s``)."""
     fp8_fused_casts: bool = False
     """The casts as Transformer Engine runs them (``core.specs.FP8_FUSED_CASTS``)."""
+    fp8_compiled_casts: bool = False
+    """The casts as torch.compile runs torchao's (``core.specs.FP8_COMPILED_CASTS``)."""
 
     def divisor(self, shard: Shard) -> float:
         if shard is Shard.TP or (shard is Shard.SEQ and self.sequence_parallel):
@@ -79,6 +81,10 @@ class PhaseTimes:
     forward: float = 0.0
     backward_act: float = 0.0
     backward_weight: float = 0.0
+    forward_unsaved: float = 0.0
+    """Of ``forward``, what runs again in the backward even where a policy saves the op's
+    output (``reruns``): an eager FP8 linear's input and weight casts, which the matmuls
+    policy does not keep -- it saves the GEMM's output, not its FP8 operands."""
 
     @property
     def backward(self) -> float:
@@ -89,6 +95,7 @@ class PhaseTimes:
             self.forward + other.forward,
             self.backward_act + other.backward_act,
             self.backward_weight + other.backward_weight,
+            self.forward_unsaved + other.forward_unsaved,
         )
 
 
@@ -253,20 +260,57 @@ def grouped_gemms(op: OpCost, split: Split, expert_scale: float = 1.0
                                     2.0 * a)))
 
 
-FP8_CAST_BYTES_PER_ELEMENT = 5.0
-"""HBM bytes to cast one bf16 element to FP8 with a dynamic scale, unfused: the amax pass reads
-it (2), the cast reads it again and writes one byte (3) -- torchao's eager float8 linear, two
-kernels per cast. torch.compile and Transformer Engine fuse the amax into the op before; this
-prices what autopar's engine runs."""
+FP8_CAST_BYTES_PER_ELEMENT = 33.0
+"""HBM bytes one dynamic-scale cast of a bf16 element to FP8 moves as torchao 0.18's eager float8
+linear runs it, six kernels (``torchao/float8``: ``tensor_to_amax`` is ``max(abs(x))``,
+``_ToFloat8ConstrFunc`` is ``x.to(float32) * scale`` then ``to_fp8_saturated``'s ``clamp`` and
+``.to(float8)``): abs reads 2 and writes 2, max reads 2, the fp32 copy reads 2 and writes 4, the
+scaling reads 4 and writes 4, the clamp reads 4 and writes 4, the cast reads 4 and writes 1.
+torch.compile fuses the chain into two kernels (``FP8_COMPILED_CAST_BYTES_PER_ELEMENT``),
+Transformer Engine into the op before (``fp8_fused_casts``)."""
+
+FP8_COMPILED_CAST_BYTES_PER_ELEMENT = 5.0
+"""HBM bytes one cast of a bf16 element to FP8 with a dynamic scale moves under torch.compile
+(``fp8_compiled_casts``): Inductor's amax reduction reads it (2), the fused scale-clamp-cast
+reads it again and writes one byte (3), in the layout the GEMM reads (the transpose is the
+kernel's store order, no copy of its own) -- two kernels a cast."""
+
+FP8_TRANSPOSE_BYTES_PER_ELEMENT = 42.0
+"""The FP8 copies ``torch._scaled_mm``'s layouts force in an eager float8 linear's backward (its
+second operand column-major: the weight for the input gradient, the input and the output
+gradient for the weight gradient; torchao's ``float8_ops`` copies with ``.t().contiguous()``),
+priced as HBM bytes per element at the memory-bound rate. Measured, not derived: one-byte
+transposes run far below the copy rate. Basis (bench/results/fp8_linear.md, 2026-11-28, H200,
+torch 2.11, torchao 0.18): in the profile of an 8192-token, 8192 -> 28672 float8 linear's
+forward and backward, its copies (``aten::clone``) took 6.26 ms a step for the 537 M elements of
+input, weight and output gradient, 11.7 ps an element: 42 bytes at 75 % of the H200's
+4.8 TB/s."""
+
+FP8_EAGER_KERNELS = (19, 41)
+"""Kernels an eager float8 linear launches beyond its GEMMs, (forward, backward): per cast the
+six of ``FP8_CAST_BYTES_PER_ELEMENT`` and three that turn the amax into a scale; two casts
+forward (input, weight) and its GEMM; four backward (the output gradient twice, once per
+layout, the weight and the input again: torchao keeps them in bf16), the three transposes and
+the two GEMMs."""
 
 
 def fp8_cast_s(op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency
                ) -> tuple[float, float]:
-    """(forward, backward) seconds of an FP8 linear's casts for one micro-batch on one GPU
-    (``passes/float8.py``): forward, its input and its weight; backward, the output gradient,
-    and the input and weight again (torchao keeps them in bf16 for the backward and casts each
-    GEMM operand in the layout that GEMM reads). Memory-bound, ``FP8_CAST_BYTES_PER_ELEMENT``
-    per element, two kernels per cast. The tp split of the weight is ``linear_gemms``'.
+    """(forward, backward) seconds an FP8 linear adds to its GEMMs for one micro-batch on one
+    GPU: the casts (``passes/float8.py``, torchao's eager ``Float8Linear``). Forward, its input
+    and its weight; backward, the output gradient twice (one per GEMM layout), the input and
+    the weight again, and the three transposes ``torch._scaled_mm`` needs
+    (``FP8_CAST_BYTES_PER_ELEMENT``, ``FP8_TRANSPOSE_BYTES_PER_ELEMENT``,
+    ``FP8_EAGER_KERNELS``). Memory-bound: a profile's measured rate when there is one. The tp
+    split of the weight is ``linear_gemms``'.
+
+    Measured (bench/results/fp8_linear.md, H200): the eager float8 linear is slower than the
+    bf16 one at every shape tried, 1.6x at 8192 -> 28672 and 3-9x at a 1B model's; the
+    engine's FP8 is priced as that, and the search picks it only where it would win.
+
+    With ``Split.fp8_compiled_casts`` (torch.compile): the input and the weight forward, the
+    output gradient, the input and the weight backward, ``FP8_COMPILED_CAST_BYTES_PER_ELEMENT``
+    each, two kernels a cast.
 
     With ``Split.fp8_fused_casts`` (Transformer Engine): forward, one more byte per input
     element, written by the kernel that produces the input; the weight cast once per step
@@ -282,15 +326,28 @@ def fp8_cast_s(op: OpCost, split: Split, cluster: ClusterSpec, eff: Efficiency
             in_f /= split.tp
     else:
         m /= split.divisor(op.shard)
-    hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
-    b = FP8_CAST_BYTES_PER_ELEMENT
     k = eff.kernel_overhead_s
-    weight = out_f * in_f
+    x, w, g = m * in_f, out_f * in_f, m * out_f
     if split.fp8_fused_casts:
-        return m * in_f / hbm, 4.0 * m * out_f / hbm + k
-    forward = b * (m * in_f + weight) / hbm + 4 * k
-    backward = b * (m * out_f + m * in_f + weight) / hbm + 6 * k
+        return _memory_s(x, cluster, eff), _memory_s(4.0 * g, cluster, eff) + k
+    if split.fp8_compiled_casts:
+        b = FP8_COMPILED_CAST_BYTES_PER_ELEMENT
+        return (_memory_s(b * (x + w), cluster, eff) + 4 * k,
+                _memory_s(b * (g + x + w), cluster, eff) + 6 * k)
+    cast, transpose = FP8_CAST_BYTES_PER_ELEMENT, FP8_TRANSPOSE_BYTES_PER_ELEMENT
+    kernels_fwd, kernels_bwd = FP8_EAGER_KERNELS
+    forward = _memory_s(cast * (x + w), cluster, eff) + kernels_fwd * k
+    backward = (_memory_s(cast * (2 * g + x + w) + transpose * (g + x + w), cluster, eff)
+                + kernels_bwd * k)
     return forward, backward
+
+
+def _memory_s(nbytes: float, cluster: ClusterSpec, eff: Efficiency) -> float:
+    """Seconds to stream ``nbytes`` through HBM: the profile's measured memory-bound rate, or
+    the datasheet's at ``eff.memory``."""
+    p = cluster.profile
+    t = measured("memory-bound", p and p.memory_s(nbytes), cluster)
+    return t if t is not None else nbytes / (cluster.gpu.hbm_bytes_per_s * eff.memory)
 
 
 def _expert_cast_s(forward: Gemm | GroupedGemm, cluster: ClusterSpec, eff: Efficiency
@@ -300,9 +357,9 @@ def _expert_cast_s(forward: Gemm | GroupedGemm, cluster: ClusterSpec, eff: Effic
     makes them (one byte per element), the output gradient's cast-transpose (``fp8_cast_s``)."""
     groups, g = ((forward.groups, forward.gemm) if isinstance(forward, GroupedGemm)
                  else (1, forward))
-    hbm = cluster.gpu.hbm_bytes_per_s * eff.memory
     rows = groups * g.rows
-    return rows * g.depth / hbm, 4.0 * rows * g.cols / hbm + eff.kernel_overhead_s
+    return (_memory_s(rows * g.depth, cluster, eff),
+            _memory_s(4.0 * rows * g.cols, cluster, eff) + eff.kernel_overhead_s)
 
 
 def measured(term: str, seconds: float | None, cluster: ClusterSpec) -> float | None:
@@ -368,7 +425,10 @@ def estimate_op_s(
             if fp8:
                 cast_fwd, cast_bwd = (_expert_cast_s(gemms[0], cluster, eff) if op.expert
                                       else fp8_cast_s(op, split, cluster, eff))
-                return PhaseTimes(act + cast_fwd, act + cast_bwd, weight)
+                # Transformer Engine's fused casts are its GEMM's; torchao's eager ones are
+                # ops of their own, which a policy keeping the GEMM's output reruns
+                return PhaseTimes(act + cast_fwd, act + cast_bwd, weight,
+                                  0.0 if split.fp8_fused_casts else cast_fwd)
             return PhaseTimes(act, act, weight)
     s = split.scale(op.shard) * (expert_scale if op.expert else 1.0)
     flop, nbytes = op.flop * s, op.bytes * s
@@ -450,10 +510,13 @@ def merged_times(layer: LayerCost, dense: Sequence[PhaseTimes], experts: Sequenc
 def layer_times(ops: Sequence[OpCost], times: Sequence[PhaseTimes],
                 recomputed_by: Checkpoint | None = None) -> PhaseTimes:
     """The sum of ``times`` (each of ``ops``'s) over every op, or over the ops the
-    ``recomputed_by`` policy reruns in the backward (``reruns``), added in the ops' order."""
+    ``recomputed_by`` policy reruns in the backward (``reruns``), added in the ops' order; of
+    an op the matmuls policy keeps, the part of its forward it reruns all the same
+    (``PhaseTimes.forward_unsaved``)."""
     forward = backward_act = backward_weight = 0.0
     for op, t in zip(ops, times):
         if recomputed_by is not None and not reruns(op, recomputed_by):
+            forward += t.forward_unsaved if recomputed_by is Checkpoint.MATMULS else 0.0
             continue
         forward += t.forward
         backward_act += t.backward_act
@@ -472,7 +535,9 @@ def estimate_layer_s(
 ) -> PhaseTimes:
     """Compute seconds of a layer (or of the ops the ``recomputed_by`` policy reruns in the
     backward, ``reruns``) for one micro-batch on one GPU."""
-    # only the ops summed are priced (a profile notes each lookup)
-    ops = [o for o in layer.ops if recomputed_by is None or reruns(o, recomputed_by)]
+    # only the ops summed are priced (a profile notes each lookup); under matmuls a kept
+    # linear too, whose FP8 casts rerun
+    ops = [o for o in layer.ops if recomputed_by is None or reruns(o, recomputed_by)
+           or (recomputed_by is Checkpoint.MATMULS and o.fp8)]
     return layer_times(ops, [estimate_op_s(o, split, cluster, eff, expert_scale=expert_scale)
-                             for o in ops])
+                             for o in ops], recomputed_by)

@@ -42,7 +42,7 @@ from .profile import recording
 from .pipeline import (StagePartition, even_partition, in_flight_microbatches,
                        loss_in_flight_microbatches, pipeline_s)
 from autopar.core.fp8 import fp8_all_gather, fp8_params
-from autopar.core.specs import (ASYNC_TP, FP8_FUSED_CASTS, Checkpoint, Optimizer, ParallelConfig, Precision,
+from autopar.core.specs import (ASYNC_TP, FP8_COMPILED_CASTS, FP8_FUSED_CASTS, Checkpoint, Optimizer, ParallelConfig, Precision,
                                 Schedule, TrainSpec)
 from .topology import MeshGroups, domain_notes, mesh_groups, placed_group
 from .workload import LayerCost, OpCost, OpKind, Phase, Shard, TPCollective, Workload
@@ -84,7 +84,8 @@ def split_of(config: ParallelConfig, train: TrainSpec, seq_len: int | None) -> S
                  activation_bytes_per_element(train.precision), COMPUTE_DTYPE[train.precision],
                  seq_len=seq_len, ep=config.ep, etp=config.etp,
                  fp8=train.precision is Precision.FP8,
-                 fp8_fused_casts=FP8_FUSED_CASTS in config.fusions)
+                 fp8_fused_casts=FP8_FUSED_CASTS in config.fusions,
+                 fp8_compiled_casts=FP8_COMPILED_CASTS in config.fusions)
 
 
 @dataclass(frozen=True)

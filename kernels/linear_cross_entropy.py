@@ -147,6 +147,10 @@ def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
     _, grad_hidden, grad_weight = output
     ctx.compute_grad = inputs[4]
     ctx.mark_non_differentiable(grad_hidden, grad_weight)
+    # Undefined gradients of the two gradient outputs stay None: materialised, they would be
+    # zeros as large as the gradients themselves, a second weight gradient at the backward's
+    # peak (measured on an H200: 584 MB above the inputs where the saved gradients are 272 MB)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(grad_hidden, grad_weight)
 
 

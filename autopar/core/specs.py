@@ -194,7 +194,9 @@ MOE_PERMUTE = "moe_permute"
 DEEPEP = "deepep"
 EP_A2A_OVERLAP = "ep_a2a_overlap"
 FP8_FUSED_CASTS = "fp8_fused_casts"
-MOE_FUSIONS: tuple[str, ...] = (MOE_PERMUTE, DEEPEP, EP_A2A_OVERLAP, FP8_FUSED_CASTS)
+FP8_COMPILED_CASTS = "fp8_compiled_casts"
+MOE_FUSIONS: tuple[str, ...] = (MOE_PERMUTE, DEEPEP, EP_A2A_OVERLAP, FP8_FUSED_CASTS,
+                                FP8_COMPILED_CASTS)
 """What the MoE engines run that autopar's engine does not, priced so that a plan for them is
 priced as they run it (``costmodel/moe.py``, ``analysis/workload.py:moe_permutes``); the passes
 refuse to execute a plan naming them, and the exports carry them as the framework's flags:
@@ -212,7 +214,12 @@ refuse to execute a plan naming them, and the exports carry them as the framewor
   ``LayerNormLinear``, the fused activation), the weights cast once per step and kept across
   micro-batches, and the backward reusing the forward's FP8 copies (``costmodel/compute.py:
   fp8_cast_s``); the experts' grouped GEMMs in FP8 too. torchao's eager float8 linears, which
-  autopar's engine runs, cast each operand on their own, and its stacked experts stay bf16."""
+  autopar's engine runs, cast each operand on their own, and its stacked experts stay bf16;
+* ``fp8_compiled_casts`` (not MoE: torchao's float8 linears under ``torch.compile``, as
+  torchtitan runs them, under ``precision="fp8"``): Inductor's two kernels per cast, the amax
+  reduction and the cast that writes the FP8 copy in the layout its GEMM reads, instead of the
+  eager chain of six and the separate transposes (``costmodel/compute.py:fp8_cast_s``;
+  measured 1.6-9x slower than bf16 eager on an H200, bench/results/fp8_linear.md)."""
 FUSIONS: tuple[str, ...] = KERNEL_FUSIONS + PRICED_FUSIONS + ENGINE_FUSIONS + MOE_FUSIONS
 """Every fusion name autopar itself knows: the vocabulary ``check_fusions`` reads, with the
 patterns an op family registered later adds (``PRICED_LATER``)."""

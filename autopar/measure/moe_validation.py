@@ -150,8 +150,9 @@ def mla_fields(model: dict) -> dict:
 
 
 TORCH_NATIVE = re.compile(r"torchao|torchtitan", re.IGNORECASE)
-"""A run's FP8 recipe naming torchao or torchtitan: torchao's float8 linears (autopar's own
-engine's casts); any other FP8 run is Transformer Engine's (``FP8_FUSED_CASTS``)."""
+"""A run's FP8 recipe naming torchao or torchtitan: torchao's float8 linears, compiled
+(``FP8_COMPILED_CASTS``) where the run's notes say ``torch.compile``, else eager as autopar's
+engine runs them; any other FP8 run is Transformer Engine's (``FP8_FUSED_CASTS``)."""
 
 
 def run_fusions(train: dict) -> tuple[str, ...]:
@@ -160,8 +161,11 @@ def run_fusions(train: dict) -> tuple[str, ...]:
     out = ["moe_permute"] if train.get("permute_fusion", True) is not False else []
     if "async tp" in str(train.get("other") or "").lower() and int(train.get("tp") or 1) > 1:
         out.append("async_tp")
-    if train.get("precision") == "fp8" and not TORCH_NATIVE.search(str(train.get("fp8_recipe"))):
-        out.append("fp8_fused_casts")  # Transformer Engine's FP8 (Megatron, NeMo, Bridge)
+    if train.get("precision") == "fp8":
+        if not TORCH_NATIVE.search(str(train.get("fp8_recipe"))):
+            out.append("fp8_fused_casts")  # Transformer Engine's FP8 (Megatron, NeMo, Bridge)
+        elif "torch.compile" in str(train.get("other") or ""):
+            out.append("fp8_compiled_casts")
     dispatcher = str(train.get("dispatcher") or "")
     if "deepep" in dispatcher or "hybridep" in dispatcher:
         out.append("deepep")

@@ -76,7 +76,9 @@ def test_dry_run_predicts_the_step_of_every_policy_in_bf16_and_fp8(dry_run) -> N
                  if r["precision"] == precision}
         assert peaks["full"] < peaks["matmuls"] < peaks["none"]
     step_s = {(r["precision"], r["policy"]): r["estimate"]["step_time_s"] for r in rows}
-    assert all(step_s["fp8", c] < step_s["bf16", c] for c in STEP_POLICIES)
+    # the engine's fp8 is torchao's eager float8: slower than bf16 at this model's shapes, as
+    # measured on an H200 (tests/data/gpu_steps.json: 2.2-3.0x)
+    assert all(step_s["fp8", c] > step_s["bf16", c] for c in STEP_POLICIES)
     assert step["data"]["skipped_precisions"] == {}
     md = (out / "gpu-check-dry.md").read_text()
     assert "measured: skipped" in md
