@@ -150,7 +150,7 @@ def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
         return (_bytes(layer, split, lambda t: t.without_checkpoint and not inside(t))
                 + gathered_kv_bytes(layer, split))
     kept = layer.held or layer.saved  # as the savers hold them, where the solve walked it
-    return (_sized((t for t in kept if t.without_checkpoint), split)
+    return (_sized((t for t in kept if t.without_checkpoint), split, fp8_savers(layer, split))
             + gathered_kv_bytes(layer, split))
 
 
@@ -181,14 +181,32 @@ def gathered_kv_bytes(layer: LayerCost, split: Split) -> float:
 
 
 def _bytes(layer: LayerCost, split: Split, which: Callable[[SavedTensor], bool]) -> float:
-    return _sized((t for t in layer.saved if which(t)), split)
+    return _sized((t for t in layer.saved if which(t)), split, fp8_savers(layer, split))
 
 
-def _sized(tensors: Iterable[SavedTensor], split: Split) -> float:
-    """Bytes of ``tensors`` for one micro-batch on one GPU."""
+def fp8_savers(layer: LayerCost, split: Split) -> frozenset[str]:
+    """The ops of ``layer`` that keep an FP8 copy of their input for the backward instead of
+    the input: Transformer Engine's FP8 linears and grouped expert GEMMs
+    (``Split.fp8_fused_casts``; TE's ``_Linear`` saves ``inputmat`` or its transpose in FP8 for
+    the weight gradient, one byte an element). torchao's float8 linears, autopar's engine's,
+    keep the bf16 input (``passes/float8.py``): none."""
+    if not (split.fp8 and split.fp8_fused_casts):
+        return frozenset()
+    return frozenset(op.name for op in layer.ops if op.kind is OpKind.MATMUL
+                     and (op.fp8 or op.expert))
+
+
+def _sized(tensors: Iterable[SavedTensor], split: Split,
+           fp8: frozenset[str] = frozenset()) -> float:
+    """Bytes of ``tensors`` for one micro-batch on one GPU; ``fp8``: the ops that keep an FP8
+    copy of what they save (``fp8_savers``) -- a tensor only they save is kept in one byte an
+    element, one that others save too in its dtype and the copy's byte."""
     total = 0.0
     for t in tensors:
         size = t.bytes_per_element if t.bytes_per_element is not None else split.act_bytes
+        if fp8 and t.bytes_per_element is None and t.savers:
+            in_fp8 = [s in fp8 for s in t.savers]
+            size = 1.0 if all(in_fp8) else size + (1.0 if any(in_fp8) else 0.0)
         scale = split.scale(t.shard) if t.per_token else 1.0 / split.divisor(t.shard)
         total += t.elements * size * scale
     return total
@@ -219,7 +237,7 @@ def recompute_working_bytes(layer: LayerCost, split: Split, policy: Checkpoint) 
         return _bytes(layer, split, lambda t: t.without_checkpoint and t.attention_core)
     if policy is Checkpoint.MOE:  # the MoE layer's internals, rebuilt
         return _sized((t for t in layer.held or layer.saved
-                       if t.without_checkpoint and t.moe_layer), split)
+                       if t.without_checkpoint and t.moe_layer), split, fp8_savers(layer, split))
     return saved_bytes(layer, split, Checkpoint.NONE) - saved_bytes(layer, split, policy)
 
 
@@ -234,8 +252,9 @@ def backward_peak(layer: LayerCost, split: Split, policy: Checkpoint, weight_gra
     if not layer.backward:
         return None
     best: tuple[float, float] | None = None
+    fp8 = fp8_savers(layer, split)
     for m, rebuilt in zip(layer.backward, _rebuilt(layer, policy)):
-        acts = _sized(m.grads, split) + _sized(rebuilt, split)
+        acts = _sized(m.grads, split) + _sized(rebuilt, split, fp8)
         grads = m.weight_grad_fraction * weight_grad_bytes
         if best is None or acts + grads > sum(best):
             best = (acts, grads)

@@ -168,3 +168,32 @@ def test_selective_prices_an_eager_core_without_the_hook_as_none() -> None:
                   compute_dtype="tf32")
     assert saved_bytes(block, split, Checkpoint.SELECTIVE) == saved_bytes(block, split,
                                                                           Checkpoint.NONE)
+
+
+def test_transformer_engine_fp8_saves_its_linears_inputs_in_one_byte():
+    """Under Transformer Engine's FP8 (``fp8_fused_casts``) a linear keeps its input's FP8 copy
+    for the weight gradient (TE ``_Linear`` saves ``inputmat`` or its transpose in FP8): a
+    tensor only FP8 linears save (the norms' outputs, the SwiGLU product) takes one byte an
+    element instead of two, one another op saves too (the attention's output, which the
+    attention keeps for its own backward) one byte more; torchao's float8 linears, the
+    engine's, keep the bf16 input -- the same bytes as bf16."""
+    from autopar.analysis.tracing import trace
+    from autopar.costmodel.memory import fp8_savers
+
+    train = autopar.TrainSpec(global_batch=2, seq_len=32)
+    block = build_workload(trace(autopar.models.build("tiny-llama"), train)).block
+    bf16 = Split(1, 1, 1, False, 2.0, "bf16", seq_len=32)
+    eager = Split(1, 1, 1, False, 2.0, "bf16", seq_len=32, fp8=True)
+    te = Split(1, 1, 1, False, 2.0, "bf16", seq_len=32, fp8=True, fp8_fused_casts=True)
+    fp8 = fp8_savers(block, te)
+    assert fp8 and not fp8_savers(block, eager)
+    only_fp8 = sum(t.elements for t in block.saved if t.without_checkpoint
+                   and t.bytes_per_element is None and t.savers
+                   and all(s in fp8 for s in t.savers))
+    shared = sum(t.elements for t in block.saved if t.without_checkpoint
+                 and t.bytes_per_element is None and any(s in fp8 for s in t.savers)
+                 and not all(s in fp8 for s in t.savers))
+    assert only_fp8 > 0 and shared > 0
+    kept = saved_bytes(block, bf16, Checkpoint.NONE)
+    assert saved_bytes(block, eager, Checkpoint.NONE) == kept
+    assert saved_bytes(block, te, Checkpoint.NONE) == pytest.approx(kept - only_fp8 + shared)

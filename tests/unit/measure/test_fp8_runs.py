@@ -7,11 +7,11 @@ in the ``llama`` family, a mixture of experts as the MoE runs; the FP8 recipe as
 maps it; Transformer Engine's fused casts for every FP8 run not on torchao, Inductor's for
 torchao's runs under torch.compile), nothing fitted per run. The checks fail when the model drifts: the mean error over the FP8 runs priced stays at or
 below what was measured when it was last changed, the pairs that differ in precision alone keep
-their order (FP8 faster) and the sign of the memory difference the model gives them
-(Transformer Engine keeps FP8 weight copies: more; torchao's casts are transient: the same --
-the model's accounting, not a published figure: the sources print no peak memory for both
-runs of a pair but torchao's), and the runs autopar cannot express stay the ones listed, with
-the reason.
+their order (FP8 faster) and the memory difference the model gives them (torchao's casts are
+transient: the same peak, as torchao's source prints it, 47.65 against 47.77 GB; Transformer
+Engine keeps FP8 weight copies, more, and saves its linears' inputs in FP8, less: a peak of its
+own -- the sources print no peak memory for its pairs), and the runs autopar cannot express
+stay the ones listed, with the reason.
 """
 
 from __future__ import annotations
@@ -100,5 +100,7 @@ def test_fp8_vs_bf16_pairs_keep_their_order_and_memory_sign(checks):
         torchao = "torchao" in str(fp8.run["train"]["fp8_recipe"]).lower()
         if torchao:  # transient casts: the same peak (the dry run agrees, memory grid)
             assert fp8.peak_gib == pytest.approx(bf16.peak_gib, rel=0.01)
-        else:  # Transformer Engine's FP8 weight and transpose kept through the step
-            assert fp8.peak_gib > bf16.peak_gib, (bf16.run["id"], fp8.run["id"])
+        else:  # Transformer Engine keeps FP8 weight copies (more) and saves its linears'
+            # inputs in FP8 (less): a peak of its own
+            assert fp8.peak_gib != pytest.approx(bf16.peak_gib, rel=0.01), (
+                bf16.run["id"], fp8.run["id"])
