@@ -696,6 +696,9 @@ def _stage_memory(
             walked = peak
     block_working, block_grads = walked if walked is not None else (0.0, block_grad_bytes)
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
+    fp8_block = _fp8_gathered_params(workload, config, train)
+    if split.fp8_fused_casts and config.zero == 0:
+        fp8_block = 0.0  # Megatron's --fp8-param-gather needs the distributed optimizer
     if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet
         states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
                                    expert_dp=g.expert_dp.size, offload=True)
@@ -723,7 +726,6 @@ def _stage_memory(
                                                                       config.pp, m)),
             stage_output=stage_output_bytes(workload.post, split)
             if last and config.pp > 1 else 0.0)
-        fp8_block = _fp8_gathered_params(workload, config, train)
         moment, breakdown = stage_peak(params, acts,
                                        train.precision, train.optimizer, zero=config.zero,
                                        pipelined=config.pp > 1, microbatches=m,
@@ -731,11 +733,15 @@ def _stage_memory(
                                        holds_loss=last,
                                        fp8_gathered=(part.blocks[stage] * fp8_block, fp8_block))
     if split.fp8 and split.fp8_fused_casts:
-        # Transformer Engine keeps each FP8 linear's weight in FP8 and its transpose (its GEMMs
-        # read both layouts) across the step's micro-batches: 2 bytes per FP8 parameter on
-        # this rank, the tp split as the layer's (torchao's casts, autopar's engine, are
-        # transient: the dry run finds bf16's peak)
+        # Transformer Engine keeps each FP8 linear's weight transposed in FP8 (its GEMMs read
+        # both layouts) across the step's micro-batches and, unless the weights are FP8
+        # themselves (--fp8-param-gather: tensorwise under the distributed optimizer, the
+        # gathered copies ``stage_peak`` already holds at one byte), an FP8 copy beside the
+        # bf16 weight: 1 or 2 bytes per FP8 parameter on this rank, the tp split as the
+        # layer's (torchao's casts, autopar's engine, are transient: the dry run finds bf16's
+        # peak)
         fp8 = part.blocks[stage] * fp8_params(workload.block.ops) / config.tp
-        breakdown = {**breakdown, "params": breakdown["params"] + 2.0 * fp8}
+        copies = 1.0 if fp8_block > 0 else 2.0
+        breakdown = {**breakdown, "params": breakdown["params"] + copies * fp8}
     return StageMemory(stage=stage, blocks=part.blocks[stage], breakdown=breakdown,
                        moment=moment)

@@ -165,3 +165,28 @@ def test_cli_precision_auto_and_lists(capsys):
     assert precisions_of("bf16,fp8") == ("bf16", "fp8")
     with pytest.raises(autopar.AutoparError, match="fp7"):
         precisions_of("bf16,fp7")
+
+
+def test_transformer_engine_fp8_weights_cost_their_transpose_or_a_copy_beside_bf16():
+    """Transformer Engine keeps each FP8 linear's weight transposed in FP8 all step; with the
+    weights FP8 themselves (``--fp8-param-gather``: tensorwise under the distributed optimizer)
+    that is all, the same bytes as bf16's weight (1 + 1 against 2); without, an FP8 copy
+    beside the bf16 weight (2 + 2): two bytes more per FP8 parameter, as under ZeRO-0, where
+    Megatron gathers no parameters."""
+    model = autopar.models.from_config(autopar.models.make_config("llama3-8b"), device="meta")
+    cluster = autopar.ClusterSpec.preset("hgx-h100-80g")
+
+    def params(zero, **train):
+        config = ParallelConfig(dp=8, zero=zero, micro_batch=1, fusions=("fp8_fused_casts",))
+        return autopar.estimate(model, cluster, TrainSpec(global_batch=64, seq_len=4096, **train),
+                                config).memory_breakdown["params"]
+
+    fp8 = sum(m.weight.numel() for name, m in model.named_modules()
+              if type(m) is nn.Linear and name.startswith("layers.")
+              and fp8_gemm(name, tuple(m.weight.shape)))
+    assert 6.9e9 < fp8 < 7.0e9  # the blocks' seven linears, 218 M a block
+    assert params(1, precision="fp8") == pytest.approx(params(1, precision="bf16"), rel=1e-3)
+    assert params(1, precision="fp8", fp8_recipe="rowwise") == pytest.approx(
+        params(1, precision="bf16") + 2.0 * fp8, rel=1e-3)
+    assert params(0, precision="fp8") == pytest.approx(
+        params(0, precision="fp8", fp8_recipe="rowwise"))
