@@ -50,6 +50,9 @@ optimizer              AdamW (``default_adamw``), Adam (a param group); SGD refu
 model                  ``model_registry`` of the llama3 flavor of the same shape, else   exact /
                        none                                                              none
 fusions                none: torchtitan's kernels come with its model and compile        none
+precision fp8,         ``compile``: ``CompileConfig(enable=True)``, with                  close
+async_tp               ``enable_async_tensor_parallel`` for async TP; the float8
+                       converter's ``model_compile_enabled``
 =====================  ==============================================================  =======
 """
 
@@ -107,6 +110,10 @@ class Titan:
     converter: str | None = None
     """Python of the model converter the plan's precision needs (fp8: torchtitan's
     ``Float8LinearConverter.Config``), or ``None``."""
+    compile: dict[str, object] | None = None
+    """``CompileConfig``'s fields where the plan needs ``torch.compile``: its float8 linears
+    (eager they are slower than bf16, bench/results/fp8_linear.md) and async TP (torchtitan
+    0.3.0's ``compile.enable_async_tensor_parallel``); ``None`` otherwise."""
 
 
 def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
@@ -241,9 +248,8 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
 
     ac, ac_class = _checkpoint(plan, row)
     row("config.fusions", ", ".join(c.fusions) or "none", "", Fit.NONE,
-        "torchtitan's kernels come with its model and torch.compile (compile.enable)"
-        + ("; for async_tp set parallelism.enable_async_tensor_parallel with compile.enable "
-           "(the same micro-pipeline TP)" if ASYNC_TP in c.fusions else ""))
+        "torchtitan's kernels come with its model and torch.compile (compile.enable)")
+    compile_config = _compile(plan, row)
     flavor = _flavor(model_shape(plan.model_spec or ModelSpec.zoo(plan.model)))
     label = plan.model_spec.label if plan.model_spec else plan.model
     if flavor:
@@ -252,9 +258,34 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
     else:
         row("model", label, "", Fit.NONE, "torchtitan has no model of this shape: set "
             "MODEL_SPEC in the module to a ModelSpec of yours")
-    converter = ('Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["output"])'
-                 if p is Precision.FP8 else None)
-    return Titan(training, par, ac, ac_class, optimizer, flavor, converter), rows
+    converter = ('Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["output"], '
+                 'model_compile_enabled=True)' if p is Precision.FP8 else None)
+    return Titan(training, par, ac, ac_class, optimizer, flavor, converter,
+                 compile_config), rows
+
+
+def _compile(plan: Plan, row) -> dict[str, object] | None:
+    """torchtitan 0.3.0's ``CompileConfig`` fields the plan needs: ``torch.compile`` of the
+    model and the loss for float8 linears (torchtitan's float8 is built for it: eager, torchao's
+    casts make an FP8 linear slower than bf16's, measured on an H200,
+    bench/results/fp8_linear.md) and for async TP (micro-pipeline TP is an Inductor pass,
+    ``enable_async_tensor_parallel`` lives in ``CompileConfig``); else ``None``."""
+    fp8 = plan.train.precision is Precision.FP8
+    async_tp = ASYNC_TP in plan.config.fusions
+    if not (fp8 or async_tp):
+        return None
+    fields: dict[str, object] = {"enable": True}
+    if async_tp:
+        fields["enable_async_tensor_parallel"] = True
+    why = " and ".join(w for w, on in (("the float8 linears", fp8),
+                                         ("async TP's micro-pipelined collectives", async_tp))
+                       if on)
+    row("compile", "torch.compile" if fp8 else "async_tp",
+        ", ".join(f"compile.{k} = {v}" for k, v in fields.items()), Fit.CLOSE,
+        f"compiled for {why}; autopar's engine runs eager (its FP8 priced so, the fused "
+        "casts of torch.compile are not)" if fp8 else
+        f"compiled for {why}: the same overlap autopar's async_tp prices")
+    return fields
 
 
 def _pipeline(plan: Plan, par: dict[str, object], row) -> None:
@@ -353,11 +384,14 @@ def saved_config(plan: Plan, titan: Titan) -> dict[str, object]:
     """The fields the plan sets, nested as ``Trainer.Config.to_dict()`` writes them (what
     ``debug.save_config_file`` saves); torchtitan's file also holds every other field."""
     model = {"name": "llama3", "flavor": titan.flavor} if titan.flavor else None
-    return {"model_spec": model, "training": titan.training,
-            "parallelism": titan.parallelism,
-            "activation_checkpoint": titan.activation_checkpoint,
-            "optimizer": {"param_groups": [{"pattern": ".*",
-                                            "optimizer_name": titan.optimizer_name}]}}
+    saved = {"model_spec": model, "training": titan.training,
+             "parallelism": titan.parallelism,
+             "activation_checkpoint": titan.activation_checkpoint,
+             "optimizer": {"param_groups": [{"pattern": ".*",
+                                             "optimizer_name": titan.optimizer_name}]}}
+    if titan.compile:
+        saved["compile"] = titan.compile
+    return saved
 
 
 def _py(value: object) -> str:
@@ -366,9 +400,10 @@ def _py(value: object) -> str:
 
 def module_text(plan: Plan, titan: Titan) -> str:
     """The Python module with the ``Trainer.Config`` function."""
+    configs = "CompileConfig, ParallelismConfig" if titan.compile else "ParallelismConfig"
     imports = ["from torchtitan.components.optimizer import OptimizersContainer, "
                "ParamGroupConfig",
-               "from torchtitan.config import ParallelismConfig, TrainingConfig",
+               f"from torchtitan.config import {configs}, TrainingConfig",
                "from torchtitan.trainer import Trainer"]
     if titan.ac_class:
         imports.append(f"from torchtitan.distributed.activation_checkpoint import "
@@ -384,6 +419,8 @@ def module_text(plan: Plan, titan: Titan) -> str:
     training = ",\n            ".join(f"{k}={_py(v)}" for k, v in titan.training.items())
     par = ",\n            ".join(f"{k}={_py(v)}" for k, v in titan.parallelism.items())
     ac = f"{titan.ac_class}.Config()" if titan.ac_class else "None"
+    compiled = (f"\n        compile=CompileConfig({', '.join(f'{k}={v!r}' for k, v in titan.compile.items())}),"
+                if titan.compile else "")
     return f'''"""torchtitan configuration of autopar's plan for {plan.model}: {plan.summary()}
 
 {plan.nodes} node(s) x {plan.gpus_per_node} GPUs of {plan.cluster}. Run from the torchtitan
@@ -412,7 +449,7 @@ def {FUNCTION}() -> Trainer.Config:
         parallelism=ParallelismConfig(
             {par},
         ),
-        activation_checkpoint={ac},
+        activation_checkpoint={ac},{compiled}
         optimizer=OptimizersContainer.Config(
             param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name="{titan.optimizer_name}",
                                            optimizer_kwargs={{"lr": LR}})],

@@ -684,3 +684,24 @@ def test_torchtitan_030_builds_its_configs_from_each_export(gpt175b, llama_zero3
             assert training.local_batch_size // par.pipeline_parallel_microbatch_size == m
         else:
             assert accumulation == m
+
+
+def test_torchtitan_compiles_float8_and_async_tp_as_its_0_3_0_config_takes_it():
+    """An fp8 plan with async TP: ``compile`` on (torchtitan's float8 is built for
+    torch.compile; autopar measured eager float8 slower than bf16) with
+    ``enable_async_tensor_parallel``, a ``CompileConfig`` field in torchtitan 0.3.0 whose own
+    check (async TP needs the model compiled) passes; the float8 converter told so; a bf16
+    plan without async TP compiles nothing."""
+    configs = torchtitan_configs()
+    fp8 = _plan("llama3-8b", H100, 1, TrainSpec(global_batch=64, seq_len=4096, precision="fp8"),
+                dp=4, tp=2, zero=3, micro_batch=1, sequence_parallel=True, fusions=("async_tp",))
+    saved, tree = _titan(fp8)
+    compiled = configs.CompileConfig(**saved["compile"])
+    assert compiled.enable and compiled.enable_async_tensor_parallel
+    assert "model" in compiled.components
+    assert "compile" in _call_keywords(tree, "Trainer.Config")
+    assert _call_keywords(tree, "Float8LinearConverter.Config")["model_compile_enabled"] == "True"
+    bf16 = _plan("llama3-8b", H100, 1, TrainSpec(global_batch=64, seq_len=4096),
+                 dp=8, zero=3, micro_batch=1)
+    saved, tree = _titan(bf16)
+    assert "compile" not in saved and "compile" not in _call_keywords(tree, "Trainer.Config")
