@@ -42,8 +42,8 @@ from .profile import recording
 from .pipeline import (StagePartition, even_partition, in_flight_microbatches,
                        loss_in_flight_microbatches, pipeline_s)
 from autopar.core.fp8 import fp8_all_gather, fp8_params
-from autopar.core.specs import (ASYNC_TP, FP8_COMPILED_CASTS, FP8_FUSED_CASTS, Checkpoint, Optimizer, ParallelConfig, Precision,
-                                Schedule, TrainSpec)
+from autopar.core.specs import (ASYNC_TP, FP8_COMPILED_CASTS, FP8_FUSED_CASTS, Checkpoint,
+                                Optimizer, ParallelConfig, Precision, Schedule, TrainSpec)
 from .topology import MeshGroups, domain_notes, mesh_groups, placed_group
 from .workload import LayerCost, OpCost, OpKind, Phase, Shard, TPCollective, Workload
 
