@@ -16,7 +16,8 @@ from torch import nn
 
 SHAPES = ((2048, 2048), (2048, 512), (2048, 8192), (8192, 2048), (4096, 4096), (8192, 28672))
 """(in, out) features: the 1B Llama's of ``bench/gpu_step.py`` (q/o, k/v, up/gate, down), and
-two of a 70B-class model."""
+two of a 70B-class model. About 45 s on an H200 with the compiles (``bench/gpu_check.py``'s
+part 2 runs it)."""
 
 
 def timed(fn, repeat: int) -> float:
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                 module(x).sum().backward()
             row[name] = timed(step, args.repeat)
         for name in ("bf16", "tensorwise"):
+            torch._dynamo.reset()  # each shape compiled afresh: no recompile limit reached
             compiled = torch.compile(variants[name])
             def cstep(module=compiled):
                 module(x).sum().backward()

@@ -7,15 +7,18 @@ use its own budget plus what the parts before it left. A part that fails, or run
 (its command is killed), is a result: the next part runs, and the results files are rewritten
 after every part, so what ran is kept even if the run call itself is cut off.
 
-1. **environment** (100 s): the GPU, driver, torch/CUDA/Triton/transformers versions; the carried
+1. **environment** (70 s; 46 s on the H200 of 2026-11-28): the GPU, driver, torch/CUDA/Triton/
+   transformers versions; the carried
    wheels checked against ``bench/gpu_wheels.txt`` (``gpu_wheels.py``) and installed with
    autopar's own wheel, built here from the tree, into ``SITE`` (no network: ``--no-index``,
    no build isolation); every later command imports autopar from there (``PYTHONPATH``, and
    ``PYTHONSAFEPATH`` so that the tree's ``autopar/`` folder does not shadow it); then
    ``pytest tests/gpu``.
-2. **kernels** (120 s): ``bench/kernels.py --markdown`` -- each fused kernel's bandwidth against
+2. **kernels** (150 s): ``bench/kernels.py --markdown`` -- each fused kernel's bandwidth against
    a copy, its speed against eager and ``torch.compile``, forward and backward (in two runs,
-   ``KERNEL_GROUPS``, so that a slow ``torch.compile`` costs only its group's rows).
+   ``KERNEL_GROUPS``, so that a slow ``torch.compile`` costs only its group's rows); then
+   ``bench/fp8_linear.py``, torchao's float8 linear against bf16's, eager and compiled (what
+   ``costmodel/compute.py:fp8_cast_s`` prices; bench/results/fp8_linear.md).
 3. **profile** (60 s): ``autopar profile --nproc 1 --device cuda`` -- GEMMs, attention,
    memory-bound kernels and the optimizer step on the GPU grid (``autopar.measure.profiling.GPU``; one
    GPU, so no collectives), written as ``profile-<kind>.json``, the preset the repository keeps
@@ -401,6 +404,14 @@ def part_kernels(check: Check) -> Result:
             continue
         body += [line.replace("# ", "### ", 1) if line.startswith("# ") else line
                  for line in cmd.stdout.splitlines()] + [""]
+    cmd = check.python("bench/fp8_linear.py")
+    data["fp8_linear"] = cmd.stdout
+    if cmd.rc != 0:
+        failed.append("fp8_linear")
+        body += [f"- bench/fp8_linear.py: exit {cmd.rc}: {last_line(cmd.text)}", ""]
+    else:
+        body += ["### FP8 linears (bench/fp8_linear.py): torchao's float8 against bf16", "",
+                 *cmd.stdout.splitlines(), ""]
     met = sum("| met |" in line for line in body)
     missed = sum("NOT met" in line for line in body)
     summary = f"targets met {met}, not met {missed}" + (
@@ -498,8 +509,9 @@ class Part:
 
 
 PARTS = (
-    Part(1, "environment", "Environment, wheels, tests/gpu", 100, part_environment),
-    Part(2, "kernels", "Fused kernels (bench/kernels.py)", 120, part_kernels),
+    Part(1, "environment", "Environment, wheels, tests/gpu", 70, part_environment),
+    Part(2, "kernels", "Fused kernels (bench/kernels.py, bench/fp8_linear.py)", 150,
+         part_kernels),
     Part(3, "profile", "autopar profile on the GPU", 60, part_profile),
     Part(4, "step", "A real step against the prediction (bench/gpu_step.py)", 150, part_step),
     Part(5, "program", "The emitted program on CUDA (autopar verify --device cuda)", 80,

@@ -18,8 +18,8 @@
 #      (part 1's install always runs first; its tests/gpu only when 1 is named).
 #
 # Parts and budgets (bench/gpu_check.py's PARTS; a part may use what earlier parts left):
-#   1 environment, wheels, autopar's wheel, pytest tests/gpu   100 s
-#   2 bench/kernels.py (fused kernels vs copy, eager, compile)  120 s
+#   1 environment, wheels, autopar's wheel, pytest tests/gpu    70 s
+#   2 bench/kernels.py and bench/fp8_linear.py (vs copy, eager) 150 s
 #   3 autopar profile --nproc 1 --device cuda                    60 s
 #   4 bench/gpu_step.py (1B Llama step vs estimate, dry run)    150 s
 #   5 autopar verify --device cuda, three dp = 1 plans           80 s
