@@ -425,10 +425,8 @@ def estimate_op_s(
             if fp8:
                 cast_fwd, cast_bwd = (_expert_cast_s(gemms[0], cluster, eff) if op.expert
                                       else fp8_cast_s(op, split, cluster, eff))
-                # Transformer Engine's fused casts are its GEMM's; torchao's eager ones are
-                # ops of their own, which a policy keeping the GEMM's output reruns
                 return PhaseTimes(act + cast_fwd, act + cast_bwd, weight,
-                                  0.0 if split.fp8_fused_casts else cast_fwd)
+                                  cast_fwd if casts_unsaved(op, split) else 0.0)
             return PhaseTimes(act, act, weight)
     s = split.scale(op.shard) * (expert_scale if op.expert else 1.0)
     flop, nbytes = op.flop * s, op.bytes * s
@@ -476,6 +474,14 @@ def reruns(op: OpCost, policy: Checkpoint) -> bool:
     if policy is Checkpoint.MOE:
         return op.moe_layer
     return False
+
+
+def casts_unsaved(op: OpCost, split: Split) -> bool:
+    """Whether ``op`` is a linear whose FP8 casts are ops of their own, outside its GEMM
+    (torchao's float8, eager or compiled), which the matmuls policy, saving the GEMM's output
+    and not its FP8 operands, runs again (``PhaseTimes.forward_unsaved``); Transformer
+    Engine's fused casts are its GEMM's."""
+    return split.fp8 and op.fp8 and not op.expert and not split.fp8_fused_casts
 
 
 def reissues(policy: Checkpoint) -> bool:
@@ -538,6 +544,6 @@ def estimate_layer_s(
     # only the ops summed are priced (a profile notes each lookup); under matmuls a kept
     # linear too, whose FP8 casts rerun
     ops = [o for o in layer.ops if recomputed_by is None or reruns(o, recomputed_by)
-           or (recomputed_by is Checkpoint.MATMULS and o.fp8)]
+           or (recomputed_by is Checkpoint.MATMULS and casts_unsaved(o, split))]
     return layer_times(ops, [estimate_op_s(o, split, cluster, eff, expert_scale=expert_scale)
                              for o in ops], recomputed_by)

@@ -390,8 +390,12 @@ def _stage_params(workload: Workload, part: StagePartition, stage: int, config: 
 def _fp8_gathered_params(workload: Workload, config: ParallelConfig, train: TrainSpec
                          ) -> float:
     """Parameters of one block on one GPU that FSDP gathers in FP8 (``core.fp8``: tensorwise),
-    the tp split taken as the whole layer's; 0 where nothing is gathered in FP8."""
-    return fp8_params(workload.block.ops) / config.tp if fp8_all_gather(train) else 0.0
+    the tp split taken as the whole layer's; 0 where nothing is gathered in FP8 -- nor under
+    Transformer Engine (``FP8_FUSED_CASTS``) with ZeRO-0: Megatron's ``--fp8-param-gather``
+    needs the distributed optimizer, and without it gathers no parameters."""
+    if not fp8_all_gather(train) or (FP8_FUSED_CASTS in config.fusions and config.zero == 0):
+        return 0.0
+    return fp8_params(workload.block.ops) / config.tp
 
 
 def _gathered_weight_bytes(workload: Workload, part: StagePartition, stage: int,
@@ -697,8 +701,6 @@ def _stage_memory(
     block_working, block_grads = walked if walked is not None else (0.0, block_grad_bytes)
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
     fp8_block = _fp8_gathered_params(workload, config, train)
-    if split.fp8_fused_casts and config.zero == 0:
-        fp8_block = 0.0  # Megatron's --fp8-param-gather needs the distributed optimizer
     if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet
         states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
                                    expert_dp=g.expert_dp.size, offload=True)
