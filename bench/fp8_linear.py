@@ -2,7 +2,9 @@
 torch.compile): what FP8 costs and saves per GEMM, the figures ``costmodel/compute.py:fp8_cast_s``
 prices. Prints a markdown table; needs CUDA and torchao.
 
-    python bench/fp8_linear.py [--tokens 8192] [--repeat 20]
+    python bench/fp8_linear.py [--tokens 8192]
+
+Times are ``triton.testing.do_bench``'s medians, as ``bench/kernels.py`` takes them.
 """
 
 from __future__ import annotations
@@ -20,35 +22,19 @@ two of a 70B-class model. About 45 s on an H200 with the compiles (``bench/gpu_c
 part 2 runs it)."""
 
 
-def timed(fn, repeat: int) -> float:
-    """Median seconds of ``fn`` over ``repeat`` runs after 3 warm-ups, by CUDA events."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192)
-    parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/fp8_linear.py needs a CUDA GPU", file=sys.stderr)
         return 2
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from triton.testing import do_bench
 
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"{args.tokens} tokens, median of {args.repeat}\n")
+          f"{args.tokens} tokens\n")
     print("| in x out | bf16 ms | fp8 eager ms | fp8 compiled ms | bf16 compiled ms | "
           "eager/bf16 | compiled/bf16 | rowwise eager ms | GEMM TFLOP/s bf16 |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -63,14 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         for name, module in variants.items():
             def step(module=module):
                 module(x).sum().backward()
-            row[name] = timed(step, args.repeat)
+            row[name] = do_bench(step, return_mode="median") / 1e3
         for name in ("bf16", "tensorwise"):
             torch._dynamo.reset()  # each shape compiled afresh: no recompile limit reached
             compiled = torch.compile(variants[name])
             def cstep(module=compiled):
                 module(x).sum().backward()
             try:
-                row[name + "_c"] = timed(cstep, args.repeat)
+                row[name + "_c"] = do_bench(cstep, return_mode="median") / 1e3
             except Exception as err:  # noqa: BLE001 - a result, printed
                 print(f"compile {name} {fin}x{fout}: {type(err).__name__}: {err}"[:300])
                 row[name + "_c"] = float("nan")
