@@ -270,21 +270,16 @@ def _compile(plan: Plan, row) -> dict[str, object] | None:
     casts make an FP8 linear slower than bf16's, measured on an H200,
     bench/results/fp8_linear.md) and for async TP (micro-pipeline TP is an Inductor pass,
     ``enable_async_tensor_parallel`` lives in ``CompileConfig``); else ``None``."""
-    fp8 = plan.train.precision is Precision.FP8
     async_tp = ASYNC_TP in plan.config.fusions
-    if not (fp8 or async_tp):
+    needs = [why for why, on in (("the float8 linears", plan.train.precision is Precision.FP8),
+                                 ("async TP", async_tp)) if on]
+    if not needs:
         return None
     fields: dict[str, object] = {"enable": True}
     if async_tp:
         fields["enable_async_tensor_parallel"] = True
-    why = " and ".join(w for w, on in (("the float8 linears", fp8),
-                                         ("async TP's micro-pipelined collectives", async_tp))
-                       if on)
-    row("compile", "torch.compile" if fp8 else "async_tp",
-        ", ".join(f"compile.{k} = {v}" for k, v in fields.items()), Fit.CLOSE,
-        f"compiled for {why}; autopar's engine runs eager (its FP8 priced so, the fused "
-        "casts of torch.compile are not)" if fp8 else
-        f"compiled for {why}: the same overlap autopar's async_tp prices")
+    row("compile", " and ".join(needs), ", ".join(f"compile.{k} = {v}" for k, v in fields.items()),
+        Fit.CLOSE, "autopar's engine runs eager; torchtitan compiles the model and the loss")
     return fields
 
 
@@ -419,8 +414,10 @@ def module_text(plan: Plan, titan: Titan) -> str:
     training = ",\n            ".join(f"{k}={_py(v)}" for k, v in titan.training.items())
     par = ",\n            ".join(f"{k}={_py(v)}" for k, v in titan.parallelism.items())
     ac = f"{titan.ac_class}.Config()" if titan.ac_class else "None"
-    compiled = (f"\n        compile=CompileConfig({', '.join(f'{k}={v!r}' for k, v in titan.compile.items())}),"
-                if titan.compile else "")
+    compiled = ""
+    if titan.compile:
+        fields = ", ".join(f"{k}={_py(v)}" for k, v in titan.compile.items())
+        compiled = f"\n        compile=CompileConfig({fields}),"
     return f'''"""torchtitan configuration of autopar's plan for {plan.model}: {plan.summary()}
 
 {plan.nodes} node(s) x {plan.gpus_per_node} GPUs of {plan.cluster}. Run from the torchtitan
