@@ -26,6 +26,12 @@ checkpoint policy (``Checkpoint``: none, selective, matmuls, full) in every prec
   ``ClusterSpec.hbm_reserved_bytes`` (``costmodel/cluster.py:DEFAULT_HBM_RESERVED_BYTES``,
   4 GiB, never measured before) stands for.
 
+``--model moe`` runs ``MOE_CASES`` instead: a 4-layer slice of Qwen3-30B-A3B (128 experts,
+top-8, expert FFN 768: 3.11 B parameters), bf16, with the capacity router (factor 1.25: every
+expert one batched GEMM, ``torch.bmm``) and dropless (the engine's loop of one GEMM per expert);
+the first MoE step autopar's engine takes on a GPU, against a cost model that prices the grouped
+GEMMs the frameworks run (issue 30).
+
 The dry run needs no GPU, so ``--dry`` computes every prediction on a CPU machine; the measured
 columns then say why they are missing. Every policy is measured in this one process, one after
 the other, the allocator emptied between them (``torch.cuda.empty_cache``) so that each starts
@@ -43,6 +49,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -68,6 +75,34 @@ NOT_YET: dict[str, str] = {}
 POLICIES = tuple(c.value for c in Checkpoint if c is not Checkpoint.MOE)
 """Every checkpoint policy but ``moe``, which recomputes MoE layers: this dense model has none
 (the admissibility check refuses it)."""
+
+MOE_SHAPE = {"num_layers": 4, "hidden_size": 2048, "num_heads": 32, "num_kv_heads": 4,
+             "head_size": 128, "ffn_hidden_size": 768, "num_experts": 128, "top_k": 8,
+             "vocab_size": 151936, "seq_len": 2048, "rope_theta": 1000000.0}
+"""Qwen3-30B-A3B's shape (Qwen/Qwen3-30B-A3B config.json: hidden 2048, 32 query and 4
+key-value heads of 128, 128 experts, top-8, moe_intermediate_size 768, vocabulary 151936, RoPE
+theta 1e6) cut to 4 of its 48 layers so that AdamW's states fit one GPU: 3.11 B parameters."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model the step is run on, in ``precisions`` under ``policies``."""
+
+    label: str
+    spec: ModelSpec
+    precisions: tuple[str, ...]
+    policies: tuple[str, ...]
+
+
+CASES = {
+    "llama-1b": (Case("llama-1b", MODEL, PRECISIONS, POLICIES),),
+    "moe": (Case("moe capacity 1.25", ModelSpec("moe", {**MOE_SHAPE, "capacity_factor": 1.25}),
+                 ("bf16",), ("none", "full", "moe")),
+            Case("moe dropless", ModelSpec("moe", {**MOE_SHAPE, "capacity_factor": None}),
+                 ("bf16",), ("none", "full"))),
+}
+"""``--model``'s choices: the 1B Llama (the GPU check's part 4) and ``MOE_SHAPE`` with each
+router (``moe`` checkpointing recomputes the MoE layers only)."""
 WARMUP, STEPS = 2, 5
 PRESETS = {"H200": "hgx-h200", "H100": "hgx-h100-80g"}
 """The cluster preset whose GPU is the card (the first name found in the card's name)."""
@@ -88,23 +123,24 @@ def train_of(precision: str) -> TrainSpec:
     return TrainSpec(global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, precision=precision)
 
 
-def runnable_precisions() -> tuple[list[str], dict[str, str]]:
-    """(the ``PRECISIONS`` autopar names, {the others: why they are skipped})."""
+def runnable_precisions(precisions: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """(the ``precisions`` autopar names, {the others: why they are skipped})."""
     known = {p.value for p in Precision}
-    run = [p for p in PRECISIONS if p in known]
+    run = [p for p in precisions if p in known]
     return run, {p: NOT_YET.get(p, f"autopar's Precision has no {p!r}")
-                 for p in PRECISIONS if p not in known}
+                 for p in precisions if p not in known}
 
 
-def plan_of(precision: str, policy: str, cluster):
+def plan_of(spec: ModelSpec, precision: str, policy: str, cluster):
     import autopar
 
     config = ParallelConfig(dp=1, micro_batch=MICRO_BATCH, checkpoint=policy)
-    return autopar.plan_for(MODEL.build("meta"), cluster, train_of(precision), config,
-                            model_spec=MODEL, name=f"{precision} {policy}")
+    return autopar.plan_for(spec.build("meta"), cluster, train_of(precision), config,
+                            model_spec=spec, name=f"{precision} {policy}")
 
 
-def predict(precision: str, policy: str, preset: str, profile_path: str | None) -> dict:
+def predict(spec: ModelSpec, precision: str, policy: str, preset: str,
+            profile_path: str | None) -> dict:
     """The estimate (analytical, and with the profile when given) and the dry run of one
     plan; each failure is recorded as the text of its error, and the others still run."""
     from autopar.costmodel.cluster import process_cluster
@@ -114,7 +150,7 @@ def predict(precision: str, policy: str, preset: str, profile_path: str | None) 
     out: dict = {"preset": preset}
     plan = None
     try:
-        plan = plan_of(precision, policy, cluster)
+        plan = plan_of(spec, precision, policy, cluster)
         e = plan.estimate
         out["estimate"] = {"step_time_s": e.step_time_s, "peak_bytes": e.peak_memory_bytes,
                            "memory_breakdown": dict(e.memory_breakdown),
@@ -129,7 +165,7 @@ def predict(precision: str, policy: str, preset: str, profile_path: str | None) 
             from autopar.costmodel.profile import Profile
 
             prof = Profile.load(profile_path)
-            e = plan_of(precision, policy, cluster.with_profile(prof)).estimate
+            e = plan_of(spec, precision, policy, cluster.with_profile(prof)).estimate
             out["estimate_profiled"] = {"step_time_s": e.step_time_s,
                                         "measured": dict(e.measured)}
         except Exception as err:  # noqa: BLE001
@@ -172,20 +208,20 @@ def _train_step(program, opt: torch.optim.Optimizer, tokens: torch.Tensor,
     return loss
 
 
-def measure(precision: str, policy: str) -> dict:
+def measure(spec: ModelSpec, precision: str, policy: str) -> dict:
     """Time ``STEPS`` steps of the plan's program on this GPU after ``WARMUP`` (see the module
     docstring); the memory figures are over the timed steps."""
     from autopar.costmodel.cluster import process_cluster
     from autopar.models.training import optimizer, synthetic_inputs
     from autopar.verify.worker import sharded_program
 
-    plan = plan_of(precision, policy, process_cluster(1, DEFAULT_PRESET))  # the program only
+    plan = plan_of(spec, precision, policy, process_cluster(1, DEFAULT_PRESET))  # the program
     gc.collect()  # a previous row's model, held in reference cycles until a collection
     torch.cuda.empty_cache()
     start_allocated = torch.cuda.memory_allocated()
-    model = MODEL.build("meta")
+    model = spec.build("meta")
     began = time.perf_counter()
-    program = sharded_program(model, plan, MODEL, 0, "cuda")
+    program = sharded_program(model, plan, spec, 0, "cuda")
     opt = optimizer(program.parameters())
     built_s = time.perf_counter() - began
     tokens, targets = synthetic_inputs(model, 0, GLOBAL_BATCH, SEQ_LEN)
@@ -218,15 +254,24 @@ def measure(precision: str, policy: str) -> dict:
     return result
 
 
-def run(dry: bool, profile_path: str | None) -> dict:
-    """Every (precision, policy): predictions, then (on a GPU) the measurements."""
-    precisions, skipped = runnable_precisions()
+def run(dry: bool, profile_path: str | None, model: str = "llama-1b") -> dict:
+    """Every case of ``CASES[model]``, precision and policy: predictions, then (on a GPU) the
+    measurements."""
+    cases = {c.label: c for c in CASES[model]}
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     preset = preset_of(gpu)
-    rows = [{"precision": p, "policy": c} for p in precisions for c in POLICIES]
+    rows, skipped = [], {}
+    for case in cases.values():
+        precisions, left = runnable_precisions(case.precisions)
+        skipped.update(left)
+        rows += [{"case": case.label, "precision": p, "policy": c}
+                 for p in precisions for c in case.policies]
     for row in rows:
-        row.update(predict(row["precision"], row["policy"], preset, profile_path))
-    doc = {"model": MODEL.to_dict(), "global_batch": GLOBAL_BATCH, "micro_batch": MICRO_BATCH,
+        row.update(predict(cases[row["case"]].spec, row["precision"], row["policy"], preset,
+                           profile_path))
+    doc = {"model": cases[rows[0]["case"]].spec.to_dict(),
+           "cases": {label: c.spec.to_dict() for label, c in cases.items()},
+           "global_batch": GLOBAL_BATCH, "micro_batch": MICRO_BATCH,
            "seq_len": SEQ_LEN, "warmup": WARMUP, "steps": STEPS, "gpu": gpu,
            "preset": preset, "torch": torch.__version__, "skipped_precisions": skipped,
            "rows": rows}
@@ -240,7 +285,8 @@ def run(dry: bool, profile_path: str | None) -> dict:
     doc["measured_skipped"] = why
     for row in rows if why is None else ():
         try:
-            row["measured"] = measure(row["precision"], row["policy"])
+            row["measured"] = measure(cases[row["case"]].spec, row["precision"],
+                                      row["policy"])
         except Exception as err:  # noqa: BLE001 -- out of memory is a finding
             row["measured_error"] = _error(err)
             traceback.print_exc()
@@ -261,18 +307,21 @@ def _pct(pred: float | None, meas: float | None) -> str:
 
 def markdown(doc: dict) -> list[str]:
     """The part's tables: time, memory, and the derived terms (see the module docstring)."""
-    m = doc["model"]["overrides"] if "overrides" in doc["model"] else doc["model"]
-    lines = [f"Model: `llama` {json.dumps(m, sort_keys=True)}; batch {doc['global_batch']} x "
-             f"{doc['seq_len']} tokens in micro-batches of {doc['micro_batch']}; dp = 1 on one "
-             f"GPU; predicted on preset `{doc['preset']}`"
-             + ("" if doc["gpu"] else " (no GPU here: the H100's)") + f", torch {doc['torch']}; "
-             f"measured: median of {doc['steps']} steps after {doc['warmup']}.", ""]
+    cases = doc.get("cases", {"llama-1b": doc["model"]})
+    lines = [f"- Model `{label}`: `{spec['name']}` "
+             f"{json.dumps(spec['overrides'], sort_keys=True)}" for label, spec in cases.items()]
+    lines += [f"- Batch {doc['global_batch']} x {doc['seq_len']} tokens in micro-batches of "
+              f"{doc['micro_batch']}; dp = 1 on one GPU; predicted on preset `{doc['preset']}`"
+              + ("" if doc["gpu"] else " (no GPU here: the H100's)") + f", torch "
+              f"{doc['torch']}; measured: median of {doc['steps']} steps after "
+              f"{doc['warmup']}.", ""]
     for p, why in doc["skipped_precisions"].items():
         lines.append(f"- {p}: skipped -- {why}")
     if doc["measured_skipped"]:
         lines.append(f"- measured: skipped -- {doc['measured_skipped']}")
-    lines += ["", "| precision | policy | step s measured | estimate s | error | estimate with "
-              "profile s | error | MFU measured |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| model | precision | policy | step s measured | estimate s | error | "
+              "estimate with profile s | error | MFU measured |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         meas = r.get("measured", {}).get("step_s")
         est = r.get("estimate", {}).get("step_time_s")
@@ -280,22 +329,24 @@ def markdown(doc: dict) -> list[str]:
         flops = r.get("estimate", {}).get("model_flops_per_step")
         peak = r.get("estimate", {}).get("peak_flop_per_s")
         mfu = f"{flops / meas / peak:.1%}" if meas and flops and peak else "-"
-        lines.append(f"| {r['precision']} | {r['policy']} | "
+        lines.append(f"| {r.get('case', 'llama-1b')} | {r['precision']} | {r['policy']} | "
                      f"{'-' if meas is None else f'{meas:.4f}'} | "
                      f"{'-' if est is None else f'{est:.4f}'} | {_pct(est, meas)} | "
                      f"{'-' if prof is None else f'{prof:.4f}'} | {_pct(prof, meas)} | {mfu} |")
     lines += ["", "Memory, GiB (binary): the tensors' peak measured (`max_memory_allocated`) "
               "against the estimate and the dry run; the allocator's reserve "
               "(`max_memory_reserved`) and what it and the CUDA context add:", "",
-              "| precision | policy | allocated | estimate | error | dry run | error | reserved "
-              "| fragmentation | outside allocator |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "| model | precision | policy | allocated | estimate | error | dry run | error "
+              "| reserved | fragmentation | outside allocator |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         ms = r.get("measured", {})
         alloc, reserved = ms.get("max_allocated_bytes"), ms.get("max_reserved_bytes")
         est = r.get("estimate", {}).get("peak_bytes")
         dry = r.get("dry_run", {}).get("peak_bytes")
         frag = None if alloc is None else reserved - alloc - ms.get("start_allocated_bytes", 0)
-        lines.append(f"| {r['precision']} | {r['policy']} | {_gib(alloc)} | {_gib(est)} | "
+        lines.append(f"| {r.get('case', 'llama-1b')} | {r['precision']} | {r['policy']} | "
+                     f"{_gib(alloc)} | {_gib(est)} | "
                      f"{_pct(est, alloc)} | {_gib(dry)} | {_pct(dry, alloc)} | "
                      f"{_gib(reserved)} | {_gib(frag)} | "
                      f"{_gib(ms.get('outside_allocator_bytes'))} |")
@@ -309,11 +360,12 @@ def markdown(doc: dict) -> list[str]:
                       f"{_gib(DEFAULT_HBM_RESERVED_BYTES)} GiB the cost model sets aside for "
                       f"them (`ClusterSpec.hbm_reserved_bytes`, with NCCL's buffers and the "
                       f"driver's share; one rank here, so NCCL's are a one-rank group's)."]
-    errors = [(r["precision"], r["policy"], k, v) for r in doc["rows"] for k, v in r.items()
-              if k.endswith("_error")]
+    errors = [(r.get("case", "llama-1b"), r["precision"], r["policy"], k, v)
+              for r in doc["rows"] for k, v in r.items() if k.endswith("_error")]
     if errors:
         lines += ["", "Errors:", ""]
-        lines += [f"- {p} {c} {k[:-6]}: `{v.splitlines()[0][:300]}`" for p, c, k, v in errors]
+        lines += [f"- {m} {p} {c} {k[:-6]}: `{v.splitlines()[0][:300]}`"
+                  for m, p, c, k, v in errors]
     return lines
 
 
@@ -323,8 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", help="the part's tables (markdown)")
     parser.add_argument("--profile", help="a profile of this GPU (autopar profile)")
     parser.add_argument("--dry", action="store_true", help="predictions only (no GPU needed)")
+    parser.add_argument("--model", choices=sorted(CASES), default="llama-1b",
+                        help="the models stepped (CASES; default: the GPU check's llama-1b)")
     args = parser.parse_args(argv)
-    doc = run(args.dry, args.profile if args.profile and Path(args.profile).exists() else None)
+    doc = run(args.dry, args.profile if args.profile and Path(args.profile).exists() else None,
+              args.model)
     Path(args.out).write_text(json.dumps(doc, indent=1))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(markdown(doc)) + "\n")

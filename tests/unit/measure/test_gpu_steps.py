@@ -29,8 +29,8 @@ def predicted() -> dict[tuple[str, str], float]:
     step = load("gpu_step", "bench_gpu_step")
     cluster = process_cluster(1, DATA["preset"]).with_profile(
         Profile.load(str(ROOT / DATA["profile"])))
-    return {(r["precision"], r["checkpoint"]):
-            step.plan_of(r["precision"], r["checkpoint"], cluster).estimate.step_time_s
+    return {(r["precision"], r["checkpoint"]): step.plan_of(
+                step.MODEL, r["precision"], r["checkpoint"], cluster).estimate.step_time_s
             for r in DATA["runs"]}
 
 
