@@ -20,7 +20,6 @@ from types import ModuleType
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 
 
 def expert_capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
@@ -61,12 +60,31 @@ def limit_groups(logits: torch.Tensor, groups: int, keep: int) -> torch.Tensor:
 
 def capacity_slots(top_experts: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
     """Each assignment's row in the (E * C + 1, h) dispatch buffer, choice-major (row j * T + t
-    is token t's j-th choice); a dropped assignment gets the last row, E * C."""
+    is token t's j-th choice); a dropped assignment gets the last row, E * C.
+
+    An assignment's slot is its rank among its expert's assignments in that order: the
+    assignments sorted by expert (stable, so the order within an expert is kept), each one's
+    place in the sorted list less its expert's first place (``searchsorted``). Every shape is
+    static, so it traces and runs on fake tensors. Not the one-hot (kT, E) and its cumsum along
+    the kT rows: on CUDA a scan along an outer dimension is one thread per column walking every
+    row in turn (ATen's ``tensor_kernel_scan_outer_dim``), E threads for kT = 65536 rows."""
     expert_of = top_experts.t().reshape(-1)  # (k T,)
-    onehot = F.one_hot(expert_of, num_experts)  # (k T, E) int64
-    slot_in_expert = (torch.cumsum(onehot, dim=0) * onehot).sum(dim=-1) - 1  # (k T,)
+    order = torch.argsort(expert_of, stable=True)
+    by_expert = expert_of[order]
+    first = torch.searchsorted(by_expert, torch.arange(num_experts, device=expert_of.device))
+    rank = torch.arange(expert_of.numel(), device=expert_of.device) - first[by_expert]
+    slot_in_expert = torch.empty_like(rank).scatter_(0, order, rank)  # (k T,)
     kept = slot_in_expert < capacity
     return torch.where(kept, expert_of * capacity + slot_in_expert, num_experts * capacity)
+
+
+def assignment_counts(top_experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """(E,) int64: the assignments of each expert among ``top_experts`` (any shape). A
+    ``scatter_add`` into E counters: a static shape (``bincount``'s depends on the data, which
+    fake tensors cannot give) and no (kT, E) one-hot."""
+    every = top_experts.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.int64, device=every.device).scatter_add_(
+        0, every, torch.ones_like(every))
 
 
 def dispatch_capacity(tokens: torch.Tensor, slot: torch.Tensor, num_experts: int,

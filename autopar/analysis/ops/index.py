@@ -65,7 +65,8 @@ SCATTER = register(OpFamily(
 
 ROUTING = register(OpFamily(
     "routing", ops=("one_hot", "repeat", "new_zeros", "zeros_like", "ones_like", "histc",
-                    "bincount", "full_like", "empty_like", "new_ones", "new_full", "new_empty"),
+                    "bincount", "searchsorted", "full_like", "empty_like", "new_ones", "new_full",
+                    "new_empty"),
     aliases={"repeat_interleave": "repeat"}, saves=saves_nothing, rule=tokens_rule))
 
 EMBEDDING = register(OpFamily(

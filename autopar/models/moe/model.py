@@ -10,8 +10,8 @@ logits (Jiang et al., "Mixtral of Experts", 2024, eq. 1-2), and ``experts`` hold
 Dispatch (GShard, Lepikhin et al. 2020, section 2.2; Switch, Fedus et al. 2021, section 2.2):
 every expert gets ``C = min(T, ceil(capacity_factor * top_k * T / E))`` slots for the T = batch *
 seq tokens of the call. Assignments are ranked choice-major (all first choices before any second
-choice, token order within), an assignment's slot is its rank among those of its expert (one-hot
-+ cumsum), and assignments past slot C - 1 are dropped: that expert adds nothing for that token
+choice, token order within), an assignment's slot is its rank among those of its expert (a stable
+sort by expert: ``routing.capacity_slots``), and assignments past slot C - 1 are dropped: that expert adds nothing for that token
 (Switch). The kept tokens are scattered with ``index_add`` into an (E * C + 1, h) buffer whose last
 row collects the dropped ones, the experts run as three ``torch.bmm`` over (E, C, h), so each
 expert matmul costs exactly 2 * E * C * h * f FLOPs, and outputs are gathered back by slot and
@@ -67,13 +67,13 @@ from autopar.models.expert_layers import CallTokens, ExpertLayer
 from autopar.models.init import Constant, Law, Normal
 from autopar.models.layers import (INIT_STD, check_bool, check_positive_float,
                                    check_positive_int)
+from autopar.models.grouped_gemm import grouped_mm_runs, padded_groups
 from autopar.models.llama.model import DecoderConfig, DecoderLM, LlamaAttention
 from autopar.models.moe.attention import SinkAttention
-from autopar.models.routing import (capacity_slots, combine_capacity, combine_dropless,
-                                    dispatch_capacity, dropless_order, dropless_rows,
-                                    expert_capacity, is_symbolic, kept_order, limit_groups,
-                                    local_weight,
-                                    scale_grad)
+from autopar.models.routing import (assignment_counts, capacity_slots, combine_capacity,
+                                    combine_dropless, dispatch_capacity, dropless_order,
+                                    dropless_rows, expert_capacity, is_symbolic, kept_order,
+                                    limit_groups, local_weight, scale_grad)
 
 # leaves for torch.fx in this module's forward too (``autopar.models.routing``)
 torch.fx.wrap("expert_capacity")
@@ -259,6 +259,8 @@ class Experts(nn.Module):
             params[-1] = params[-1] - params[-1].detach()
         if counts is None:
             return self._run(x, params)
+        if grouped_mm_runs(x, *params[:3]):
+            return self._grouped(x, counts, params)
         w_gate, w_up, w_down, *b = params
         outs = []
         for i, part in enumerate(torch.split(x, counts)):
@@ -271,6 +273,21 @@ class Experts(nn.Module):
             out = self._act(gate, up) @ w_down[i]
             outs.append(out + b[2][i] if b else out)
         return torch.cat(outs) if outs else x
+
+    def _grouped(self, x: torch.Tensor, counts: list[int], params: list[torch.Tensor]
+                 ) -> torch.Tensor:
+        """The rows of ``forward``'s dropless form through every expert in three grouped GEMMs
+        (``models/grouped_gemm.py``)."""
+        w_gate, w_up, w_down, *b = params
+        rows, offs, where, group = padded_groups(x, counts)
+        gate = torch._grouped_mm(rows, w_gate, offs=offs)
+        up = torch._grouped_mm(rows, w_up, offs=offs)
+        if b:
+            gate, up = gate + b[0][group], up + b[1][group]
+        out = torch._grouped_mm(self._act(gate, up), w_down, offs=offs)
+        if b:
+            out = out + b[2][group]
+        return out if where is None else out.index_select(0, where)
 
 
 class Fp32Linear(nn.Linear):
@@ -292,7 +309,7 @@ def load_balancing_loss(logits: torch.Tensor, top_experts: torch.Tensor,
     of the call's mean, so the ranks' losses add up to the call's (and so do their gradients)."""
     every = top_experts if call is None else call
     num_tokens, e = every.size(0), logits.size(-1)
-    counts = F.one_hot(every.reshape(-1), e).sum(dim=0)  # (E,) assignments per expert
+    counts = assignment_counts(every, e)  # (E,) assignments per expert
     probs = torch.softmax(logits.float(), dim=-1).sum(dim=0) / num_tokens  # (E,)
     return e * (counts.to(probs.dtype) / num_tokens * probs).sum()
 
