@@ -32,6 +32,17 @@ expert one batched GEMM, ``torch.bmm``) and dropless (the engine's loop of one G
 the first MoE step autopar's engine takes on a GPU, against a cost model that prices the grouped
 GEMMs the frameworks run (issue 30).
 
+``--as-card h100`` asks whether "fits" fits: the plans are predicted for an 80 GB H100
+(``hgx-h100-80g``) and run with the caching allocator capped (``set_per_process_memory_fraction``)
+at what an H100 leaves it -- its total as ``nvidia-smi`` reports it (``CARDS``) less what lives
+outside the allocator on this card, measured after the CUDA context and NCCL start. A plan
+predicted to fit that runs out of memory under the cap is a miss of the memory model; the
+allocator's reserve under the cap is the fragmentation the 4 GiB of
+``ClusterSpec.hbm_reserved_bytes`` stands for, where it matters.
+
+``--trace`` adds one more step per plan under ``torch.profiler``: the kernels with the most GPU
+time (``TRACE_TOP``), where a step runs slower than priced.
+
 The dry run needs no GPU, so ``--dry`` computes every prediction on a CPU machine; the measured
 columns then say why they are missing. Every policy is measured in this one process, one after
 the other, the allocator emptied between them (``torch.cuda.empty_cache``) so that each starts
@@ -103,6 +114,11 @@ CASES = {
 }
 """``--model``'s choices: the 1B Llama (the GPU check's part 4) and ``MOE_SHAPE`` with each
 router (``moe`` checkpointing recomputes the MoE layers only)."""
+CARDS = {"h100": ("hgx-h100-80g", 81559 * 2**20,
+                   "nvidia-smi's total on an H100 SXM5 80GB (81559 MiB; costmodel/cluster.py)")}
+"""``--as-card``'s cards: (the preset the plans are predicted on, the card's memory in bytes as
+its driver reports it, where that figure comes from)."""
+TRACE_TOP = 15
 WARMUP, STEPS = 2, 5
 PRESETS = {"H200": "hgx-h200", "H100": "hgx-h100-80g"}
 """The cluster preset whose GPU is the card (the first name found in the card's name)."""
@@ -208,9 +224,10 @@ def _train_step(program, opt: torch.optim.Optimizer, tokens: torch.Tensor,
     return loss
 
 
-def measure(spec: ModelSpec, precision: str, policy: str) -> dict:
+def measure(spec: ModelSpec, precision: str, policy: str, trace: bool = False) -> dict:
     """Time ``STEPS`` steps of the plan's program on this GPU after ``WARMUP`` (see the module
-    docstring); the memory figures are over the timed steps."""
+    docstring); the memory figures are over the timed steps. ``trace``: one more step under
+    ``torch.profiler``, its ``TRACE_TOP`` kernels by GPU time in ``kernels``."""
     from autopar.costmodel.cluster import process_cluster
     from autopar.models.training import optimizer, synthetic_inputs
     from autopar.verify.worker import sharded_program
@@ -240,6 +257,7 @@ def measure(spec: ModelSpec, precision: str, policy: str) -> dict:
         times.append(start.elapsed_time(end) / 1e3)
         losses.append(float(loss))  # read after the step's end is recorded
     free, total = torch.cuda.mem_get_info()
+    kernels = _trace(lambda: _train_step(program, opt, tokens, targets)) if trace else None
     result = {"step_s": statistics.median(times), "steps_s": times, "losses": losses,
               "max_allocated_bytes": torch.cuda.max_memory_allocated() - start_allocated,
               "start_allocated_bytes": start_allocated,
@@ -247,6 +265,8 @@ def measure(spec: ModelSpec, precision: str, policy: str) -> dict:
               "reserved_bytes": torch.cuda.memory_reserved(),
               "outside_allocator_bytes": (total - free) - torch.cuda.memory_reserved(),
               "total_bytes": total, "build_s": built_s}
+    if kernels is not None:
+        result["kernels"] = kernels
     del program, opt, model
     gc.collect()
     torch.cuda.empty_cache()
@@ -254,12 +274,39 @@ def measure(spec: ModelSpec, precision: str, policy: str) -> dict:
     return result
 
 
-def run(dry: bool, profile_path: str | None, model: str = "llama-1b") -> dict:
+def _trace(step) -> list[dict]:
+    """The ``TRACE_TOP`` kernels (and other GPU work) of one ``step()`` by their GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    return [{"name": e.key[:120], "calls": e.count, "gpu_s": e.self_device_time_total / 1e6}
+            for e in events[:TRACE_TOP]]
+
+
+def _cap_memory(card: str) -> dict:
+    """The caching allocator capped at what ``card`` leaves it (the module docstring)."""
+    _, total_bytes, source = CARDS[card]
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")  # the context, and NCCL's group already up
+    free, total = torch.cuda.mem_get_info()
+    outside = (total - free) - torch.cuda.memory_reserved()
+    cap = total_bytes - outside
+    torch.cuda.set_per_process_memory_fraction(cap / total)
+    return {"card": card, "card_bytes": total_bytes, "card_source": source,
+            "outside_allocator_bytes": outside, "cap_bytes": cap, "this_card_bytes": total}
+
+
+def run(dry: bool, profile_path: str | None, model: str = "llama-1b", as_card: str | None = None,
+        trace: bool = False) -> dict:
     """Every case of ``CASES[model]``, precision and policy: predictions, then (on a GPU) the
-    measurements."""
+    measurements; ``as_card`` and ``trace`` as the module docstring says."""
     cases = {c.label: c for c in CASES[model]}
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    preset = preset_of(gpu)
+    preset = preset_of(gpu) if as_card is None else CARDS[as_card][0]
     rows, skipped = [], {}
     for case in cases.values():
         precisions, left = runnable_precisions(case.precisions)
@@ -282,11 +329,13 @@ def run(dry: bool, profile_path: str | None, model: str = "llama-1b") -> dict:
             _one_rank_group()
         except Exception as err:  # noqa: BLE001
             why = f"the one-rank NCCL group did not start: {_error(err)}"
+    if why is None and as_card is not None:
+        doc["memory_cap"] = _cap_memory(as_card)
     doc["measured_skipped"] = why
     for row in rows if why is None else ():
         try:
             row["measured"] = measure(cases[row["case"]].spec, row["precision"],
-                                      row["policy"])
+                                      row["policy"], trace)
         except Exception as err:  # noqa: BLE001 -- out of memory is a finding
             row["measured_error"] = _error(err)
             traceback.print_exc()
@@ -319,6 +368,12 @@ def markdown(doc: dict) -> list[str]:
         lines.append(f"- {p}: skipped -- {why}")
     if doc["measured_skipped"]:
         lines.append(f"- measured: skipped -- {doc['measured_skipped']}")
+    if doc.get("memory_cap"):
+        c = doc["memory_cap"]
+        lines.append(f"- as an {c['card'].upper()}: the allocator capped at "
+                     f"{_gib(c['cap_bytes'])} GiB ({c['card_source']}: {_gib(c['card_bytes'])}"
+                     f" GiB, less {_gib(c['outside_allocator_bytes'])} GiB outside the "
+                     f"allocator here); predicted on `{doc['preset']}`")
     lines += ["", "| model | precision | policy | step s measured | estimate s | error | "
               "estimate with profile s | error | MFU measured |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -360,6 +415,14 @@ def markdown(doc: dict) -> list[str]:
                       f"{_gib(DEFAULT_HBM_RESERVED_BYTES)} GiB the cost model sets aside for "
                       f"them (`ClusterSpec.hbm_reserved_bytes`, with NCCL's buffers and the "
                       f"driver's share; one rank here, so NCCL's are a one-rank group's)."]
+    for r in doc["rows"]:
+        kernels = r.get("measured", {}).get("kernels")
+        if kernels:
+            lines += ["", f"Top GPU time in one traced step, {r.get('case', 'llama-1b')} "
+                          f"{r['precision']} {r['policy']}:", "",
+                      "| kernel | calls | GPU ms |", "|---|---|---|"]
+            lines += [f"| `{k['name'][:90]}` | {k['calls']} | {k['gpu_s'] * 1e3:.2f} |"
+                      for k in kernels]
     errors = [(r.get("case", "llama-1b"), r["precision"], r["policy"], k, v)
               for r in doc["rows"] for k, v in r.items() if k.endswith("_error")]
     if errors:
@@ -377,9 +440,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry", action="store_true", help="predictions only (no GPU needed)")
     parser.add_argument("--model", choices=sorted(CASES), default="llama-1b",
                         help="the models stepped (CASES; default: the GPU check's llama-1b)")
+    parser.add_argument("--as-card", choices=sorted(CARDS),
+                        help="predict for this card and cap the allocator at its memory")
+    parser.add_argument("--trace", action="store_true",
+                        help="one more step per plan under torch.profiler: its top kernels")
     args = parser.parse_args(argv)
     doc = run(args.dry, args.profile if args.profile and Path(args.profile).exists() else None,
-              args.model)
+              args.model, args.as_card, args.trace)
     Path(args.out).write_text(json.dumps(doc, indent=1))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(markdown(doc)) + "\n")
