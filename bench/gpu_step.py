@@ -40,6 +40,11 @@ predicted to fit that runs out of memory under the cap is a miss of the memory m
 allocator's reserve under the cap is the fragmentation the 4 GiB of
 ``ClusterSpec.hbm_reserved_bytes`` stands for, where it matters.
 
+``--expandable-segments`` runs every step with the caching allocator's expandable segments
+(``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, set through
+``torch.cuda.memory._set_allocator_settings`` before the first allocation): the fragmentation
+with and without, under the cap.
+
 ``--trace`` adds one more step per plan under ``torch.profiler``: the kernels with the most GPU
 time (``TRACE_TOP``), where a step runs slower than priced.
 
@@ -301,7 +306,7 @@ def _cap_memory(card: str) -> dict:
 
 
 def run(dry: bool, profile_path: str | None, model: str = "llama-1b", as_card: str | None = None,
-        trace: bool = False) -> dict:
+        trace: bool = False, expandable: bool = False) -> dict:
     """Every case of ``CASES[model]``, precision and policy: predictions, then (on a GPU) the
     measurements; ``as_card`` and ``trace`` as the module docstring says."""
     cases = {c.label: c for c in CASES[model]}
@@ -329,6 +334,9 @@ def run(dry: bool, profile_path: str | None, model: str = "llama-1b", as_card: s
             _one_rank_group()
         except Exception as err:  # noqa: BLE001
             why = f"the one-rank NCCL group did not start: {_error(err)}"
+    doc["allocator"] = "expandable_segments:True" if expandable else "default"
+    if why is None and expandable:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     if why is None and as_card is not None:
         doc["memory_cap"] = _cap_memory(as_card)
     doc["measured_skipped"] = why
@@ -368,6 +376,8 @@ def markdown(doc: dict) -> list[str]:
         lines.append(f"- {p}: skipped -- {why}")
     if doc["measured_skipped"]:
         lines.append(f"- measured: skipped -- {doc['measured_skipped']}")
+    if doc.get("allocator", "default") != "default":
+        lines.append(f"- the caching allocator with `{doc['allocator']}`")
     if doc.get("memory_cap"):
         c = doc["memory_cap"]
         lines.append(f"- as an {c['card'].upper()}: the allocator capped at "
@@ -444,9 +454,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="predict for this card and cap the allocator at its memory")
     parser.add_argument("--trace", action="store_true",
                         help="one more step per plan under torch.profiler: its top kernels")
+    parser.add_argument("--expandable-segments", action="store_true",
+                        help="the caching allocator with expandable_segments:True")
     args = parser.parse_args(argv)
     doc = run(args.dry, args.profile if args.profile and Path(args.profile).exists() else None,
-              args.model, args.as_card, args.trace)
+              args.model, args.as_card, args.trace, args.expandable_segments)
     Path(args.out).write_text(json.dumps(doc, indent=1))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(markdown(doc)) + "\n")
