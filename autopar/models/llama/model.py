@@ -246,6 +246,11 @@ class DecoderLM(GPT2Init):
         # narrow, not [:s]: under torch.fx.symbolic_trace s is a Proxy, which a slice object would
         # hide from the tracer (buffers are not proxied by the default Tracer).
         cos, sin = self.rope_cos.narrow(0, 0, s), self.rope_sin.narrow(0, 0, s)
+        if not isinstance(x, torch.fx.Proxy) and cos.dtype != x.dtype:
+            # tables kept in fp32 where the parameters are not (DeepSpeed casts the parameters
+            # only, as FSDP's MixedPrecisionPolicy does): rotated in the activations' dtype, as
+            # transformers' rotary embedding hands them, not promoting q and k past v
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         for stack in self.stacks():
             for layer in stack:
                 x = layer(x, cos, sin)

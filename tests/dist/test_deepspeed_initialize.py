@@ -1,0 +1,88 @@
+"""autopar's DeepSpeed export run by DeepSpeed's own engine (issue 33): each ``ds_config.json``
+handed to ``deepspeed.initialize(model=model, config=..., model_parameters=...)`` as the export's
+README says, in 2 gloo processes on the CPU (DeepSpeed's CPU accelerator), one optimizer step
+taken, and what the engine derived read back against the plan: its ZeRO stage, the batch
+triple and data-parallel size, bf16 or fp16, the gradient reduction's dtype, the optimizer
+(DeepSpeedCPUAdam where the plan offloads it). ``tests/unit/exports/test_exports.py`` holds the
+larger plans to DeepSpeed's config parser; this holds the engine to the plan. The model is the
+user's training script's own (here the zoo's ``tiny-llama``); the plans are for 2 GPUs, the
+processes here.
+
+One stand-in for the GPUs: the worker turns off the CPU accelerator's shared-memory collectives
+(a CPU-only path DeepSpeed compiles on first use, about 70 s here; on GPUs it runs NCCL). The
+optimizers DeepSpeed compiles (FusedAdam; DeepSpeedCPUAdam under offload) are the ones a GPU run
+uses; ``compiled_optimizers`` builds them once in this process first, so two ranks do not race
+to compile the same op (one cold run here failed before it did). Cold, the four cases took about
+100 s here, the compiles then cached in ``~/.cache/torch_extensions``; 34 s warm."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import autopar
+from autopar import ParallelConfig, TrainSpec
+from autopar.costmodel.cluster import process_cluster
+from autopar.exports import export_target
+
+from launching import free_port
+
+pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install "
+                    "deepspeed==0.19.8; DS_BUILD_OPS=0)")
+
+WORKER = Path(__file__).with_name("deepspeed_worker.py")
+MODEL, SEQ = "tiny-llama", 32
+CASES = {
+    "zero1-bf16": (ParallelConfig(dp=2, zero=1, micro_batch=1), "bf16"),
+    "zero2-fp16": (ParallelConfig(dp=2, zero=2, micro_batch=1), "fp16"),
+    "zero3-bf16-full": (ParallelConfig(dp=2, zero=3, micro_batch=1, checkpoint="full"), "bf16"),
+    "zero1-offload": (ParallelConfig(dp=2, zero=1, micro_batch=1, offload=True), "bf16"),
+}
+
+
+def _readback(tmp_path: Path, plan) -> list[dict]:
+    config = tmp_path / "ds_config.json"
+    config.write_text(export_target(plan, "deepspeed").files["ds_config.json"])
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_BUILD_OPS="0")
+    done = subprocess.run(
+        [str(torchrun) if torchrun.exists() else "torchrun", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(WORKER), str(config), MODEL, str(SEQ),
+         str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("readback-*.json"))]
+    assert done.returncode == 0 and len(rows) == 2, \
+        f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    return rows
+
+
+@pytest.fixture(scope="module")
+def compiled_optimizers() -> None:
+    """DeepSpeed's optimizer ops compiled once, here, before any rank loads them."""
+    from deepspeed.accelerator import get_accelerator
+
+    for builder in ("FusedAdamBuilder", "CPUAdamBuilder"):
+        get_accelerator().create_op_builder(builder).load()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_deepspeed_initialize_runs_the_plan(case, tmp_path, compiled_optimizers):
+    config, precision = CASES[case]
+    plan = autopar.plan_for(autopar.models.build(MODEL), process_cluster(2),
+                            TrainSpec(global_batch=4, seq_len=SEQ, precision=precision),
+                            config, name=MODEL)
+    for got in _readback(tmp_path, plan):
+        assert got["zero"] == config.zero
+        assert (got["train_batch_size"], got["micro_batch"], got["accumulation"], got["dp"]) \
+            == (plan.train.global_batch, config.micro_batch, plan.estimate.num_microbatches,
+                config.dp)
+        assert (got["bf16"], got["fp16"]) == (precision == "bf16", precision == "fp16")
+        assert got["param_dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[precision]
+        assert got["reduce_dtype"] == "float32"  # as autopar's engine reduces
+        assert got["offload"] is config.offload
+        assert (got["optimizer"] == "DeepSpeedCPUAdam") is config.offload
+        assert got["steps"] == 1 and got["losses_finite"]
