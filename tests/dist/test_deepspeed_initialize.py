@@ -5,7 +5,8 @@ taken, and what the engine derived read back against the plan: its ZeRO stage, t
 triple and data-parallel size, bf16 or fp16, the gradient reduction's dtype, the optimizer
 (DeepSpeedCPUAdam where the plan offloads it). ``tests/unit/exports/test_exports.py`` holds the
 larger plans to DeepSpeed's config parser; this holds the engine to the plan. The model is the
-user's training script's own (here the zoo's ``tiny-llama``); the plans are for 2 GPUs, the
+user's training script's own (the zoo's ``tiny-llama``; a tiny transformers Llama for AutoTP's
+tensor parallelism, which splits transformers' models only); the plans are for 2 GPUs, the
 processes here.
 
 One stand-in for the GPUs: the worker turns off the CPU accelerator's shared-memory collectives
@@ -30,6 +31,7 @@ from autopar import ParallelConfig, TrainSpec
 from autopar.costmodel.cluster import process_cluster
 from autopar.exports import export_target
 
+from autopar.exports.deepspeed import counted_batch
 from launching import free_port
 
 pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install "
@@ -38,6 +40,7 @@ pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install
 WORKER = Path(__file__).with_name("deepspeed_worker.py")
 MODEL, SEQ = "tiny-llama", 32
 CASES = {
+    "tp2-autotp-bf16": (ParallelConfig(dp=1, tp=2, zero=1, micro_batch=1), "bf16"),
     "zero1-bf16": (ParallelConfig(dp=2, zero=1, micro_batch=1), "bf16"),
     "zero2-fp16": (ParallelConfig(dp=2, zero=2, micro_batch=1), "fp16"),
     "zero3-bf16-full": (ParallelConfig(dp=2, zero=3, micro_batch=1, checkpoint="full"), "bf16"),
@@ -45,19 +48,32 @@ CASES = {
 }
 
 
-def _readback(tmp_path: Path, plan) -> list[dict]:
+def _model(case: str):
+    """The user's model: the zoo's tiny Llama, or a transformers one where AutoTP splits it."""
+    if case.startswith("tp"):
+        from deepspeed_worker import hf_llama
+
+        return "hf-llama", hf_llama()
+    return MODEL, autopar.models.build(MODEL)
+
+
+def _readback(tmp_path: Path, plan, model: str) -> list[dict]:
     config = tmp_path / "ds_config.json"
     config.write_text(export_target(plan, "deepspeed").files["ds_config.json"])
     torchrun = Path(sys.executable).with_name("torchrun")
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_BUILD_OPS="0")
     done = subprocess.run(
         [str(torchrun) if torchrun.exists() else "torchrun", "--nproc-per-node", "2",
-         "--master-port", str(free_port()), str(WORKER), str(config), MODEL, str(SEQ),
+         "--master-port", str(free_port()), str(WORKER), str(config), model, str(SEQ),
          str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
     rows = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("readback-*.json"))]
     assert done.returncode == 0 and len(rows) == 2, \
         f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return rows
+
+
+def plan_q_rows(model) -> int:
+    return next(w for n, w in model.named_parameters() if n.endswith("q_proj.weight")).shape[0]
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +88,18 @@ def compiled_optimizers() -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_deepspeed_initialize_runs_the_plan(case, tmp_path, compiled_optimizers):
     config, precision = CASES[case]
-    plan = autopar.plan_for(autopar.models.build(MODEL), process_cluster(2),
+    name, model = _model(case)
+    plan = autopar.plan_for(model, process_cluster(2),
                             TrainSpec(global_batch=4, seq_len=SEQ, precision=precision),
-                            config, name=MODEL)
-    for got in _readback(tmp_path, plan):
+                            config, name=name)
+    whole_q = plan_q_rows(model)
+    for got in _readback(tmp_path, plan, name):
         assert got["zero"] == config.zero
+        # DeepSpeed counts a tp group's identical micro-batches apart (the export's README)
         assert (got["train_batch_size"], got["micro_batch"], got["accumulation"], got["dp"]) \
-            == (plan.train.global_batch, config.micro_batch, plan.estimate.num_microbatches,
+            == (counted_batch(plan), config.micro_batch, plan.estimate.num_microbatches,
                 config.dp)
+        assert got["q_proj_rows"] == whole_q // config.tp  # AutoTP split the heads by tp
         assert (got["bf16"], got["fp16"]) == (precision == "bf16", precision == "fp16")
         assert got["param_dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[precision]
         assert got["reduce_dtype"] == "float32"  # as autopar's engine reduces
