@@ -3,18 +3,19 @@ Megatron-Core's ``--moe-grouped-gemm`` and torchtitan's ``GroupedExperts`` run t
 of one GEMM per expert.
 
 The rows come sorted by expert, ``counts[i]`` of them for expert ``i``. Each group is padded
-with zero rows to a multiple of ``GROUP_ALIGN_ROWS`` and to at least that many (torchtitan's
-``TOKEN_GROUP_ALIGN_SIZE_M``, 8 for bf16: the kernel reads each group's start 16-byte aligned,
-and clamps empty groups to one aligned block), the GEMMs run on the padded rows with the
-groups' ends as ``offs``, and the real rows are picked back out. A padded row is zero in and
+with zero rows to a multiple of ``GROUP_ALIGN_ROWS`` and to at least that many, as torchtitan
+pads them for this kernel (``TOKEN_GROUP_ALIGN_SIZE_M``, 8 rows in bf16, an empty group clamped
+to 8); the GEMMs run on the padded rows with the groups' ends as ``offs``, and the real rows are
+picked back out. A padded row is zero in and
 is never picked, so it adds nothing to any gradient.
 
-Where the grouped kernel runs (``grouped_mm_runs``): the CPU (ATen's fallback, any float
-dtype), and CUDA in bf16 with widths that are multiples of 8 where a one-time probe of the
+Where the grouped kernel runs (``grouped_mm_runs``): the CPU (ATen's fallback, fp32 or bf16),
+and CUDA in bf16 with widths that are multiples of 8 where a one-time probe of the
 kernel -- forward and backward, the layouts the experts use, an empty group -- matches a loop
 of GEMMs; elsewhere (an older torch, fp32 on CUDA, a card without the kernel) the experts
-loop, as before. Measured on one H200 (``bench/results/gpu-moe-step-h200.md``, 2026-11-28): the
-loop of 128 experts made a 4-layer Qwen3-30B-A3B slice's step 8.6-10.4x slower than priced.
+loop, as before. On one H200 (``bench/results/gpu-moe-step-h200.md``, 2026-11-28) a 4-layer
+Qwen3-30B-A3B slice's dropless step, its 128 experts in that loop, ran 8.6-10.4x slower than
+priced; the grouped form has not yet run on a GPU.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ logits (Jiang et al., "Mixtral of Experts", 2024, eq. 1-2), and ``experts`` hold
 Dispatch (GShard, Lepikhin et al. 2020, section 2.2; Switch, Fedus et al. 2021, section 2.2):
 every expert gets ``C = min(T, ceil(capacity_factor * top_k * T / E))`` slots for the T = batch *
 seq tokens of the call. Assignments are ranked choice-major (all first choices before any second
-choice, token order within), an assignment's slot is its rank among those of its expert (a stable
-sort by expert: ``routing.capacity_slots``), and assignments past slot C - 1 are dropped: that expert adds nothing for that token
-(Switch). The kept tokens are scattered with ``index_add`` into an (E * C + 1, h) buffer whose last
-row collects the dropped ones, the experts run as three ``torch.bmm`` over (E, C, h), so each
-expert matmul costs exactly 2 * E * C * h * f FLOPs, and outputs are gathered back by slot and
-summed with the routing weights. Every shape is static given the input's shape; nothing branches
+choice, token order within), an assignment's slot is its rank among those of its expert (a
+stable sort by expert: ``routing.capacity_slots``), and assignments past slot C - 1 are dropped:
+that expert adds nothing for that token (Switch). The kept tokens are scattered with
+``index_add`` into an (E * C + 1, h) buffer whose last row collects the dropped ones, the experts
+run as three ``torch.bmm`` over (E, C, h), so each expert matmul costs exactly 2 * E * C * h * f
+FLOPs, and outputs are gathered back by slot and summed with the routing weights. Every shape is static given the input's shape; nothing branches
 on data.
 
 How it traces: C depends on the input's shape, which ``torch.fx.symbolic_trace`` only knows as a
@@ -26,8 +26,9 @@ it never drops a token since an expert can take each token at most once.
 
 Dropless (``capacity_factor=None``; Megatron-Core's default, what DeepSeek-V3 and Qwen3-MoE
 train with): every assignment is computed. The assignments are sorted by expert (stable: choice-
-major order within an expert), each expert runs its SwiGLU on its own rows (``Experts.forward`` with ``counts``),
-and the rows go back to their tokens. The number of rows per expert depends on the data, so the
+major order within an expert), each expert runs its SwiGLU on its own rows (``Experts.forward``
+with ``counts``: every expert in three grouped GEMMs where ``models/grouped_gemm.py`` finds the
+kernel, else one GEMM per expert), and the rows go back to their tokens. The number of rows per expert depends on the data, so the
 trace (a ``torch.fx`` Proxy, or fake tensors in the dry run) records the balanced load instead:
 the capacity form with ``capacity_factor = 1`` (``C = ceil(top_k * T / E)``), exactly the mean
 rows an expert computes -- the cost model scales the busiest rank's share by its imbalance
@@ -64,10 +65,10 @@ from torch import nn
 
 from autopar.core.errors import AutoparError
 from autopar.models.expert_layers import CallTokens, ExpertLayer
+from autopar.models.grouped_gemm import grouped_mm_runs, padded_groups
 from autopar.models.init import Constant, Law, Normal
 from autopar.models.layers import (INIT_STD, check_bool, check_positive_float,
                                    check_positive_int)
-from autopar.models.grouped_gemm import grouped_mm_runs, padded_groups
 from autopar.models.llama.model import DecoderConfig, DecoderLM, LlamaAttention
 from autopar.models.moe.attention import SinkAttention
 from autopar.models.routing import (assignment_counts, capacity_slots, combine_capacity,
