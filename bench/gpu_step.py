@@ -26,11 +26,11 @@ checkpoint policy (``Checkpoint``: none, selective, matmuls, full) in every prec
   ``ClusterSpec.hbm_reserved_bytes`` (``costmodel/cluster.py:DEFAULT_HBM_RESERVED_BYTES``,
   4 GiB, never measured before) stands for.
 
-``--model moe`` runs ``MOE_CASES`` instead: a 4-layer slice of Qwen3-30B-A3B (128 experts,
+``--model moe`` runs ``CASES["moe"]`` instead: a 4-layer slice of Qwen3-30B-A3B (128 experts,
 top-8, expert FFN 768: 3.11 B parameters), bf16, with the capacity router (factor 1.25: every
-expert one batched GEMM, ``torch.bmm``) and dropless (the engine's loop of one GEMM per expert);
-the first MoE step autopar's engine takes on a GPU, against a cost model that prices the grouped
-GEMMs the frameworks run (issue 30).
+expert one batched GEMM, ``torch.bmm``) and dropless (grouped GEMMs, ``models/grouped_gemm.py``;
+on 2026-11-28 a loop of one GEMM per expert); autopar's engine's MoE step on a GPU, against a
+cost model that prices the grouped GEMMs the frameworks run (issue 30).
 
 ``--as-card h100`` asks whether "fits" fits: the plans are predicted for an 80 GB H100
 (``hgx-h100-80g``) and run with the caching allocator capped (``set_per_process_memory_fraction``)
