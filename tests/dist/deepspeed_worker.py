@@ -1,9 +1,11 @@
-"""One rank of a training script that takes an autopar DeepSpeed export as its README says:
+"""The ranks of training scripts that take autopar's DeepSpeed exports as their README says:
 ``deepspeed.initialize(model=model, config="ds_config.json", model_parameters=...)`` on gloo,
 then one optimizer step of ``gradient_accumulation_steps`` micro-batches, and what the engine
-derived from the config written to ``OUT/readback-RANK.json`` (``test_deepspeed_initialize.py``).
+derived from the config written to ``OUT/CASE/readback-RANK.json`` (a failure's traceback to
+``OUT/CASE/error-RANK.txt``). Every case runs in the same processes, one after the other,
+each with its own model (``test_deepspeed_initialize.py``).
 
-    torchrun --nproc-per-node N deepspeed_worker.py CONFIG MODEL SEQ_LEN OUT
+    torchrun --nproc-per-node N deepspeed_worker.py OUT SEQ_LEN CASE=CONFIG:MODEL ...
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -31,16 +34,12 @@ def hf_llama():
     return LlamaForCausalLM(LlamaConfig(**HF_LLAMA))
 
 
-def main(config: str, model_name: str, seq_len: int, out: Path) -> None:
+def run_case(config: str, model_name: str, seq_len: int) -> dict:
+    """One script's run of ``config`` on ``model_name``: what the engine derived."""
     import deepspeed
-    import deepspeed.ops
 
     import autopar
 
-    # The one stand-in for the plan's GPUs: DeepSpeed's CPU accelerator would compile its
-    # shared-memory collectives (about 70 s, a CPU-only path); on GPUs it runs NCCL's
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend="gloo")
     model = hf_llama() if model_name == "hf-llama" else autopar.models.build(model_name,
                                                                            device="cpu")
     engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config,
@@ -61,7 +60,7 @@ def main(config: str, model_name: str, seq_len: int, out: Path) -> None:
         losses.append(float(loss.detach()))
     inner = getattr(optimizer, "optimizer", optimizer)
     q = next(w for n, w in engine.module.named_parameters() if n.endswith("q_proj.weight"))
-    (out / f"readback-{engine.global_rank}.json").write_text(json.dumps({
+    return {
         "rank": engine.global_rank, "zero": engine.zero_optimization_stage(),
         "train_batch_size": engine.train_batch_size(),
         "micro_batch": engine.train_micro_batch_size_per_gpu(),
@@ -72,8 +71,31 @@ def main(config: str, model_name: str, seq_len: int, out: Path) -> None:
         "offload": engine.zero_cpu_offload(), "steps": engine.global_steps,
         "losses_finite": all(math.isfinite(x) for x in losses),
         "param_dtype": str(next(engine.module.parameters()).dtype).removeprefix("torch."),
-        "q_proj_rows": q.shape[0]}))
+        "q_proj_rows": q.shape[0]}
+
+
+def main(out: Path, seq_len: int, cases: list[str]) -> None:
+    import deepspeed
+    import deepspeed.ops
+    import torch.distributed as dist
+
+    # The one stand-in for the plan's GPUs: DeepSpeed's CPU accelerator would compile its
+    # shared-memory collectives (about 70 s, a CPU-only path); on GPUs it runs NCCL's
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = dist.get_rank()
+    for case in cases:
+        name, _, rest = case.partition("=")
+        config, _, model_name = rest.rpartition(":")
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            got = run_case(config, model_name, seq_len)
+            (folder / f"readback-{rank}.json").write_text(json.dumps(got))
+        except Exception:  # noqa: BLE001 -- the test reports it; the other cases still run
+            (folder / f"error-{rank}.txt").write_text(traceback.format_exc())
+        dist.barrier()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])
