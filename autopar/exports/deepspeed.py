@@ -273,7 +273,9 @@ def _checkpoint(plan: Plan, cfg: dict[str, object], row) -> None:
     target = "activation_checkpointing" + (", pipeline.activation_checkpoint_interval = 1"
                                            if c.pp > 1 else "")
     if c.checkpoint is Checkpoint.FULL:
-        how = ("PipelineModule recomputes every layer" if c.pp > 1 else
+        how = ("PipelineModule recomputes every layer named in its checkpointable_layers (the "
+               "blocks' class: by default it takes every layer with parameters, the embedding "
+               "too, whose recompute fails)" if c.pp > 1 else
                "wrap each block in deepspeed.checkpointing.checkpoint (a transformers model: "
                "model.gradient_checkpointing_enable())")
         row("config.checkpoint", text, target, Fit.EXACT if c.pp > 1 else Fit.CLOSE, how)
@@ -292,16 +294,25 @@ def export(plan: Plan, allow_approximate: bool = False) -> Export:
     cfg, rows = deepspeed_config(plan)
     c = plan.config
     pipe = ""
+    interval = cfg.get("pipeline", {}).get("activation_checkpoint_interval", 0)
+    checkpointable = (",\n" + " " * 27 + 'checkpointable_layers=["YourBlock"]'
+                      if interval else "")
+    recompute = ("""
+
+`pipeline.activation_checkpoint_interval` recomputes the layers `checkpointable_layers` names:
+name your blocks' class there. Without it DeepSpeed checkpoints every layer with parameters,
+the embedding too, whose backward then fails (its integer input carries no gradient: "element 0
+of tensors does not require grad", DeepSpeed 0.19.8).""" if interval else "")
     if c.pp > 1:
         pipe = f"""
 Pipelining is code in DeepSpeed: build the model as a `PipelineModule` of its layers,
 
     from deepspeed.pipe import PipelineModule
     model = PipelineModule(layers=..., num_stages={c.pp}, partition_method="uniform",
-                           loss_fn=...)
+                           loss_fn=...{checkpointable})
 
 and train with `engine.train_batch()`; the config's gradient_accumulation_steps are the
-micro-batches of a step."""
+micro-batches of a step.{recompute}"""
     tp = "" if c.tp == 1 else f"""
 With AutoTP (`tensor_parallel.autotp_size = {c.tp}`) the {c.tp} ranks of a tensor-parallel
 group must read the same micro-batches; DeepSpeed's `train_batch_size` counts them apart

@@ -2,8 +2,9 @@
 ``deepspeed.initialize(model=model, config="ds_config.json", model_parameters=...)`` on gloo,
 then one optimizer step of ``gradient_accumulation_steps`` micro-batches, and what the engine
 derived from the config written to ``OUT/CASE/readback-RANK.json`` (a failure's traceback to
-``OUT/CASE/error-RANK.txt``). Every case runs in the same processes, one after the other,
-each with its own model (``test_deepspeed_initialize.py``).
+``OUT/CASE/error-RANK.txt``, and the rank exits: torchrun stops the others, which may wait on
+it). Every case runs in the same processes, one after the other, each with its own model
+(``test_deepspeed_initialize.py``).
 
     torchrun --nproc-per-node N deepspeed_worker.py OUT SEQ_LEN CASE=CONFIG:MODEL ...
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -34,27 +36,84 @@ def hf_llama():
     return LlamaForCausalLM(LlamaConfig(**HF_LLAMA))
 
 
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+class _Embed(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.tok_emb = model.tok_emb
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok_emb(tokens)
+
+
+class _Block(torch.nn.Module):
+    """A zoo decoder block as one pipeline layer: its RoPE tables read from the model."""
+
+    def __init__(self, model: torch.nn.Module, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.block = block
+        self.tables = (model.rope_cos, model.rope_sin)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cos, sin = (t.narrow(0, 0, x.size(1)).to(x.dtype) for t in self.tables)
+        return self.block(x, cos, sin)
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.norm_f, self.head = model.norm_f, model.head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm_f(x))
+
+
+def pipeline_module(model: torch.nn.Module, stages: int):
+    """The zoo decoder as the export's README says to build it: a ``PipelineModule`` of its
+    layers, the blocks' class its ``checkpointable_layers`` (the recompute interval is the
+    config's, which DeepSpeed's pipeline engine sets on the module)."""
+    from deepspeed.pipe import PipelineModule
+
+    layers = [_Embed(model), *(_Block(model, b) for b in model.layers), _Head(model)]
+    return PipelineModule(layers=layers, num_stages=stages, partition_method="uniform",
+                          loss_fn=next_token_loss, checkpointable_layers=["_Block"])
+
+
 def run_case(config: str, model_name: str, seq_len: int) -> dict:
-    """One script's run of ``config`` on ``model_name``: what the engine derived."""
+    """One script's run of ``config`` on ``model_name`` (``NAME@ppN``: as a ``PipelineModule``
+    of N stages): what the engine derived."""
     import deepspeed
 
     import autopar
 
+    raw = json.loads(Path(config).read_text())
+    model_name, _, stages = model_name.partition("@pp")
     model = hf_llama() if model_name == "hf-llama" else autopar.models.build(model_name,
                                                                            device="cpu")
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config,
-                                                   model_parameters=model.parameters())
-    # a tensor-parallel group's ranks read the same micro-batches (the export's README)
-    tp = json.loads(Path(config).read_text()).get("tensor_parallel", {}).get("autotp_size", 1)
-    g = torch.Generator().manual_seed(engine.global_rank // tp)
     vocab = model.config.vocab_size
-    losses = []
-    for _ in range(engine.gradient_accumulation_steps()):
+    module = pipeline_module(model, int(stages)) if stages else model
+    engine, optimizer, _, _ = deepspeed.initialize(
+        model=module, config=config, model_parameters=[p for p in module.parameters()])
+    # a tensor-parallel group's ranks read the same micro-batches (the export's README)
+    tp = raw.get("tensor_parallel", {}).get("autotp_size", 1)
+    g = torch.Generator().manual_seed(engine.global_rank // tp if not stages else 0)
+
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.randint(vocab, (engine.train_micro_batch_size_per_gpu(), seq_len + 1),
                                generator=g)
-        logits = engine(tokens[:, :-1])
+        return tokens[:, :-1], tokens[:, 1:]
+
+    losses = []
+    if stages:  # the pipeline engine runs the step's micro-batches itself
+        losses.append(float(engine.train_batch(iter(batch, None))))
+    for _ in range(0 if stages else engine.gradient_accumulation_steps()):
+        inputs, targets = batch()
+        logits = engine(inputs)
         logits = logits if isinstance(logits, torch.Tensor) else logits.logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss = next_token_loss(logits, targets)
         engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))
@@ -71,7 +130,8 @@ def run_case(config: str, model_name: str, seq_len: int) -> dict:
         "offload": engine.zero_cpu_offload(), "steps": engine.global_steps,
         "losses_finite": all(math.isfinite(x) for x in losses),
         "param_dtype": str(next(engine.module.parameters()).dtype).removeprefix("torch."),
-        "q_proj_rows": q.shape[0]}
+        "q_proj_rows": q.shape[0], "stages": getattr(engine, "num_stages", 1),
+        "checkpoint_interval": getattr(engine.module, "activation_checkpoint_interval", None)}
 
 
 def main(out: Path, seq_len: int, cases: list[str]) -> None:
@@ -92,8 +152,9 @@ def main(out: Path, seq_len: int, cases: list[str]) -> None:
         try:
             got = run_case(config, model_name, seq_len)
             (folder / f"readback-{rank}.json").write_text(json.dumps(got))
-        except Exception:  # noqa: BLE001 -- the test reports it; the other cases still run
+        except Exception:  # noqa: BLE001 -- the test reports it
             (folder / f"error-{rank}.txt").write_text(traceback.format_exc())
+            os._exit(1)  # the other ranks may wait on this one: torchrun stops them all
         dist.barrier()
 
 

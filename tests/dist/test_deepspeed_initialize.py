@@ -3,7 +3,8 @@ handed to ``deepspeed.initialize(model=model, config=..., model_parameters=...)`
 README says, in 2 gloo processes on the CPU (DeepSpeed's CPU accelerator), one optimizer step
 taken, and what the engine derived read back against the plan: its ZeRO stage, the batch
 triple and data-parallel size, bf16 or fp16, the gradient reduction's dtype, the optimizer
-(DeepSpeedCPUAdam where the plan offloads it). ``tests/unit/exports/test_exports.py`` holds the
+(DeepSpeedCPUAdam where the plan offloads it), and under pp the pipeline's stages and recompute
+interval (a ``PipelineModule`` of the decoder's layers, as the README says to build it). ``tests/unit/exports/test_exports.py`` holds the
 larger plans to DeepSpeed's config parser; this holds the engine to the plan. The model is the
 user's training script's own (the zoo's ``tiny-llama``; a tiny transformers Llama for AutoTP's
 tensor parallelism, which splits transformers' models only); the plans are for 2 GPUs, the
@@ -13,9 +14,9 @@ One stand-in for the GPUs: the worker turns off the CPU accelerator's shared-mem
 (a CPU-only path DeepSpeed compiles on first use, about 70 s here; on GPUs it runs NCCL). The
 optimizers DeepSpeed compiles (FusedAdam; DeepSpeedCPUAdam under offload) are the ones a GPU run
 uses; ``compiled_optimizers`` builds them once in this process first, so two ranks do not race
-to compile the same op (one cold run here failed before it did). The five cases run in one
-launch of 2 processes: 92 s cold here (the compiles about 68 s, then cached in
-``~/.cache/torch_extensions``), 24 s warm."""
+to compile the same op (one cold run here failed before it did). The five cases without pp run in
+one launch of 2 processes, the pp case in another: the six took 105 s cold here (the compiles
+about 68 s, then cached in ``~/.cache/torch_extensions``), the six 35 s warm."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ CASES = {
     "zero2-fp16": (ParallelConfig(dp=2, zero=2, micro_batch=1), "fp16"),
     "zero3-bf16-full": (ParallelConfig(dp=2, zero=3, micro_batch=1, checkpoint="full"), "bf16"),
     "zero1-offload": (ParallelConfig(dp=2, zero=1, micro_batch=1, offload=True), "bf16"),
+    "pp2-full-bf16": (ParallelConfig(dp=1, pp=2, zero=1, micro_batch=1, checkpoint="full"),
+                      "bf16"),
 }
 
 
@@ -56,6 +59,12 @@ def _model(case: str):
 
         return "hf-llama", hf_llama()
     return MODEL, autopar.models.build(MODEL)
+
+
+def _worker_model(case: str, name: str) -> str:
+    """The worker's model argument: a pipeline case's model as a ``PipelineModule``."""
+    pp = CASES[case][0].pp
+    return f"{name}@pp{pp}" if pp > 1 else name
 
 
 def _plan(case: str):
@@ -71,27 +80,28 @@ def readbacks(tmp_path_factory, compiled_optimizers) -> dict[str, list[dict]]:
     """Every case's two ranks' readbacks, all cases in one launch of 2 processes (each with
     its own model and engine); a case that failed gives its ranks' tracebacks instead."""
     out = tmp_path_factory.mktemp("deepspeed")
-    args = []
-    # AutoTP leaves its groups in DeepSpeed's globals, which a later engine would take for its
-    # own: the tp case runs last
-    for case in sorted(CASES, key=lambda c: (c.startswith("tp"), c)):
-        name, _, plan = _plan(case)
-        config = out / f"{case}.json"
-        config.write_text(export_target(plan, "deepspeed").files["ds_config.json"])
-        args.append(f"{case}={config}:{name}")
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_BUILD_OPS="0")
-    done = subprocess.run(
-        [str(torchrun) if torchrun.exists() else "torchrun", "--nproc-per-node", "2",
-         "--master-port", str(free_port()), str(WORKER), str(out), str(SEQ), *args],
-        env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, \
-        f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-    got = {}
-    for case in CASES:
-        errors = [p.read_text() for p in sorted((out / case).glob("error-*.txt"))]
-        got[case] = errors or [json.loads(p.read_text())
-                               for p in sorted((out / case).glob("readback-*.json"))]
+    # AutoTP and a PipelineModule leave their groups in DeepSpeed's globals, which a later
+    # engine would take for its own: the tp case runs last, the pipeline in a launch of its own
+    plain = sorted((c for c in CASES if CASES[c][0].pp == 1), key=lambda c: (c[:2] == "tp", c))
+    got: dict[str, list] = {}
+    for launch in (plain, sorted(c for c in CASES if CASES[c][0].pp > 1)):
+        args = []
+        for case in launch:
+            name, _, plan = _plan(case)
+            config = out / f"{case}.json"
+            config.write_text(export_target(plan, "deepspeed").files["ds_config.json"])
+            args.append(f"{case}={config}:{_worker_model(case, name)}")
+        torchrun = Path(sys.executable).with_name("torchrun")
+        env = dict(os.environ, OMP_NUM_THREADS="1", DS_BUILD_OPS="0")
+        done = subprocess.run(
+            [str(torchrun) if torchrun.exists() else "torchrun", "--nproc-per-node", "2",
+             "--master-port", str(free_port()), str(WORKER), str(out), str(SEQ), *args],
+            env=env, capture_output=True, text=True, timeout=900)
+        exit_text = f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        for case in launch:
+            errors = [p.read_text() for p in sorted((out / case).glob("error-*.txt"))]
+            rows = [json.loads(p.read_text()) for p in sorted((out / case).glob("readback-*"))]
+            got[case] = errors or rows or [f"no readback: {exit_text}"]
     return got
 
 
@@ -128,3 +138,6 @@ def test_deepspeed_initialize_runs_the_plan(case, readbacks):
         assert got["offload"] is config.offload
         assert (got["optimizer"] == "DeepSpeedCPUAdam") is config.offload
         assert got["steps"] == 1 and got["losses_finite"]
+        assert got["stages"] == config.pp
+        if config.pp > 1:  # a full recompute is DeepSpeed's interval of one layer
+            assert got["checkpoint_interval"] == (1 if config.checkpoint == "full" else 0)
