@@ -233,16 +233,23 @@ class Experts(nn.Module):
         up = up.clamp(min=-self.limit, max=self.limit)
         return gate * torch.sigmoid(self.alpha * gate) * (up + 1)
 
+    def _ffn(self, x: torch.Tensor, params: list[torch.Tensor], mm, bias) -> torch.Tensor:
+        """The experts' SwiGLU, ``params`` as ``names``: ``mm(x, w)`` multiplies by a stacked
+        weight and ``bias(b)`` lays a stacked bias over the rows, each as the caller's layout
+        of the experts' rows needs."""
+        w_gate, w_up, w_down, *b = params
+        gate, up = mm(x, w_gate), mm(x, w_up)
+        if b:
+            gate, up = gate + bias(b[0]), up + bias(b[1])
+        out = mm(self._act(gate, up), w_down)
+        return out + bias(b[2]) if b else out
+
     def _run(self, x: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
         """(E, C, h) through every expert at once, ``params`` as ``names``."""
         w_gate, w_up, w_down, *b = params
         if not b and self.limit is None:  # the plain SwiGLU, in the order the trace records
             return torch.bmm(F.silu(torch.bmm(x, w_gate)) * torch.bmm(x, w_up), w_down)
-        gate, up = torch.bmm(x, w_gate), torch.bmm(x, w_up)
-        if b:
-            gate, up = gate + b[0].unsqueeze(1), up + b[1].unsqueeze(1)
-        out = torch.bmm(self._act(gate, up), w_down)
-        return out + b[2].unsqueeze(1) if b else out
+        return self._ffn(x, params, torch.bmm, lambda t: t.unsqueeze(1))
 
     def forward(self, x: torch.Tensor, counts: list[int] | None = None,
                 grad_scale: float | None = None, out_bias: bool = True) -> torch.Tensor:
@@ -260,35 +267,14 @@ class Experts(nn.Module):
             params[-1] = params[-1] - params[-1].detach()
         if counts is None:
             return self._run(x, params)
-        if grouped_mm_runs(x, *params[:3]):
-            return self._grouped(x, counts, params)
-        w_gate, w_up, w_down, *b = params
-        outs = []
-        for i, part in enumerate(torch.split(x, counts)):
-            if not b and self.limit is None:
-                outs.append((F.silu(part @ w_gate[i]) * (part @ w_up[i])) @ w_down[i])
-                continue
-            gate, up = part @ w_gate[i], part @ w_up[i]
-            if b:
-                gate, up = gate + b[0][i], up + b[1][i]
-            out = self._act(gate, up) @ w_down[i]
-            outs.append(out + b[2][i] if b else out)
+        if grouped_mm_runs(x, *params[:3]):  # every expert in three grouped GEMMs
+            rows, offs, where, group = padded_groups(x, counts)
+            out = self._ffn(rows, params, lambda a, w: torch._grouped_mm(a, w, offs=offs),
+                            lambda t: t[group])
+            return out if where is None else out.index_select(0, where)
+        outs = [self._ffn(part, params, lambda a, w, i=i: a @ w[i], lambda t, i=i: t[i])
+                for i, part in enumerate(torch.split(x, counts))]
         return torch.cat(outs) if outs else x
-
-    def _grouped(self, x: torch.Tensor, counts: list[int], params: list[torch.Tensor]
-                 ) -> torch.Tensor:
-        """The rows of ``forward``'s dropless form through every expert in three grouped GEMMs
-        (``models/grouped_gemm.py``)."""
-        w_gate, w_up, w_down, *b = params
-        rows, offs, where, group = padded_groups(x, counts)
-        gate = torch._grouped_mm(rows, w_gate, offs=offs)
-        up = torch._grouped_mm(rows, w_up, offs=offs)
-        if b:
-            gate, up = gate + b[0][group], up + b[1][group]
-        out = torch._grouped_mm(self._act(gate, up), w_down, offs=offs)
-        if b:
-            out = out + b[2][group]
-        return out if where is None else out.index_select(0, where)
 
 
 class Fp32Linear(nn.Linear):
