@@ -19,7 +19,6 @@ import traceback
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 
 HF_LLAMA = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
@@ -36,50 +35,44 @@ def hf_llama():
     return LlamaForCausalLM(LlamaConfig(**HF_LLAMA))
 
 
-def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+class _Layer(torch.nn.Module):
+    """A piece of the decoder as one pipeline layer, run as its family's ``ModelParts`` says
+    (``run(root, x)``); the whole model is held outside the module tree, so a stage holds its
+    own pieces' parameters only."""
 
-
-class _Embed(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, root: torch.nn.Module, pieces: list[torch.nn.Module], run) -> None:
         super().__init__()
-        self.tok_emb = model.tok_emb
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tok_emb(tokens)
-
-
-class _Block(torch.nn.Module):
-    """A zoo decoder block as one pipeline layer: its RoPE tables read from the model."""
-
-    def __init__(self, model: torch.nn.Module, block: torch.nn.Module) -> None:
-        super().__init__()
-        self.block = block
-        self.tables = (model.rope_cos, model.rope_sin)
+        self.pieces = torch.nn.ModuleList(pieces)
+        self.root, self.run = [root], run
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cos, sin = (t.narrow(0, 0, x.size(1)).to(x.dtype) for t in self.tables)
-        return self.block(x, cos, sin)
+        return self.run(self.root[0], x)
 
 
-class _Head(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.norm_f, self.head = model.norm_f, model.head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm_f(x))
+class _Block(_Layer):
+    """A decoder block: the layers ``checkpointable_layers`` names."""
 
 
 def pipeline_module(model: torch.nn.Module, stages: int):
-    """The zoo decoder as the export's README says to build it: a ``PipelineModule`` of its
-    layers, the blocks' class its ``checkpointable_layers`` (the recompute interval is the
-    config's, which DeepSpeed's pipeline engine sets on the module)."""
+    """The decoder as the export's README says to build it: a ``PipelineModule`` of its
+    embedding, blocks and head (``family_of(model).parts_of``), the blocks' class its
+    ``checkpointable_layers`` (the recompute interval is the config's, which DeepSpeed's
+    pipeline engine sets on the module)."""
     from deepspeed.pipe import PipelineModule
 
-    layers = [_Embed(model), *(_Block(model, b) for b in model.layers), _Head(model)]
+    from autopar.models.family import family_of
+    from autopar.models.training import loss_of
+
+    parts = family_of(model).parts_of(model)
+    blocks = model.get_submodule(parts.blocks)
+    layers = [
+        _Layer(model, [model.get_submodule(n) for n in parts.first], parts.embed),
+        *(_Block(model, [b], lambda root, x, b=b: b(x, *parts.block_args(root, x, x.size(1))))
+          for b in blocks),
+        _Layer(model, [model.get_submodule(n) for n in parts.last], parts.finish)]
     return PipelineModule(layers=layers, num_stages=stages, partition_method="uniform",
-                          loss_fn=next_token_loss, checkpointable_layers=["_Block"])
+                          loss_fn=lambda logits, targets: loss_of(logits.float(), targets),
+                          checkpointable_layers=["_Block"])
 
 
 def run_case(config: str, model_name: str, seq_len: int) -> dict:
@@ -88,6 +81,7 @@ def run_case(config: str, model_name: str, seq_len: int) -> dict:
     import deepspeed
 
     import autopar
+    from autopar.models.training import loss_of
 
     raw = json.loads(Path(config).read_text())
     model_name, _, stages = model_name.partition("@pp")
@@ -96,7 +90,7 @@ def run_case(config: str, model_name: str, seq_len: int) -> dict:
     vocab = model.config.vocab_size
     module = pipeline_module(model, int(stages)) if stages else model
     engine, optimizer, _, _ = deepspeed.initialize(
-        model=module, config=config, model_parameters=[p for p in module.parameters()])
+        model=module, config=config, model_parameters=list(module.parameters()))
     # a tensor-parallel group's ranks read the same micro-batches (the export's README)
     tp = raw.get("tensor_parallel", {}).get("autotp_size", 1)
     g = torch.Generator().manual_seed(engine.global_rank // tp if not stages else 0)
@@ -113,7 +107,7 @@ def run_case(config: str, model_name: str, seq_len: int) -> dict:
         inputs, targets = batch()
         logits = engine(inputs)
         logits = logits if isinstance(logits, torch.Tensor) else logits.logits
-        loss = next_token_loss(logits, targets)
+        loss = loss_of(logits.float(), targets)
         engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))

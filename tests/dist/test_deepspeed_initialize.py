@@ -67,18 +67,22 @@ def _worker_model(case: str, name: str) -> str:
     return f"{name}@pp{pp}" if pp > 1 else name
 
 
-def _plan(case: str):
-    config, precision = CASES[case]
-    name, model = _model(case)
-    return name, model, autopar.plan_for(
-        model, process_cluster(2), TrainSpec(global_batch=4, seq_len=SEQ, precision=precision),
-        config, name=name)
+@pytest.fixture(scope="module")
+def plans() -> dict[str, tuple]:
+    """Each case's (model name, model, plan), planned once."""
+    out = {}
+    for case, (config, precision) in CASES.items():
+        name, model = _model(case)
+        out[case] = name, model, autopar.plan_for(
+            model, process_cluster(2),
+            TrainSpec(global_batch=4, seq_len=SEQ, precision=precision), config, name=name)
+    return out
 
 
 @pytest.fixture(scope="module")
-def readbacks(tmp_path_factory, compiled_optimizers) -> dict[str, list[dict]]:
-    """Every case's two ranks' readbacks, all cases in one launch of 2 processes (each with
-    its own model and engine); a case that failed gives its ranks' tracebacks instead."""
+def readbacks(tmp_path_factory, compiled_optimizers, plans) -> dict[str, list[dict]]:
+    """Every case's two ranks' readbacks, the cases in two launches of 2 processes (each case
+    with its own model and engine); a case that failed gives its ranks' tracebacks instead."""
     out = tmp_path_factory.mktemp("deepspeed")
     # AutoTP and a PipelineModule leave their groups in DeepSpeed's globals, which a later
     # engine would take for its own: the tp case runs last, the pipeline in a launch of its own
@@ -87,7 +91,7 @@ def readbacks(tmp_path_factory, compiled_optimizers) -> dict[str, list[dict]]:
     for launch in (plain, sorted(c for c in CASES if CASES[c][0].pp > 1)):
         args = []
         for case in launch:
-            name, _, plan = _plan(case)
+            name, _, plan = plans[case]
             config = out / f"{case}.json"
             config.write_text(export_target(plan, "deepspeed").files["ds_config.json"])
             args.append(f"{case}={config}:{_worker_model(case, name)}")
@@ -119,9 +123,9 @@ def compiled_optimizers() -> None:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_deepspeed_initialize_runs_the_plan(case, readbacks):
+def test_deepspeed_initialize_runs_the_plan(case, plans, readbacks):
     config, precision = CASES[case]
-    _, model, plan = _plan(case)
+    _, model, plan = plans[case]
     whole_q = plan_q_rows(model)
     rows = readbacks[case]
     assert len(rows) == 2 and all(isinstance(r, dict) for r in rows), "\n".join(map(str, rows))

@@ -135,6 +135,18 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rope_in_dtype(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The RoPE tables in the dtype of the activations ``x`` they rotate, as transformers'
+    rotary embedding hands them: tables kept in fp32 where the parameters are not (DeepSpeed
+    casts the parameters only, as FSDP's ``MixedPrecisionPolicy`` does) would promote q and k
+    past v. The blocks' callers (``DecoderLM.forward``, ``parts.py``'s ``block_args``) hand
+    them so; a trace (``torch.fx`` Proxy) records no cast."""
+    if isinstance(x, torch.fx.Proxy) or cos.dtype == x.dtype:
+        return cos, sin
+    return cos.to(x.dtype), sin.to(x.dtype)
+
+
 def rotary_qkv(attention: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(b, heads, s, head_dim) queries, keys and values of ``attention``'s ``q_proj``,
@@ -245,12 +257,8 @@ class DecoderLM(GPT2Init):
         x = self.tok_emb(tokens)
         # narrow, not [:s]: under torch.fx.symbolic_trace s is a Proxy, which a slice object would
         # hide from the tracer (buffers are not proxied by the default Tracer).
-        cos, sin = self.rope_cos.narrow(0, 0, s), self.rope_sin.narrow(0, 0, s)
-        if not isinstance(x, torch.fx.Proxy) and cos.dtype != x.dtype:
-            # tables kept in fp32 where the parameters are not (DeepSpeed casts the parameters
-            # only, as FSDP's MixedPrecisionPolicy does): rotated in the activations' dtype, as
-            # transformers' rotary embedding hands them, not promoting q and k past v
-            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        cos, sin = rope_in_dtype(x, self.rope_cos.narrow(0, 0, s),
+                                 self.rope_sin.narrow(0, 0, s))
         for stack in self.stacks():
             for layer in stack:
                 x = layer(x, cos, sin)
