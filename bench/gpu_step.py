@@ -295,7 +295,6 @@ def _trace(step) -> list[dict]:
 def _cap_memory(card: str) -> dict:
     """The caching allocator capped at what ``card`` leaves it (the module docstring)."""
     _, total_bytes, source = CARDS[card]
-    torch.cuda.init()
     torch.zeros(1, device="cuda")  # the context, and NCCL's group already up
     free, total = torch.cuda.mem_get_info()
     outside = (total - free) - torch.cuda.memory_reserved()
@@ -321,8 +320,7 @@ def run(dry: bool, profile_path: str | None, model: str = "llama-1b", as_card: s
     for row in rows:
         row.update(predict(cases[row["case"]].spec, row["precision"], row["policy"], preset,
                            profile_path))
-    doc = {"model": cases[rows[0]["case"]].spec.to_dict(),
-           "cases": {label: c.spec.to_dict() for label, c in cases.items()},
+    doc = {"cases": {label: c.spec.to_dict() for label, c in cases.items()},
            "global_batch": GLOBAL_BATCH, "micro_batch": MICRO_BATCH,
            "seq_len": SEQ_LEN, "warmup": WARMUP, "steps": STEPS, "gpu": gpu,
            "preset": preset, "torch": torch.__version__, "skipped_precisions": skipped,
@@ -364,9 +362,9 @@ def _pct(pred: float | None, meas: float | None) -> str:
 
 def markdown(doc: dict) -> list[str]:
     """The part's tables: time, memory, and the derived terms (see the module docstring)."""
-    cases = doc.get("cases", {"llama-1b": doc["model"]})
     lines = [f"- Model `{label}`: `{spec['name']}` "
-             f"{json.dumps(spec['overrides'], sort_keys=True)}" for label, spec in cases.items()]
+             f"{json.dumps(spec['overrides'], sort_keys=True)}"
+             for label, spec in doc["cases"].items()]
     lines += [f"- Batch {doc['global_batch']} x {doc['seq_len']} tokens in micro-batches of "
               f"{doc['micro_batch']}; dp = 1 on one GPU; predicted on preset `{doc['preset']}`"
               + ("" if doc["gpu"] else " (no GPU here: the H100's)") + f", torch "
@@ -394,7 +392,7 @@ def markdown(doc: dict) -> list[str]:
         flops = r.get("estimate", {}).get("model_flops_per_step")
         peak = r.get("estimate", {}).get("peak_flop_per_s")
         mfu = f"{flops / meas / peak:.1%}" if meas and flops and peak else "-"
-        lines.append(f"| {r.get('case', 'llama-1b')} | {r['precision']} | {r['policy']} | "
+        lines.append(f"| {r['case']} | {r['precision']} | {r['policy']} | "
                      f"{'-' if meas is None else f'{meas:.4f}'} | "
                      f"{'-' if est is None else f'{est:.4f}'} | {_pct(est, meas)} | "
                      f"{'-' if prof is None else f'{prof:.4f}'} | {_pct(prof, meas)} | {mfu} |")
@@ -410,7 +408,7 @@ def markdown(doc: dict) -> list[str]:
         est = r.get("estimate", {}).get("peak_bytes")
         dry = r.get("dry_run", {}).get("peak_bytes")
         frag = None if alloc is None else reserved - alloc - ms.get("start_allocated_bytes", 0)
-        lines.append(f"| {r.get('case', 'llama-1b')} | {r['precision']} | {r['policy']} | "
+        lines.append(f"| {r['case']} | {r['precision']} | {r['policy']} | "
                      f"{_gib(alloc)} | {_gib(est)} | "
                      f"{_pct(est, alloc)} | {_gib(dry)} | {_pct(dry, alloc)} | "
                      f"{_gib(reserved)} | {_gib(frag)} | "
@@ -428,12 +426,12 @@ def markdown(doc: dict) -> list[str]:
     for r in doc["rows"]:
         kernels = r.get("measured", {}).get("kernels")
         if kernels:
-            lines += ["", f"Top GPU time in one traced step, {r.get('case', 'llama-1b')} "
+            lines += ["", f"Top GPU time in one traced step, {r['case']} "
                           f"{r['precision']} {r['policy']}:", "",
                       "| kernel | calls | GPU ms |", "|---|---|---|"]
             lines += [f"| `{k['name'][:90]}` | {k['calls']} | {k['gpu_s'] * 1e3:.2f} |"
                       for k in kernels]
-    errors = [(r.get("case", "llama-1b"), r["precision"], r["policy"], k, v)
+    errors = [(r["case"], r["precision"], r["policy"], k, v)
               for r in doc["rows"] for k, v in r.items() if k.endswith("_error")]
     if errors:
         lines += ["", "Errors:", ""]
