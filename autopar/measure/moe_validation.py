@@ -21,6 +21,8 @@ sequence, and its parallel layout as autopar expresses it (``run_config``):
   states ``moe_permute_fusion=false``: ``train.permute_fusion``), DeepEP's or HybridEP's
   dispatch (``deepep``) and the all-to-all overlapped with another micro-batch's compute
   (``ep_a2a_overlap``);
+* the fused norm and activation the run's engine ran (Transformer Engine's, or torch.compile's
+  in a compiled torchtitan run) as autopar's kernels of those names (``ENGINE_KERNELS``);
 * the router's balance as the run states it (``train.router_balance``): forced
   (``--moe-router-force-load-balancing``) routes every expert the mean load, so the busiest
   rank's share is the mean (``Efficiency.moe_load_imbalance`` 1.0); natural routing or none
@@ -155,10 +157,39 @@ TORCH_NATIVE = re.compile(r"torchao|torchtitan", re.IGNORECASE)
 engine runs them; any other FP8 run is Transformer Engine's (``FP8_FUSED_CASTS``)."""
 
 
-def run_fusions(train: dict) -> tuple[str, ...]:
+ENGINE_KERNELS = ("rms_norm", "layer_norm", "swiglu", "gelu")
+"""The fused kernels of autopar's (``core.specs.KERNEL_FUSIONS``) that the runs' engines ran in
+their place, priced as autopar's kernels of those names (what they save for backward: a norm's
+input and statistics, an activation's inputs; their time: one memory-bound pass):
+
+* Transformer Engine's normalization (Megatron-Core, NeMo, Megatron-Bridge: its
+  ``LayerNormLinear``/``TENorm`` run the norm as one kernel) and Megatron's bias-activation
+  fusion (``bias_swiglu_fusion``/``bias_gelu_fusion``: on unless ``--no-bias-swiglu-fusion``
+  in Megatron-LM's arguments; ``bias_activation_fusion`` on in the NeMo and Bridge model
+  providers these runs used);
+* torchtitan's runs under ``torch.compile`` (Inductor fuses the norm's and the activation's
+  element-wise ops); an eager torchtitan run gets none.
+
+The rotary fusion is left out: the sources do not state it for every run (Megatron-LM's
+``apply_rope_fusion`` default differs from the providers'). A name a model has no op of (``gelu``
+on a SwiGLU model) matches nothing and prices nothing."""
+
+
+def compiled_or_transformer_engine(run: dict) -> bool:
+    """Whether the run's engine fused its norms and activations (``ENGINE_KERNELS``): every
+    Megatron-family run, a torchtitan/torchao run only under ``torch.compile``."""
+    notes = str(run["train"].get("other") or "")
+    native = TORCH_NATIVE.search(run["source"]["title"] + " " + notes) is not None
+    return not native or "torch.compile" in notes
+
+
+def run_fusions(train: dict, kernels: bool = False) -> tuple[str, ...]:
     """The priced fusions naming what the run's engine did that autopar's does not; torch's
-    micro-pipeline TP (``async TP`` in the run's notes) as ``async_tp``."""
-    out = ["moe_permute"] if train.get("permute_fusion", True) is not False else []
+    micro-pipeline TP (``async TP`` in the run's notes) as ``async_tp``; with ``kernels`` the
+    fused norm and activation (``ENGINE_KERNELS``)."""
+    out = list(ENGINE_KERNELS) if kernels else []
+    if train.get("permute_fusion", True) is not False:
+        out.append("moe_permute")
     if "async tp" in str(train.get("other") or "").lower() and int(train.get("tp") or 1) > 1:
         out.append("async_tp")
     if train.get("precision") == "fp8":
@@ -201,7 +232,7 @@ def run_config(run: dict) -> ParallelConfig:
         # Megatron-Core runs a mixture of experts under tp > 1 with sequence parallelism only
         sequence_parallel=tp > 1,
         checkpoint=recompute_policy(recompute),
-        fusions=run_fusions(t))
+        fusions=run_fusions(t, compiled_or_transformer_engine(run)))
 
 
 @dataclass(frozen=True)
