@@ -8,8 +8,10 @@ wheel is downloaded (``pip download --no-deps``) and unpacked, not installed, in
 (default ``$AUTOPAR_FRAMEWORKS``, else ``~/.cache/autopar/frameworks``), where
 ``tests/unit/exports/test_megatron_validate.py`` imports it from. torchtitan's wheel is unpacked
 beside it the same way: ``tests/unit/exports/test_exports.py`` builds its config dataclasses
-(``torchtitan/config/configs.py``, which needs only torch) from the export, without the
-package's other dependencies. A version already unpacked is kept. ``scripts/install.sh test``
+(``torchtitan/config/configs.py``, which needs only torch) from the export, and
+``tests/unit/exports/test_torchtitan_runs.py`` puts it on ``sys.path`` and runs its trainer's
+code on each export, with the few packages that trainer imports (the ``test`` extra), not the
+wheel's every dependency. A version already unpacked is kept. ``scripts/install.sh test``
 runs this.
 """
 

@@ -11,7 +11,8 @@ pytorch/torchtitan at b5bcd76c66d0acb1a08b176d9639425bc55e0b2a (2026-08-21), the
 ``torchtitan/trainer.py`` (``Trainer.Config``, its ``to_dict`` that ``debug.save_config_file``
 writes, the gradient accumulation it derives), ``torchtitan/distributed/activation_checkpoint.py``
 (``FullAC``, ``SelectiveAC``), ``torchtitan/distributed/pipeline_parallel.py`` (the module names
-of a model chunk), ``torchtitan/components/optimizer/optimizer.py`` and
+of a model chunk), ``torchtitan/components/optimizer/optimizer.py``,
+``torchtitan/components/loss.py`` (``CrossEntropyLoss``) and
 ``torchtitan/models/llama3/__init__.py`` (``model_registry`` flavors). The test fixture
 ``tests/data/torchtitan_config_fields.json`` holds those classes' fields.
 
@@ -33,7 +34,8 @@ virtual_stages,        ``module_fqns_per_model_part``: each chunk's modules     
 stage_blocks
 cp, ep                 ``context_parallel_degree``, ``expert_parallel_degree``           exact
                        (ep with ZeRO-0 refused: torchtitan carves experts from the
-                       sharded ranks)
+                       sharded ranks; ep with tp but no sequence parallelism refused: its
+                       ep groups take the tp ranks first)
 micro_batch, seq_len,  ``local_batch_size``, ``global_batch_size``, ``seq_len``,            exact
 global_batch,          ``pipeline_parallel_microbatch_size`` (accumulation is derived;
 num_microbatches       under pipelining local = micro-batches x micro-batch size);
@@ -49,6 +51,10 @@ precision              bf16: ``mixed_precision_param`` bfloat16; fp32: float32; 
 optimizer              AdamW (``default_adamw``), Adam (a param group); SGD refused      exact
 model                  ``model_registry`` of the llama3 flavor of the same shape, else   exact /
                        none                                                              none
+loss                   ``CrossEntropyLoss.Config`` with the vocabulary (the whole         exact /
+                       logits, as autopar's engine; ``Trainer.Config``'s default          close
+                       ``BaseLoss`` is abstract, its trainer cannot build it); close
+                       under the plan's linear_cross_entropy kernel (no whole logits)
 fusions                none: torchtitan's kernels come with its model and compile        none
 precision fp8,         ``compile``: ``CompileConfig(enable=True)``, with                  close
 async_tp               ``enable_async_tensor_parallel`` for async TP; the float8
@@ -59,7 +65,7 @@ async_tp               ``enable_async_tensor_parallel`` for async TP; the float8
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autopar.core.estimate import checkpoint_text
 from autopar.core.model_spec import ModelSpec
@@ -94,6 +100,11 @@ SELECTIVE_AC = {"preserve_rng_state": True, "determinism_check": "default", "deb
                 "force_recompute_mm_shapes_by_fqns": ["moe.router.gate"]}
 FULL_AC = {"preserve_rng_state": True, "determinism_check": "default", "debug": False}
 """``SelectiveAC.Config().to_dict()`` and ``FullAC.Config().to_dict()``."""
+FLOAT8_CONVERTER = ('Float8LinearConverter.Config(recipe_name="rowwise", '
+                    'filter_fqns=["lm_head"], model_compile_enabled=True)')
+"""torchtitan 0.3.0's float8 converter as the plan's fp8 needs it: the blocks' linears (the
+filter keeps the head, ``lm_head`` in 0.3.0's decoders, in bf16; it matches by substring), and
+compiled (``_compile``)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,9 @@ class Titan:
     converter: str | None = None
     """Python of the model converter the plan's precision needs (fp8: torchtitan's
     ``Float8LinearConverter.Config``), or ``None``."""
+    loss: dict[str, object] = field(default_factory=dict)
+    """``CrossEntropyLoss.Config``'s fields (the vocabulary, which its tensor-parallel loss
+    needs), as ``to_dict`` writes them."""
     compile: dict[str, object] | None = None
     """``CompileConfig``'s fields where the plan needs ``torch.compile``: its float8 linears
     (eager they are slower than bf16, bench/results/fp8_linear.md) and async TP (torchtitan
@@ -130,6 +144,14 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
                      "the sharded data-parallel ranks (dp_shard x cp x tp), and ZeRO-0 puts "
                      "autopar's dp on the replicate axis", where="config.ep",
                      fix="re-plan with --zero 1 or higher")
+    if c.ep > 1 and c.tp > 1 and not c.experts_fold_tp:
+        raise refuse(f"ep={c.ep} with tp={c.tp} and no sequence parallelism: torchtitan carves "
+                     "the expert-parallel ranks from dp_shard x cp x tp, the tp ranks "
+                     "innermost (its ep groups are neighbouring tp ranks), where the plan's "
+                     "experts fold over the dp x cp ranks only, the tp ranks holding the same "
+                     "tokens", where="config.ep",
+                     fix="re-plan with sequence_parallel=True: the experts then fold over the "
+                         "tp ranks too, as torchtitan's")
     if c.offload and c.zero == 0:
         raise refuse("the plan offloads the optimizer with ZeRO-0; torchtitan offloads through "
                      "FSDP2 (training.enable_cpu_offload), which needs sharded data "
@@ -173,7 +195,9 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
         "torchtitan's default is on: written out" if not c.sequence_parallel else "")
     par["context_parallel_degree"] = c.cp
     row("config.cp", c.cp, f"context_parallel_degree = {c.cp}", Fit.EXACT,
-        "ring attention with the head-tail load balancer" if c.cp > 1 else "")
+        "as autopar's engine: llama3's FlexAttention all-gathers the keys and values over the "
+        "cp ranks, the head-tail load balancer cuts the sequence in 2 x cp chunks"
+        if c.cp > 1 else "")
     par["expert_parallel_degree"] = c.ep
     row("config.ep", c.ep, f"expert_parallel_degree = {c.ep}", Fit.EXACT)
     if c.etp == 1:
@@ -229,15 +253,16 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
         training.update(dtype="float32", mixed_precision_param="bfloat16",
                         mixed_precision_reduce="float32")
         tensorwise = t.fp8_recipe is Fp8Recipe.TENSORWISE
-        converter = 'Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["output"])'
         row("train.precision", f"{p} ({t.fp8_recipe})",
-            f"mixed_precision_param = bfloat16; model_registry(..., converters=[{converter}])",
+            f"mixed_precision_param = bfloat16; model_registry(..., "
+            f"converters=[{FLOAT8_CONVERTER}])",
             Fit.CLOSE if tensorwise else Fit.EXACT,
             ("torchtitan's float8 converter has only the rowwise recipes at this commit: the "
              "plan's tensorwise scales (and its FP8 weight all-gather) run as rowwise, bf16 "
              "all-gather" if tensorwise else "torchao's rowwise float8 linears")
-            + "; torchtitan converts every linear but the head ('output'), autopar's plan "
-            "keeps the routers bf16 too")
+            + "; torchtitan converts every linear whose dims are multiples of 16 but the "
+            "head, 'lm_head' (its filter matches names by substring), as autopar's plan; the "
+            "plan keeps the routers bf16 too")
     else:
         training.update(dtype="bfloat16")
         row("train.precision", p, "training.dtype = bfloat16", Fit.EXACT,
@@ -250,7 +275,9 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
     row("config.fusions", ", ".join(c.fusions) or "none", "", Fit.NONE,
         "torchtitan's kernels come with its model and torch.compile (compile.enable)")
     compile_config = _compile(plan, row)
-    flavor = _flavor(model_shape(plan.model_spec or ModelSpec.zoo(plan.model)))
+    shape = model_shape(plan.model_spec or ModelSpec.zoo(plan.model))
+    loss = _loss(plan, shape, row)
+    flavor = _flavor(shape)
     label = plan.model_spec.label if plan.model_spec else plan.model
     if flavor:
         row("model", label, f'model_registry("{flavor}") of torchtitan.models.llama3',
@@ -258,10 +285,27 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
     else:
         row("model", label, "", Fit.NONE, "torchtitan has no model of this shape: set "
             "MODEL_SPEC in the module to a ModelSpec of yours")
-    converter = ('Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["output"], '
-                 'model_compile_enabled=True)' if p is Precision.FP8 else None)
-    return Titan(training, par, ac, ac_class, optimizer, flavor, converter,
+    converter = FLOAT8_CONVERTER if p is Precision.FP8 else None
+    return Titan(training, par, ac, ac_class, optimizer, flavor, converter, loss,
                  compile_config), rows
+
+
+def _loss(plan: Plan, shape: ModelShape | None, row) -> dict[str, object]:
+    """torchtitan 0.3.0's ``CrossEntropyLoss.Config`` of the plan's model: ``Trainer.Config``'s
+    default ``loss`` is the abstract ``BaseLoss.Config``, which its trainer cannot build, and
+    its vocabulary-parallel cross-entropy under tp needs the whole vocabulary's size."""
+    fields: dict[str, object] = {}
+    if shape is not None:
+        fields["global_vocab_size"] = shape.vocab_size
+    fused = "linear_cross_entropy" in plan.config.fusions
+    row("loss", "cross-entropy", f"loss = CrossEntropyLoss.Config("
+        f"{', '.join(f'{k}={v}' for k, v in fields.items())})", Fit.CLOSE if fused else Fit.EXACT,
+        ("the whole logits, then the loss, where the plan's linear_cross_entropy kernel holds "
+         "no whole logits: more memory than planned" if fused else
+         "the whole logits, then the loss, as autopar's engine (torchtitan's own llama3 "
+         "configs chunk it, ChunkedLossWrapper: less logits memory than planned)")
+        + ("" if shape else "; set global_vocab_size to your vocabulary under tp"))
+    return fields
 
 
 def _compile(plan: Plan, row) -> dict[str, object] | None:
@@ -381,6 +425,7 @@ def saved_config(plan: Plan, titan: Titan) -> dict[str, object]:
     model = {"name": "llama3", "flavor": titan.flavor} if titan.flavor else None
     saved = {"model_spec": model, "training": titan.training,
              "parallelism": titan.parallelism,
+             "loss": titan.loss,
              "activation_checkpoint": titan.activation_checkpoint,
              "optimizer": {"param_groups": [{"pattern": ".*",
                                              "optimizer_name": titan.optimizer_name}]}}
@@ -396,7 +441,8 @@ def _py(value: object) -> str:
 def module_text(plan: Plan, titan: Titan) -> str:
     """The Python module with the ``Trainer.Config`` function."""
     configs = "CompileConfig, ParallelismConfig" if titan.compile else "ParallelismConfig"
-    imports = ["from torchtitan.components.optimizer import OptimizersContainer, "
+    imports = ["from torchtitan.components.loss import CrossEntropyLoss",
+               "from torchtitan.components.optimizer import OptimizersContainer, "
                "ParamGroupConfig",
                f"from torchtitan.config import {configs}, TrainingConfig",
                "from torchtitan.trainer import Trainer"]
@@ -414,6 +460,7 @@ def module_text(plan: Plan, titan: Titan) -> str:
     training = ",\n            ".join(f"{k}={_py(v)}" for k, v in titan.training.items())
     par = ",\n            ".join(f"{k}={_py(v)}" for k, v in titan.parallelism.items())
     ac = f"{titan.ac_class}.Config()" if titan.ac_class else "None"
+    loss = ", ".join(f"{k}={_py(v)}" for k, v in titan.loss.items())
     compiled = ""
     if titan.compile:
         fields = ", ".join(f"{k}={_py(v)}" for k, v in titan.compile.items())
@@ -446,6 +493,7 @@ def {FUNCTION}() -> Trainer.Config:
         parallelism=ParallelismConfig(
             {par},
         ),
+        loss=CrossEntropyLoss.Config({loss}),
         activation_checkpoint={ac},{compiled}
         optimizer=OptimizersContainer.Config(
             param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name="{titan.optimizer_name}",

@@ -36,50 +36,34 @@ import torch
 import autopar
 from autopar import AutoparError, ParallelConfig, TrainSpec
 from autopar.cli.main import main
-from autopar.core.specs import Checkpoint
 from autopar.exports import FORMATS, TARGETS, export_formats, export_target
 from autopar.exports.mapping import Fit
 from autopar.exports.megatron import layout_string
 from autopar.exports.torchtitan import LLAMA3_FLAVORS
-from export_checks import plan as _plan, torchtitan_configs
+import export_checks as checks
+from export_checks import H100, plan as _plan, torchtitan_configs
 
 DATA = Path(__file__).resolve().parents[2] / "data"
-H100 = "hgx-h100-80g"
-
-
 
 
 @pytest.fixture(scope="module")
 def llama_interleaved_fp16():
-    """Llama 3 8B: interleaved pp 2 x v 2, tp 2 with sequence parallelism, ZeRO-1, selective."""
-    return _plan("llama3-8b", H100, 2, TrainSpec(global_batch=64, seq_len=4096, precision="fp16"),
-                 dp=4, tp=2, pp=2, micro_batch=1, schedule="interleaved", virtual_stages=2,
-                 sequence_parallel=True, zero=1, checkpoint="selective")
+    return checks.llama_interleaved("fp16")
 
 
 @pytest.fixture(scope="module")
 def gpt175b():
-    """GPT-175B on 128 DGX A100 nodes as Megatron-LM's paper ran it: tp 8, pp 8 (v 3), full."""
-    return _plan("gpt-175b", "dgx-a100-80g", 128, TrainSpec(global_batch=1536, seq_len=2048),
-                 dp=16, tp=8, pp=8, micro_batch=1, schedule="interleaved", virtual_stages=3,
-                 sequence_parallel=True, zero=1, checkpoint="full")
+    return checks.gpt175b()
 
 
 @pytest.fixture(scope="module")
 def llama_zero3_offload():
-    """Llama 3 8B: ZeRO-3 over 16 GPUs, full recomputation, optimizer offload, bf16."""
-    return _plan("llama3-8b", H100, 2, TrainSpec(global_batch=64, seq_len=4096),
-                 dp=16, zero=3, checkpoint="full", offload=True)
+    return checks.llama_zero3_offload()
 
 
 @pytest.fixture(scope="module")
 def llama_uneven_blocks():
-    """Llama 3 8B over pp 3 (stages of 11, 11, 10 blocks), the first 4 of each recomputed."""
-    policies = []
-    for size in (11, 11, 10):
-        policies += [Checkpoint.FULL] * 4 + [Checkpoint.NONE] * (size - 4)
-    return _plan("llama3-8b", H100, 3, TrainSpec(global_batch=48, seq_len=4096),
-                 dp=8, tp=1, pp=3, micro_batch=1, zero=1, checkpoint=tuple(policies))
+    return checks.llama_uneven_blocks()
 
 
 # ----- Megatron-LM -----
@@ -408,9 +392,7 @@ def _overrides(plan) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def mixtral_ep8():
-    """Mixtral 8x7B over 16 GPUs, ep 8, ZeRO-1: the experts' count and width to carry."""
-    return _plan("mixtral-8x7b", H100, 2, TrainSpec(global_batch=64, seq_len=4096),
-                 dp=16, ep=8, zero=1, micro_batch=1)
+    return checks.mixtral_ep8()
 
 
 def test_bridge_overrides_are_fields_of_its_config_sections(llama_interleaved_fp16, gpt175b,
@@ -515,9 +497,7 @@ def test_moe_maps_to_megatron_recompute_modules_moe_and_the_nearest_elsewhere(mo
 
 @pytest.fixture(scope="module")
 def llama_fp8():
-    """Llama 3 8B in fp8 (tensorwise: FP8 weight all-gather under ZeRO-3) on 16 GPUs."""
-    return _plan("llama3-8b", H100, 2, TrainSpec(global_batch=64, seq_len=4096, precision="fp8"),
-                 dp=16, zero=3, checkpoint="full")
+    return checks.llama_fp8()
 
 
 def test_megatron_carries_fp8_as_its_flags(llama_fp8, tmp_path):
