@@ -26,6 +26,15 @@ Each candidate is priced with its own workload (the per-op strategies solved for
   mix). A partial policy is tried only where it keeps less than ``none`` (selective with fused
   attention keeps the same).
   The fastest that fits wins; with nothing fitting, optimizer offload is tried.
+
+**Tensor parallelism inside an NVLink domain first.** Candidates whose tp group fits in one
+NVLink domain (``ClusterSpec.domain_gpus``: a node, or GB200 NVL72's 72 GPUs) are bounded and
+priced first; those whose tp group spans domains (every layer's tp collectives over the
+network) only when fewer than ``keep`` plans fit among the others, or when the constraints
+leave nothing else (``--tp 16`` on 8-GPU nodes). On the search-time bench set none of them was among the kept
+plans (checked 2026-11-28), while their strategy solves were most of DeepSeek-V3's solve time
+there (8 of its 14 tp splits on 256 GPUs: ``bench/results/search.md``).
+The count skipped is ``SpaceStats.pruned["tp over the network"]``.
 """
 
 from __future__ import annotations
@@ -224,6 +233,29 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
     return best, full
 
 
+FAR_TP = "tp over the network"
+"""Why a candidate whose tp group spans NVLink domains went unpriced (``search``)."""
+
+
+def _bounded(configs: list[ParallelConfig], workload_for: WorkloadFor, train: TrainSpec,
+             cluster: ClusterSpec, eff: Efficiency, memo: dict[tuple, float], stats: SpaceStats
+             ) -> list[tuple[float, ParallelConfig, StagePartition]]:
+    """``configs`` with their bounds and stage boundaries, best bound first (ties: the
+    simpler, then the config's own field order, so the order is deterministic); a candidate
+    the cost model or the engine cannot run is counted in ``stats.refused``."""
+    bounded = []
+    for config in configs:
+        try:
+            w = workload_for(config)
+            bound, part = _bound_s(w, config, train, cluster, eff, memo)
+            bounded.append((bound, config, part))
+        except AutoparError as err:
+            stats.refused[err.what] = stats.refused.get(err.what, 0) + 1
+    bounded.sort(key=lambda bc: (bc[0], simplicity(bc[1]),
+                                 tuple(str(v) for v in bc[1].to_dict().values())))
+    return bounded
+
+
 BOUND_MARGIN = 1e-9
 """Relative slack on the offloaded twin's bound: one equal to a kept plan's time up to rounding
 is priced."""
@@ -242,58 +274,57 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
     constraints = dict(constraints or {})
     stats = SpaceStats()
     memo: dict[tuple, float] = {}
-    bounded = []
+    near: list[ParallelConfig] = []
+    far: list[ParallelConfig] = []
     for config in outer_candidates(cluster.num_gpus, facts, train, constraints, stats):
-        try:
-            w = workload_for(config)
-            bound, part = _bound_s(w, config, train, cluster, efficiency, memo)
-            bounded.append((bound, config, part))
-        except AutoparError as err:  # a candidate the cost model or the engine cannot run
-            stats.refused[err.what] = stats.refused.get(err.what, 0) + 1
-    # deterministic order: bound, then the config's own field order
-    bounded.sort(key=lambda bc: (bc[0], simplicity(bc[1]),
-                                 tuple(str(v) for v in bc[1].to_dict().values())))
+        (far if config.tp > cluster.domain_gpus else near).append(config)
     gap = 0.0
     best: list[Estimate] = []
     smallest: Estimate | None = None
     fixed_ckpt = "checkpoint" in constraints
     partials = partial_policies(facts)
     priced = 0
-    for i, (bound, config, part) in enumerate(bounded):
-        if len(best) >= keep and bound >= best[keep - 1].step_time_s:
-            # sorted by bound: every later candidate is bounded out too
-            stats.pruned["bound"] = stats.pruned.get("bound", 0) + len(bounded) - i
+    for tier in (near, far):
+        if tier is far and (len(best) >= keep or "time limit" in stats.pruned):
+            if far and "time limit" not in stats.pruned:
+                stats.pruned[FAR_TP] = len(far)
             break
-        if time_limit_s is not None and best and time.perf_counter() - t0 > time_limit_s:
-            gap = max(0.0, (best[0].step_time_s - bound) / best[0].step_time_s)
-            stats.pruned["time limit"] = len(bounded) - i
-            break
-        priced += 1
-        if progress is not None and priced % 25 == 0:
-            progress(i, len(bounded))
-        w = workload_for(config)
-        part = part if config.pp > 1 else None
-        fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt, part, partials)
-        if fit is None and "offload" not in constraints:
-            offloaded = config.with_(offload=True)
-            # the offloaded twin pays its CPU optimizer step and host transfers on top of
-            # what the bound counts: past the kept plans it cannot enter them
-            if len(best) >= keep and (
-                    bound + optimizer_terms_s(w, cluster, train, offloaded, efficiency, part)
-                    > best[keep - 1].step_time_s * (1.0 + BOUND_MARGIN)):
-                stats.pruned["bound with offload"] = (
-                    stats.pruned.get("bound with offload", 0) + 1)
-            else:
-                fit, small_off = _price(w, cluster, train, offloaded, efficiency, fixed_ckpt,
-                                        part, partials)
-                if small_off.peak_memory_bytes < small.peak_memory_bytes:
-                    small = small_off
-        if smallest is None or small.peak_memory_bytes < smallest.peak_memory_bytes:
-            smallest = small
-        if fit is not None:
-            best.append(fit)
-            best.sort(key=lambda e: (e.step_time_s, simplicity(e.config), e.peak_memory_bytes))
-            del best[keep:]
+        bounded = _bounded(tier, workload_for, train, cluster, efficiency, memo, stats)
+        for i, (bound, config, part) in enumerate(bounded):
+            if len(best) >= keep and bound >= best[keep - 1].step_time_s:
+                # sorted by bound: every later candidate is bounded out too
+                stats.pruned["bound"] = stats.pruned.get("bound", 0) + len(bounded) - i
+                break
+            if time_limit_s is not None and best and time.perf_counter() - t0 > time_limit_s:
+                gap = max(0.0, (best[0].step_time_s - bound) / best[0].step_time_s)
+                stats.pruned["time limit"] = len(bounded) - i + (len(far) if tier is near else 0)
+                break
+            priced += 1
+            if progress is not None and priced % 25 == 0:
+                progress(i, len(bounded))
+            w = workload_for(config)
+            part = part if config.pp > 1 else None
+            fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt, part, partials)
+            if fit is None and "offload" not in constraints:
+                offloaded = config.with_(offload=True)
+                # the offloaded twin pays its CPU optimizer step and host transfers on top of
+                # what the bound counts: past the kept plans it cannot enter them
+                if len(best) >= keep and (
+                        bound + optimizer_terms_s(w, cluster, train, offloaded, efficiency, part)
+                        > best[keep - 1].step_time_s * (1.0 + BOUND_MARGIN)):
+                    stats.pruned["bound with offload"] = (
+                        stats.pruned.get("bound with offload", 0) + 1)
+                else:
+                    fit, small_off = _price(w, cluster, train, offloaded, efficiency, fixed_ckpt,
+                                            part, partials)
+                    if small_off.peak_memory_bytes < small.peak_memory_bytes:
+                        small = small_off
+            if smallest is None or small.peak_memory_bytes < smallest.peak_memory_bytes:
+                smallest = small
+            if fit is not None:
+                best.append(fit)
+                best.sort(key=lambda e: (e.step_time_s, simplicity(e.config), e.peak_memory_bytes))
+                del best[keep:]
     if progress is not None:
         progress(len(bounded), len(bounded))
     return SearchResult(tuple(best), None if best else smallest, stats, priced,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import autopar
 from autopar.api import workload_of
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
@@ -131,3 +133,32 @@ def test_the_offloaded_twins_bound_skips_only_what_cannot_place(monkeypatch) -> 
     assert "bound with offload" not in pricing_all.stats.pruned
     assert [e.config for e in skipping.best] == [e.config for e in pricing_all.best]
     assert [e.step_time_s for e in skipping.best] == [e.step_time_s for e in pricing_all.best]
+
+
+def test_tp_over_the_network_is_searched_only_when_the_domain_leaves_too_few_plans() -> None:
+    """On 8-GPU nodes the candidates whose tp group spans nodes go unpriced when the others
+    give ``keep`` fitting plans (counted under ``tp over the network``); a tp the constraints
+    name is searched though it spans nodes; with one GPU a node and ``keep`` above what fits at
+    tp 1 the spanning candidates are searched too."""
+    from autopar.search.optimize import FAR_TP
+
+    train = autopar.TrainSpec(global_batch=64, seq_len=1024)
+    cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=4)
+    # gpt-1.7b's shape with 32 heads, so that tp 16 and 32 divide them
+    graph = autopar.trace(autopar.models.build("gpt-1.7b", device="meta", num_heads=32,
+                                               num_layers=4), train)
+    facts = ModelFacts(num_blocks=graph.num_blocks, num_heads=32, layers=graph.layers)
+
+    def solved(c: autopar.ClusterSpec):
+        return strategies_of(graph, facts, "gpt", c, train, efficiency=DEFAULT_EFFICIENCY)
+
+    free = search(solved(cluster), facts, cluster, train)
+    assert free.stats.pruned[FAR_TP] > 0 and len(free.best) == 4
+    assert all(e.config.tp <= cluster.domain_gpus for e in free.best)
+    named = search(solved(cluster), facts, cluster, train, {"tp": 16})
+    assert named.best and named.best[0].config.tp == 16
+    assert FAR_TP not in named.stats.pruned
+    single = dataclasses.replace(cluster, gpus_per_node=1, nodes=32)
+    few = search(solved(single), facts, single, train, {"pp": 1, "cp": 1}, keep=64)
+    assert FAR_TP not in few.stats.pruned
+    assert any(e.config.tp > 1 for e in few.best)

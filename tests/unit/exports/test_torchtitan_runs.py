@@ -83,6 +83,19 @@ def _capability(plan) -> tuple[int, int]:
     return next(cc for name, cc in CUDA_CAPABILITY.items() if gpu.startswith(name))
 
 
+@pytest.fixture(autouse=True)
+def _inductor_flag():
+    """torchtitan's rowwise float8 converter sets ``torch._inductor.config
+    .emulate_precision_casts`` for the whole process (pytorch/pytorch#150859): put back after
+    each test, by assignment -- other tests share the worker, and torch's config module hides a
+    name deleted from it (pytest 9's monkeypatch undoes a module attribute by deleting it, after
+    which every ``torch.export`` in the worker fails)."""
+    inductor = importlib.import_module("torch._inductor.config")
+    saved = inductor.emulate_precision_casts
+    yield
+    inductor.emulate_precision_casts = saved
+
+
 def _exported_module(plan, files: dict[str, str], tmp_path: Path, monkeypatch) -> ModuleType:
     """The exported ``autopar_plan.py``, imported (its ``MODEL_SPEC`` is built at import)."""
     # GPU-only probe: torchtitan's float8 converter asks torch.cuda whether the GPU is SM 8.9 or
@@ -92,10 +105,6 @@ def _exported_module(plan, files: dict[str, str], tmp_path: Path, monkeypatch) -
     major_minor = _capability(plan)
     monkeypatch.setattr(float8, "has_cuda_capability",
                         lambda major, minor: major_minor >= (major, minor))
-    # the rowwise converter sets torch._inductor.config.emulate_precision_casts for the whole
-    # process (pytorch/pytorch#150859); put back after the test, other tests share the worker
-    inductor = importlib.import_module("torch._inductor.config")
-    monkeypatch.setattr(inductor, "emulate_precision_casts", inductor.emulate_precision_casts)
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     spec = importlib.util.spec_from_file_location(f"autopar_plan_{id(plan)}", tmp_path / MODULE)
