@@ -19,6 +19,7 @@ extra=""
 DS_BUILD_OPS=0 "$PY" -m pip install -q -e ".${extra}"
 # the tests run the frameworks' own code on autopar's exports: Megatron-LM's argument checks ship
 # in the megatron-core wheel (Python 3.12 only, its argument code pure Python), unpacked, not
-# installed (scripts/fetch_frameworks.py)
+# installed (scripts/fetch_frameworks.py); megatron-bridge's likewise, and what it imports beyond
+# this environment installed into a folder of its own there (it pins an older transformers)
 [ "${1:-}" = "test" ] && "$PY" scripts/fetch_frameworks.py
 exit 0

@@ -21,9 +21,11 @@ FETCH = load_file(Path(__file__).resolve().parents[1] / "scripts" / "fetch_frame
 
 
 def plan(model: str, cluster: str, nodes: int, train: TrainSpec, **config):
-    """``model`` planned with ``config`` on ``nodes`` of the preset ``cluster``."""
+    """``model`` planned with ``config`` on ``nodes`` of the preset ``cluster``; its traced graph
+    kept in the run's trace cache (``tests/conftest.py``), which the export tests' plans of one
+    model, batch and sequence share across their modules and workers."""
     return autopar.plan_for(autopar.models.build(model), ClusterSpec.preset(cluster, nodes=nodes),
-                            train, ParallelConfig(**config), name=model)
+                            train, ParallelConfig(**config), name=model, trace_cache=True)
 
 
 H100 = "hgx-h100-80g"
@@ -71,6 +73,12 @@ def llama_fp8():
                 dp=16, zero=3, checkpoint="full")
 
 
+FIXTURES = {"gpt175b": gpt175b, "llama_zero3_offload": llama_zero3_offload,
+            "llama_uneven_blocks": llama_uneven_blocks, "mixtral_ep8": mixtral_ep8,
+            "llama_fp8": llama_fp8}
+"""The plan kinds every framework's run test covers, by name (each adds its own)."""
+
+
 def megatron_dir() -> Path:
     """The unpacked megatron-core wheel (its ``megatron`` package inside)."""
     path = FETCH.megatron_dir()
@@ -78,6 +86,19 @@ def megatron_dir() -> Path:
         pytest.skip(f"Megatron-LM's code is not fetched ({path}): "
                     "python3 scripts/fetch_frameworks.py")
     return path
+
+
+def bridge_dirs() -> list[Path]:
+    """The unpacked megatron-bridge wheel, its dependencies and the megatron-core wheel, in
+    the order Bridge's process puts them on ``sys.path``; skipped, saying so, where one is not
+    fetched."""
+    root = FETCH.frameworks_dir()
+    dirs = [FETCH.bridge_dir(root), FETCH.bridge_dependencies_dir(root), megatron_dir()]
+    if not (dirs[0] / "megatron" / "bridge" / "recipes").exists() or \
+            not (dirs[1] / "requirements.txt").exists():
+        pytest.skip(f"Megatron-Bridge {FETCH.MEGATRON_BRIDGE}'s code is not fetched ({root}): "
+                    "python3 scripts/fetch_frameworks.py")
+    return dirs
 
 
 def torchtitan_configs() -> ModuleType:

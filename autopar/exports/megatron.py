@@ -58,7 +58,8 @@ optimizer              adamw: ``--optimizer adam`` (decoupled decay); adam: clos
 model shape            ``--num-layers --hidden-size --ffn-hidden-size                    exact
                        --num-attention-heads --group-query-attention
                        --num-query-groups --max-position-embeddings``, the family's
-                       switches; a factory model's shape is not known
+                       switches, ``--kv-channels`` where a head is not hidden / heads
+                       wide (Qwen3); a factory model's shape is not known
 transformers model     Llama-style architectures (Llama, Mistral, Qwen2/3, Mixtral,      exact /
                        Qwen3-MoE) field by field: ``--rotary-base`` (transformers 5's    refused
                        ``rope_parameters`` too), Llama 3.x ``--use-rope-scaling``,
@@ -215,6 +216,9 @@ def _pipeline(plan: Plan, shape: ModelShape | None) -> list[Item]:
                      "Megatron's interleaved 1F1B" if schedule is Schedule.INTERLEAVED
                      else "Megatron's default 1F1B (PipeDream-Flush)")
     chunks = _chunks(plan)
+    dense = shape.first_k_dense if shape is not None and c.pp > 1 else 0
+    if dense:  # DeepSeek's dense layers: the first stage runs them before its blocks
+        chunks[0] += dense
     v = c.virtual_stages
     blocks = str(list(plan.stage_blocks))
     if len(set(chunks)) == 1:
@@ -232,7 +236,9 @@ def _pipeline(plan: Plan, shape: ModelShape | None) -> list[Item]:
                    f"in the layout: {len(chunks)} chunks over pp = {c.pp}")
     stages = Item("stage_blocks", blocks, (("pipeline_model_parallel_layout", layout),),
                   Fit.EXACT, f"uneven chunks {chunks} (layer order), embedding on the first, "
-                  "loss on the last")
+                  "loss on the last"
+                  + (f"; the first chunk's count includes the {dense} dense layers the plan's "
+                     "first stage runs before its blocks" if dense else ""))
     return [sched, virtual, stages]
 
 
@@ -452,6 +458,14 @@ def _rope_settings(scaling: tuple[tuple[str, object], ...]) -> tuple[tuple[Setti
                 "Llama 3.x's with its fixed frequency factors")
 
 
+def kv_channels(s: ModelShape) -> tuple[Setting, ...]:
+    """``--kv-channels`` where a head is not ``hidden_size / num_heads`` wide (Qwen3's 128 over
+    2048 / 32), which Megatron derives otherwise; latent attention sizes its heads itself."""
+    if s.mla or not s.head_size or s.head_size * s.num_heads == s.hidden_size:
+        return ()
+    return (("kv_channels", s.head_size),)
+
+
 def _shape_items(shape: ModelShape | None, tp: int, allow_approximate: bool = False
                  ) -> list[Item]:
     if shape is None:
@@ -465,8 +479,8 @@ def _shape_items(shape: ModelShape | None, tp: int, allow_approximate: bool = Fa
                   Fit.EXACT),
              Item("model.ffn_hidden_size", str(s.ffn_hidden_size),
                   (("ffn_hidden_size", s.ffn_hidden_size),), Fit.EXACT),
-             Item("model.num_heads", str(s.num_heads), (("num_attention_heads", s.num_heads),),
-                  Fit.EXACT)]
+             Item("model.num_heads", str(s.num_heads), (("num_attention_heads", s.num_heads),
+                                                        *kv_channels(s)), Fit.EXACT)]
     if s.num_kv_heads != s.num_heads:
         items.append(Item("model.num_kv_heads", str(s.num_kv_heads),
                           (("group_query_attention", True), ("num_query_groups", s.num_kv_heads)),

@@ -94,6 +94,9 @@ class ModelShape:
     """RMSNorm on each head's q and k (Qwen3's)."""
     norm_eps: float = 0.0
     """The norms' epsilon where the config gives it (0: the target's default)."""
+    head_size: int = 0
+    """Each attention head's width where the config gives it (Qwen3's 128 over hidden 2048 /
+    32 heads); 0: ``hidden_size / num_heads``."""
     mla: tuple[tuple[str, int | None], ...] = ()
     """Multi-head latent attention's ranks and head sizes (``q_lora_rank``, ``kv_lora_rank``,
     ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; ``deepseek``), or ()."""
@@ -140,6 +143,7 @@ def _zoo(config: Any) -> ModelShape:
         first_k_dense=getattr(config, "first_k_dense", 0),
         aux_loss_coef=float(getattr(config, "router_aux_loss_coef", 0.0)),
         norm_eps=float(getattr(config, "norm_eps", 0.0) or 0.0),
+        head_size=int(getattr(config, "head_dim", 0) or 0),
         mla=tuple((k, getattr(config, k)) for k in MLA_FIELDS)
         if str(getattr(config, "attention", "")) == "mla" else (),
         unmapped=_zoo_unmapped(config), **_facts(config))
@@ -262,6 +266,7 @@ def _transformers(architecture: str, config: Mapping[str, Any]) -> ModelShape | 
             qkv_bias=architecture in QKV_BIAS or bool(config.get("attention_bias")),
             qk_norm=architecture in QK_NORM,
             norm_eps=float(config.get("rms_norm_eps") or 0.0),
+            head_size=int(config.get("head_dim") or 0),
             unmapped=_unmapped(architecture, config), **facts)
     except (KeyError, TypeError, ValueError):
         return None

@@ -16,7 +16,8 @@ field, checked against the target's own names.
   (``tests/data/megatron_bridge_keys.json``: NVIDIA-NeMo/Megatron-Bridge
   ``src/megatron/bridge/training/config.py``, ``models/gpt_provider.py``,
   ``training/mixed_precision.py`` at 067f987df03b8355b03192d88d70f1709fedf51a, and the
-  Megatron-Core classes of its sections at the Megatron-LM commit above).
+  Megatron-Core classes of its sections at the Megatron-LM commit above); Bridge 0.6.2's own
+  code applies and validates them in ``test_bridge_runs.py``.
 """
 
 from __future__ import annotations
@@ -403,8 +404,9 @@ def test_bridge_overrides_are_fields_of_its_config_sections(llama_interleaved_fp
         for key, value in _overrides(plan).items():
             section, _, name = key.rpartition(".")
             assert name in BRIDGE["sections"][section], key
-            if key == "mixed_precision":
-                assert value in BRIDGE["mixed_precision_recipes"]
+            if key == "mixed_precision":  # a recipe, or a MixedPrecisionConfig in whole
+                assert value in BRIDGE["mixed_precision_recipes"] or value.startswith(
+                    "{_target_:megatron.bridge.training.mixed_precision.MixedPrecisionConfig,")
 
 
 def test_bridge_values_field_by_field(llama_interleaved_fp16, gpt175b):
@@ -418,14 +420,16 @@ def test_bridge_values_field_by_field(llama_interleaved_fp16, gpt175b):
     assert o["ddp.use_distributed_optimizer"] == "true"
     assert (o["train.micro_batch_size"], o["train.global_batch_size"]) == ("1", "64")
     assert o["dataset.seq_length"] == o["model.seq_length"] == "4096"
-    assert o["mixed_precision"] == "fp16_mixed" and o["model.num_query_groups"] == "8"
+    assert o["model.num_query_groups"] == "8"
+    assert "fp16:true" in o["mixed_precision"] and "grad_reduce_in_fp32:true" in \
+        o["mixed_precision"] and "initial_loss_scale:65536" in o["mixed_precision"]
     g = _overrides(gpt175b)
     assert g["model.virtual_pipeline_model_parallel_size"] == "3"
     assert (g["model.recompute_granularity"], g["model.recompute_method"],
             g["model.recompute_num_layers"]) == ("full", "uniform", "1")
     assert g["mixed_precision"] == "bf16_mixed"
     rows = {r.field: r for r in export_target(llama_interleaved_fp16, "bridge").rows}
-    assert rows["train.precision"].fit is Fit.CLOSE  # fp16_mixed starts its scale at 2^32
+    assert rows["train.precision"].fit is Fit.EXACT  # autopar's loss scaling, not fp16_mixed's
 
 
 # ----- every target: the table, the folder, the command line -----
@@ -511,8 +515,8 @@ def test_megatron_carries_fp8_as_its_flags(llama_fp8, tmp_path):
 
 
 def test_bridge_and_torchtitan_carry_fp8_and_deepspeed_refuses_it(llama_fp8):
-    assert _overrides(llama_fp8)["mixed_precision"] == "bf16_with_fp8_current_scaling_mixed"
-    assert "bf16_with_fp8_current_scaling_mixed" in BRIDGE["mixed_precision_recipes"]
+    fp8 = _overrides(llama_fp8)["mixed_precision"]  # every layer, where Bridge's keeps 2 bf16
+    assert "fp8:hybrid,fp8_recipe:tensorwise" in fp8 and "first_last_layers_bf16:false" in fp8
     text = export_target(llama_fp8, "torchtitan").files["autopar_plan.py"]
     assert 'converters=[Float8LinearConverter.Config(recipe_name="rowwise"' in text
     with pytest.raises(AutoparError, match="no FP8 switch"):
@@ -568,7 +572,7 @@ def test_bridge_sets_the_experts_and_the_gated_activation(mixtral_ep8, gpt175b):
     assert (o["model.num_moe_experts"], o["model.moe_ffn_hidden_size"]) == ("8", "14336")
     assert "model.num_experts" not in o
     assert o["model.activation_func"] == "silu" and o["model.gated_linear_unit"] == "true"
-    assert "model.activation_func" not in _overrides(gpt175b)  # GELU: a GPT recipe's
+    assert _overrides(gpt175b)["model.activation_func"] == "gelu"  # a recipe's would stay
 
 
 def test_bridge_overrides_every_recipe_default_the_plan_decides(llama_uneven_blocks,

@@ -125,11 +125,13 @@ def test_megatron_accepts_the_export_and_derives_the_plan(name: str, validated) 
                                                         else None)
     assert bool(a["sequence_parallel"]) == c.sequence_parallel
     layers = verdict["layers_per_rank"]
-    if len(set(plan.stage_blocks)) > 1 or layers is not None:  # a layout: Megatron's split
-        assert layers == list(plan.stage_blocks)
+    model = autopar.models.build(plan.model).config
+    per_rank = list(plan.stage_blocks)  # the first stage runs DeepSeek's dense layers first
+    per_rank[0] += getattr(model, "first_k_dense", 0)
+    if len(set(per_rank)) > 1 or layers is not None:  # a layout: Megatron's split
+        assert layers == per_rank
     else:  # Megatron's even split
-        assert a["num_layers"] % c.pp == 0 and \
-            [a["num_layers"] // c.pp] * c.pp == list(plan.stage_blocks)
+        assert a["num_layers"] % c.pp == 0 and [a["num_layers"] // c.pp] * c.pp == per_rank
     if c.zero >= 2:
         assert a["use_megatron_fsdp"] and a["ckpt_format"] == "fsdp_dtensor"
         assert a["data_parallel_sharding_strategy"] == ("optim_grads" if c.zero == 2
@@ -137,7 +139,6 @@ def test_megatron_accepts_the_export_and_derives_the_plan(name: str, validated) 
     else:
         assert not a["use_megatron_fsdp"]
         assert bool(a["use_distributed_optimizer"]) == (c.zero == 1)
-    model = autopar.models.build(plan.model).config
     assert (a["num_layers"], a["hidden_size"], a["num_attention_heads"]) == \
         (model.num_layers, model.hidden_size, model.num_heads)
     if getattr(model, "num_experts", 0):  # the experts' shape as the plan priced it

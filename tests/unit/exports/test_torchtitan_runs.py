@@ -45,12 +45,8 @@ from autopar.exports import export_target
 from autopar.exports.torchtitan import JSON, MODULE, SCHEDULES
 
 CASES = {
-    "gpt175b": checks.gpt175b,
+    **checks.FIXTURES,
     "llama_interleaved_bf16": lambda: checks.llama_interleaved("bf16"),
-    "llama_zero3_offload": checks.llama_zero3_offload,
-    "llama_uneven_blocks": checks.llama_uneven_blocks,
-    "mixtral_ep8": checks.mixtral_ep8,
-    "llama_fp8": checks.llama_fp8,
     # context parallelism with tp and sequence parallelism: torchtitan's seq_len_divisor
     "llama_cp2_tp2": lambda: checks.plan(
         "llama3-8b", checks.H100, 1, TrainSpec(global_batch=16, seq_len=8192),
