@@ -46,8 +46,10 @@ BRIDGE_DEPENDENCIES = (
     # the recipes' common module imports Bridge's data builders, which import megatron-energon
     # (megatron-core's dev extra pins ~=7.0) and what it imports
     "megatron-energon==7.4.1", "multi-storage-client==0.51.0", "opentelemetry-api==1.43.0",
-    "xattr==1.3.0", "lark==1.3.1", "wcmatch==12.0.1", "bracex==3.2.3", "rapidyaml==0.15.2",
-    "deprecation==2.1.0", "filetype==1.2.0", "webdataset==1.0.2", "braceexpand==0.1.7",
+    "xattr==1.3.0", "cffi==2.1.1", "lark==1.3.1", "wcmatch==12.0.1", "bracex==3.2.3",
+    "rapidyaml==0.15.2", "deprecation==2.1.0", "filetype==1.2.0", "webdataset==1.0.2",
+    "braceexpand==0.1.7", "jsonschema==4.26.0", "jsonschema-specifications==2025.9.1",
+    "referencing==0.37.0", "rpds-py==2026.9.1", "attrs==26.1.0",
     # megatron.bridge.recipes imports every family's recipes: the diffusion ones import
     # diffusers, Bridge's checkpointing nvidia-modelopt (megatron-core's dev extra: >=0.44),
     # which imports pulp
@@ -57,7 +59,8 @@ BRIDGE_DEPENDENCIES = (
     "omegaconf==2.3.0", "antlr4-python3-runtime==4.9.3", "hydra-core==1.3.4",
 )
 """What ``import megatron.bridge.recipes`` and its overrides need beyond the ``test`` extra's
-environment, pinned (each at the version installed when the test was written)."""
+environment, pinned (each at the version installed when the test was written); checked by
+running Bridge's process with the packages outside the ``test`` extra's dependencies hidden."""
 
 
 def frameworks_dir() -> Path:
