@@ -31,9 +31,10 @@ Each candidate is priced with its own workload (the per-op strategies solved for
 NVLink domain (``ClusterSpec.domain_gpus``: a node, or GB200 NVL72's 72 GPUs) are bounded and
 priced first; those whose tp group spans domains (every layer's tp collectives over the
 network) only when fewer than ``keep`` plans fit among the others, or when the constraints
-leave nothing else (``--tp 16`` on 8-GPU nodes). On the search-time bench set none of them was among the kept
-plans (checked 2026-11-28), while their strategy solves were most of DeepSeek-V3's solve time
-there (8 of its 14 tp splits on 256 GPUs: ``bench/results/search.md``).
+leave nothing else (``--tp 16`` on 8-GPU nodes). On the search-time bench set none of them was
+among the kept plans (checked 2026-11-28), while their strategy solves were most of
+DeepSeek-V3's solve time there (8 of its 14 tp splits on 256 GPUs:
+``bench/results/search.md``).
 The count skipped is ``SpaceStats.pruned["tp over the network"]``.
 """
 
