@@ -152,9 +152,9 @@ def mla_fields(model: dict) -> dict:
 
 
 TORCH_NATIVE = re.compile(r"torchao|torchtitan", re.IGNORECASE)
-"""A run's FP8 recipe naming torchao or torchtitan: torchao's float8 linears, compiled
-(``FP8_COMPILED_CASTS``) where the run's notes say ``torch.compile``, else eager as autopar's
-engine runs them; any other FP8 run is Transformer Engine's (``FP8_FUSED_CASTS``)."""
+"""A run of torch's own stack (torchtitan, torchao's float8 linears) where its source, notes or
+FP8 recipe name it; any other run is Megatron's (Megatron-Core, NeMo, Megatron-Bridge) on
+Transformer Engine (``engine_of``)."""
 
 
 ENGINE_KERNELS = ("rms_norm", "layer_norm", "swiglu", "gelu")
@@ -175,27 +175,32 @@ The rotary fusion is left out: the sources do not state it for every run (Megatr
 on a SwiGLU model) matches nothing and prices nothing."""
 
 
-def compiled_or_transformer_engine(run: dict) -> bool:
-    """Whether the run's engine fused its norms and activations (``ENGINE_KERNELS``): every
-    Megatron-family run, a torchtitan/torchao run only under ``torch.compile``."""
-    notes = str(run["train"].get("other") or "")
-    native = TORCH_NATIVE.search(run["source"]["title"] + " " + notes) is not None
-    return not native or "torch.compile" in notes
+def engine_of(run: dict) -> tuple[bool, bool]:
+    """(torch's own stack, compiled) for ``run``: ``TORCH_NATIVE`` in its source's title, its
+    notes or its FP8 recipe; ``torch.compile`` in its notes."""
+    t = run["train"]
+    notes = str(t.get("other") or "")
+    text = f"{run['source']['title']} {notes} {t.get('fp8_recipe') or ''}"
+    return TORCH_NATIVE.search(text) is not None, "torch.compile" in notes
 
 
-def run_fusions(train: dict, kernels: bool = False) -> tuple[str, ...]:
-    """The priced fusions naming what the run's engine did that autopar's does not; torch's
-    micro-pipeline TP (``async TP`` in the run's notes) as ``async_tp``; with ``kernels`` the
-    fused norm and activation (``ENGINE_KERNELS``)."""
-    out = list(ENGINE_KERNELS) if kernels else []
+def run_fusions(run: dict) -> tuple[str, ...]:
+    """The priced fusions naming what the run's engine did that autopar's does not: the fused
+    norm and activation (``ENGINE_KERNELS``) of Transformer Engine or of a compiled torchtitan
+    run; torch's micro-pipeline TP (``async TP`` in the run's notes) as ``async_tp``; FP8's
+    casts as Transformer Engine fuses them (``fp8_fused_casts``) or as Inductor compiles
+    torchao's (``fp8_compiled_casts``; eager: autopar's engine's, no fusion)."""
+    train = run["train"]
+    native, compiled = engine_of(run)
+    out = list(ENGINE_KERNELS) if compiled or not native else []
     if train.get("permute_fusion", True) is not False:
         out.append("moe_permute")
     if "async tp" in str(train.get("other") or "").lower() and int(train.get("tp") or 1) > 1:
         out.append("async_tp")
     if train.get("precision") == "fp8":
-        if not TORCH_NATIVE.search(str(train.get("fp8_recipe"))):
+        if not native:
             out.append("fp8_fused_casts")  # Transformer Engine's FP8 (Megatron, NeMo, Bridge)
-        elif "torch.compile" in str(train.get("other") or ""):
+        elif compiled:
             out.append("fp8_compiled_casts")
     dispatcher = str(train.get("dispatcher") or "")
     if "deepep" in dispatcher or "hybridep" in dispatcher:
@@ -232,7 +237,7 @@ def run_config(run: dict) -> ParallelConfig:
         # Megatron-Core runs a mixture of experts under tp > 1 with sequence parallelism only
         sequence_parallel=tp > 1,
         checkpoint=recompute_policy(recompute),
-        fusions=run_fusions(t, compiled_or_transformer_engine(run)))
+        fusions=run_fusions(run))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autopar.measure.moe_validation import (ENGINE_KERNELS, MoERunCheck, check_moe_run,
-                                            compiled_or_transformer_engine, load_runs, run_config,
+                                            engine_of, load_runs, run_config,
                                             used_for_validation)
 
 RUNS = Path(__file__).resolve().parents[2] / "data" / "moe_runs.json"
@@ -147,12 +147,12 @@ def test_runs_are_priced_with_the_kernels_their_engine_fused() -> None:
     fp8_runs = {r["id"]: r for r in load_runs(RUNS.parent / "fp8_runs.json", None)}
     megatron = fp8_runs["llama31-8b-h100-8-bf16-dgxc2409"]
     titan = fp8_runs["llama3-8b-h100-8-bf16-torchao"]
-    assert compiled_or_transformer_engine(BY_ID["q235b-h100-longctx-16k"])  # Megatron-Core
+    assert engine_of(BY_ID["q235b-h100-longctx-16k"]) == (False, False)  # Megatron-Core
     assert set(ENGINE_KERNELS) <= set(run_config(megatron).fusions)
     assert set(ENGINE_KERNELS) <= set(run_config(titan).fusions)  # under torch.compile
     eager = {**megatron, "source": titan["source"],
              "train": {**megatron["train"], "other": "torchtitan, eager"}}
-    assert not compiled_or_transformer_engine(eager)
+    assert engine_of(eager) == (True, False)  # torchtitan, not compiled
     assert not set(ENGINE_KERNELS) & set(run_config(eager).fusions)
     fused, plain = check_moe_run(megatron), check_moe_run(eager)
     assert fused.peak_gib is not None and plain.peak_gib is not None
