@@ -31,3 +31,17 @@ def rank_blocks(num_blocks: int, pp: int, virtual_stages: int) -> list[int]:
     """Blocks each pipeline rank holds under the interleaved schedule (all its chunks)."""
     sizes = chunk_sizes(num_blocks, pp * virtual_stages)
     return [sum(sizes[r::pp]) for r in range(pp)]
+
+
+def stage_chunks(stage_blocks: tuple[int, ...] | list[int], virtual_stages: int) -> list[int]:
+    """Blocks of each model chunk in layer order (chunk ``i`` on pipeline rank ``i % pp``) of a
+    plan's blocks per pipeline rank: the ranks' own counts with one chunk each, else
+    ``chunk_sizes``, which must give each rank its count (``ValueError`` otherwise)."""
+    pp = len(stage_blocks)
+    if virtual_stages == 1:
+        return list(stage_blocks)
+    chunks = chunk_sizes(sum(stage_blocks), pp * virtual_stages)
+    if [sum(chunks[r::pp]) for r in range(pp)] != list(stage_blocks):
+        raise ValueError(f"stage blocks {tuple(stage_blocks)} are not the interleaved "
+                         f"schedule's chunks {chunks}")
+    return chunks

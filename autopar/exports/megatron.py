@@ -85,7 +85,7 @@ from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.core.specs import (ASYNC_TP, DEEPEP, EP_A2A_OVERLAP, MOE_PERMUTE, Checkpoint,
                                 Fp8Recipe, Optimizer, Precision, Schedule)
-from autopar.core.stages import chunk_sizes
+from autopar.core.stages import stage_chunks
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
 from autopar.models.shape import ModelShape, model_shape
 
@@ -179,18 +179,6 @@ def _zero(plan: Plan) -> Item:
                 "CUDA_DEVICE_MAX_CONNECTIONS unset, which the script does)")
 
 
-def _chunks(plan: Plan) -> list[int]:
-    """Blocks of each model chunk in layer order (chunk i on pipeline rank i % pp)."""
-    c = plan.config
-    if c.virtual_stages == 1:
-        return list(plan.stage_blocks)
-    chunks = chunk_sizes(sum(plan.stage_blocks), c.pp * c.virtual_stages)
-    if [sum(chunks[r::c.pp]) for r in range(c.pp)] != list(plan.stage_blocks):
-        raise RuntimeError(f"stage blocks {plan.stage_blocks} are not the interleaved "
-                           f"schedule's chunks {chunks} (autopar.core.stages)")
-    return chunks
-
-
 def layout_string(chunks: list[int]) -> str:
     """Megatron's ``--pipeline-model-parallel-layout`` for chunks in layer order: the embedding
     (``E``) on the first, the loss (``L``) on the last, ``t`` a transformer layer."""
@@ -215,7 +203,7 @@ def _pipeline(plan: Plan, shape: ModelShape | None) -> list[Item]:
         sched = Item("config.schedule", str(schedule), (), Fit.EXACT,
                      "Megatron's interleaved 1F1B" if schedule is Schedule.INTERLEAVED
                      else "Megatron's default 1F1B (PipeDream-Flush)")
-    chunks = _chunks(plan)
+    chunks = stage_chunks(plan.stage_blocks, c.virtual_stages)
     dense = shape.first_k_dense if shape is not None and c.pp > 1 else 0
     if dense:  # DeepSeek's dense layers: the first stage runs them before its blocks
         chunks[0] += dense
@@ -268,7 +256,8 @@ def _checkpoint(plan: Plan, shape: ModelShape | None) -> Item:
                     "Megatron cannot mix selective and full recomputation, or selective and "
                     "none, across layers: every layer recomputed in full, so less activation "
                     "memory and more recompute time than the plan's")
-    n, exact = _first_full_per_chunk(policies, _chunks(plan))
+    n, exact = _first_full_per_chunk(policies, stage_chunks(plan.stage_blocks,
+                                                            c.virtual_stages))
     if n == 0:
         return Item("config.checkpoint", value, (), Fit.EXACT, "nothing recomputed")
     settings = (("recompute_granularity", "full"), ("recompute_method", "block"),

@@ -71,7 +71,7 @@ from autopar.core.estimate import checkpoint_text
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.core.specs import ASYNC_TP, Checkpoint, Fp8Recipe, Optimizer, Precision, Schedule
-from autopar.core.stages import chunk_sizes
+from autopar.core.stages import stage_chunks
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
 from autopar.models.shape import ModelShape, model_shape
 
@@ -341,8 +341,7 @@ def _pipeline(plan: Plan, par: dict[str, object], row) -> None:
     par["pipeline_parallel_microbatch_size"] = c.micro_batch
     row("config.schedule", c.schedule, f"pipeline_parallel_schedule = {name!r}", Fit.EXACT,
         "the torch.distributed.pipelining schedule autopar's engine runs")
-    chunks = (chunk_sizes(sum(plan.stage_blocks), c.pp * c.virtual_stages)
-              if c.virtual_stages > 1 else list(plan.stage_blocks))
+    chunks = stage_chunks(plan.stage_blocks, c.virtual_stages)
     parts, start = [], 0
     for i, n in enumerate(chunks):
         names = [f"layers.{b}" for b in range(start, start + n)]

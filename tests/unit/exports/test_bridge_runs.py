@@ -39,7 +39,7 @@ import export_checks as checks
 from autopar import TrainSpec
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import ASYNC_TP, Checkpoint
-from autopar.core.stages import chunk_sizes
+from autopar.core.stages import stage_chunks
 from autopar.exports import export_formats
 from autopar.exports.bridge import OVERRIDES, recipe_for
 from autopar.models.shape import model_shape
@@ -126,15 +126,6 @@ def _bridge_verdicts(tmp: Path) -> dict[str, tuple[object, str, dict]]:
     return out
 
 
-def _chunks(plan) -> list[int]:
-    """The plan's blocks per model chunk in layer order, chunk ``i`` on pipeline rank
-    ``i % pp``."""
-    c = plan.config
-    if c.virtual_stages > 1:
-        return chunk_sizes(sum(plan.stage_blocks), c.pp * c.virtual_stages)
-    return list(plan.stage_blocks)
-
-
 def _policies(plan, dense: int) -> list[Checkpoint]:
     """The plan's checkpoint policy of every layer: its blocks', and before them its ``dense``
     leading layers' (DeepSeek's), which a single policy covers too."""
@@ -197,7 +188,7 @@ def _check(plan, readme: str, verdict: dict) -> None:
     interleaved = c.schedule.value == "interleaved" and c.virtual_stages > 1
     v = c.virtual_stages if interleaved else 1
     assert d["model.virtual_pipeline_model_parallel_size"] == (v if interleaved else None)
-    chunks = _chunks(plan)
+    chunks = stage_chunks(plan.stage_blocks, plan.config.virtual_stages)
     chunks[0] += s.first_k_dense  # DeepSeek's dense layers: the first stage runs them first
     assert d["layers"] == [[chunks[k * c.pp + r] for k in range(v)] for r in range(c.pp)]
 

@@ -40,7 +40,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 import export_checks as checks
 from autopar import AutoparError, ClusterSpec, TrainSpec
 from autopar.core.mesh import expert_sizes, expert_strides, mesh_sizes, mesh_strides
-from autopar.core.stages import chunk_sizes
+from autopar.core.stages import stage_chunks
 from autopar.exports import export_target
 from autopar.exports.torchtitan import JSON, MODULE, SCHEDULES
 
@@ -161,14 +161,6 @@ def _check_mesh(plan, dims) -> None:
     assert plan.train.seq_len % dims.seq_len_divisor == 0
 
 
-def _chunks(plan) -> list[int]:
-    """The plan's blocks per model chunk, chunk ``i`` on pipeline rank ``i % pp``."""
-    c = plan.config
-    if c.virtual_stages > 1:
-        return chunk_sizes(sum(plan.stage_blocks), c.pp * c.virtual_stages)
-    return list(plan.stage_blocks)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_torchtitan_030_runs_each_export_and_derives_the_plan(case, tmp_path, monkeypatch):
     checks.torchtitan_package()
@@ -238,7 +230,7 @@ def test_torchtitan_030_runs_each_export_and_derives_the_plan(case, tmp_path, mo
                     pp_rank, [n for n, _ in chunk.named_children()]
                     + [f"layers.{i}" for i in chunk.layers])
     if c.pp > 1:  # every chunk on the rank the plan puts it on, with the plan's blocks
-        blocks = _chunks(plan)
+        blocks = stage_chunks(plan.stage_blocks, plan.config.virtual_stages)
         assert sorted(stages) == list(range(len(blocks)))
         for index, (owner, held) in stages.items():
             assert owner == index % c.pp
