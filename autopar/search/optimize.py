@@ -285,9 +285,12 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
     fixed_ckpt = "checkpoint" in constraints
     partials = partial_policies(facts)
     priced = 0
+    timed_out = False
     for tier in (near, far):
-        if tier is far and (len(best) >= keep or "time limit" in stats.pruned):
-            if far and "time limit" not in stats.pruned:
+        if timed_out:
+            break
+        if tier is far and len(best) >= keep:
+            if far:
                 stats.pruned[FAR_TP] = len(far)
             break
         bounded = _bounded(tier, workload_for, train, cluster, efficiency, memo, stats)
@@ -299,6 +302,7 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
             if time_limit_s is not None and best and time.perf_counter() - t0 > time_limit_s:
                 gap = max(0.0, (best[0].step_time_s - bound) / best[0].step_time_s)
                 stats.pruned["time limit"] = len(bounded) - i + (len(far) if tier is near else 0)
+                timed_out = True
                 break
             priced += 1
             if progress is not None and priced % 25 == 0:
