@@ -188,7 +188,7 @@ def _check(plan, readme: str, verdict: dict) -> None:
     interleaved = c.schedule.value == "interleaved" and c.virtual_stages > 1
     v = c.virtual_stages if interleaved else 1
     assert d["model.virtual_pipeline_model_parallel_size"] == (v if interleaved else None)
-    chunks = stage_chunks(plan.stage_blocks, plan.config.virtual_stages)
+    chunks = stage_chunks(plan.stage_blocks, c.virtual_stages)
     chunks[0] += s.first_k_dense  # DeepSeek's dense layers: the first stage runs them first
     assert d["layers"] == [[chunks[k * c.pp + r] for k in range(v)] for r in range(c.pp)]
 

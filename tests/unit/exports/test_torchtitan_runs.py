@@ -230,7 +230,7 @@ def test_torchtitan_030_runs_each_export_and_derives_the_plan(case, tmp_path, mo
                     pp_rank, [n for n, _ in chunk.named_children()]
                     + [f"layers.{i}" for i in chunk.layers])
     if c.pp > 1:  # every chunk on the rank the plan puts it on, with the plan's blocks
-        blocks = stage_chunks(plan.stage_blocks, plan.config.virtual_stages)
+        blocks = stage_chunks(plan.stage_blocks, c.virtual_stages)
         assert sorted(stages) == list(range(len(blocks)))
         for index, (owner, held) in stages.items():
             assert owner == index % c.pp
