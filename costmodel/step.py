@@ -579,6 +579,31 @@ def estimate_step(
     return replace(est, measured=usage.fractions()) if cluster.profile is not None else est
 
 
+def exceeds_memory(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
+                   config: ParallelConfig, partition: StagePartition | None = None) -> bool:
+    """Whether ``estimate_step`` would find some stage's peak over the usable HBM (so the
+    estimate does not fit), from the stages' memory alone: no time is priced, and the stages
+    most likely over are sized first (the first, which holds the most micro-batches in flight
+    and the embedding; the last, with the head and loss), stopping at the first over. The
+    search asks this before pricing a candidate that could not enter its kept plans unless
+    it fits (``search.optimize``)."""
+    m = config.microbatches(train)
+    part = partition or even_partition(workload.num_blocks, config.pp, config.virtual_stages)
+    policies = config.checkpoint_of(workload.num_blocks)
+    g = mesh_groups(config, cluster)
+    split = split_of(config, train, workload.seq_len)
+    sb = state_bytes_per_param(train.precision, train.optimizer)
+    v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
+    usable = float(cluster.usable_hbm_bytes)
+    for s in dict.fromkeys((0, config.pp - 1, *range(1, config.pp - 1))):
+        dense, expert = _stage_params(workload, part, s, config)
+        sm = _stage_memory(workload, part, s, _stage_groups(workload, part, s, policies), split,
+                           config, m, v, dense, expert, train, sb, g)
+        if sm.peak_bytes > usable:
+            return True
+    return False
+
+
 def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
                  config: ParallelConfig, efficiency: Efficiency,
                  partition: StagePartition | None) -> Estimate:

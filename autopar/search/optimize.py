@@ -36,6 +36,12 @@ among the kept plans (checked 2026-11-28), while their strategy solves were most
 DeepSeek-V3's solve time there (8 of its 14 tp splits on 256 GPUs:
 ``bench/results/search.md``).
 The count skipped is ``SpaceStats.pruned["tp over the network"]``.
+
+**Memory before time.** Once a plan fits, the search no longer needs the smallest footprint
+(it reports that only when nothing fits), so a candidate whose stages do not fit with the
+choice that keeps the least (full recomputation, with two or more blocks a stage) is dropped
+from its stages' memory alone, before any time is priced (``step.exceeds_memory``), and so is
+its offloaded twin: ``SpaceStats.pruned["memory"]``. Most candidates of a large model end there.
 """
 
 from __future__ import annotations
@@ -58,8 +64,8 @@ from autopar.costmodel.pipeline import (
 )
 from autopar.core.specs import (ASYNC_TP, EP_A2A_OVERLAP, Checkpoint, ParallelConfig, Schedule,
                                  TrainSpec)
-from autopar.costmodel.step import (estimate_step, layer_compute_s, optimizer_terms_s,
-                                    split_of, tp_comm_s, tp_gemm_s)
+from autopar.costmodel.step import (estimate_step, exceeds_memory, layer_compute_s,
+                                    optimizer_terms_s, split_of, tp_comm_s, tp_gemm_s)
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.analysis.admissibility import ModelFacts
@@ -189,18 +195,27 @@ def _mixed(policies: tuple[Checkpoint, ...], base: Checkpoint, rest: Estimate, f
 
 def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: ParallelConfig,
            eff: Efficiency, fixed_checkpoint: bool, part: StagePartition | None,
-           partials: tuple[Checkpoint, ...] = (Checkpoint.SELECTIVE, Checkpoint.MATMULS)
-           ) -> tuple[Estimate | None, Estimate]:
+           partials: tuple[Checkpoint, ...] = (Checkpoint.SELECTIVE, Checkpoint.MATMULS),
+           fitting_only: bool = False) -> tuple[Estimate | None, Estimate | None]:
     """(fastest fitting estimate or None, smallest estimate) over the checkpoint choices:
-    ``none``, ``full``, the ``partials`` (``partial_policies``) and their mixes with ``full``."""
+    ``none``, ``full``, the ``partials`` (``partial_policies``) and their mixes with ``full``.
+
+    ``fitting_only``: the smallest estimate of a candidate that does not fit is not wanted
+    (the search has a plan that fits, so it will not report the smallest footprint); when the
+    choice that keeps the least does not fit, found from the stages' memory alone
+    (``exceeds_memory``), nothing is priced and the answer is (None, None)."""
+    least = config if fixed_checkpoint else config.with_(checkpoint=Checkpoint.FULL)
+    # With two or more blocks a stage, full recomputation keeps the least (the inputs, plus one
+    # block's activations while it is recomputed): when it does not fit, nothing does, and most
+    # candidates of a large model end here.
+    nothing_smaller = fixed_checkpoint or work.num_blocks >= 2 * config.pp
+    if fitting_only and nothing_smaller and exceeds_memory(work, cluster, train, least, part):
+        return None, None
     if fixed_checkpoint:
         est = _estimate(work, cluster, train, config, eff, part)
         return (est if est.fits else None), est
-    # With two or more blocks a stage, full recomputation keeps the least (the inputs, plus one
-    # block's activations while it is recomputed): when it does not fit, nothing does, and most
-    # candidates of a large model end here after one pricing.
-    full = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.FULL), eff, part)
-    if not full.fits and work.num_blocks >= 2 * config.pp:
+    full = _estimate(work, cluster, train, least, eff, part)
+    if not full.fits and nothing_smaller:
         return None, full
     none = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.NONE), eff, part)
     if none.fits:
@@ -234,6 +249,10 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
     return best, full
 
 
+OVER_MEMORY = "memory"
+"""Why a candidate went unpriced once a plan fits: its stages' memory alone, with the checkpoint
+choice that keeps the least (offloaded too, unless its bound ruled that out), exceeds the usable
+HBM (``step.exceeds_memory``)."""
 FAR_TP = "tp over the network"
 """Why a candidate whose tp group spans NVLink domains went unpriced (``search``)."""
 
@@ -304,12 +323,15 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
                 stats.pruned["time limit"] = len(bounded) - i + (len(far) if tier is near else 0)
                 timed_out = True
                 break
-            priced += 1
-            if progress is not None and priced % 25 == 0:
+            if progress is not None and i % 25 == 24:
                 progress(i, len(bounded))
             w = workload_for(config)
             part = part if config.pp > 1 else None
-            fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt, part, partials)
+            # once a plan fits, the smallest footprint is not reported: a candidate whose stages
+            # cannot fit is not priced (``_price``'s ``fitting_only``)
+            fitting_only = bool(best)
+            fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt, part, partials,
+                                fitting_only)
             if fit is None and "offload" not in constraints:
                 offloaded = config.with_(offload=True)
                 # the offloaded twin pays its CPU optimizer step and host transfers on top of
@@ -317,13 +339,16 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
                 if len(best) >= keep and (
                         bound + optimizer_terms_s(w, cluster, train, offloaded, efficiency, part)
                         > best[keep - 1].step_time_s * (1.0 + BOUND_MARGIN)):
-                    stats.pruned["bound with offload"] = (
-                        stats.pruned.get("bound with offload", 0) + 1)
+                    stats.prune("bound with offload")
                 else:
                     fit, small_off = _price(w, cluster, train, offloaded, efficiency, fixed_ckpt,
-                                            part, partials)
-                    if small_off.peak_memory_bytes < small.peak_memory_bytes:
-                        small = small_off
+                                            part, partials, fitting_only)
+                    small = min((e for e in (small, small_off) if e is not None),
+                                key=lambda e: e.peak_memory_bytes, default=None)
+            if small is None:
+                stats.prune(OVER_MEMORY)
+                continue
+            priced += 1
             if smallest is None or small.peak_memory_bytes < smallest.peak_memory_bytes:
                 smallest = small
             if fit is not None:

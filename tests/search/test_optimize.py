@@ -162,3 +162,22 @@ def test_tp_over_the_network_is_searched_only_when_the_domain_leaves_too_few_pla
     few = search(solved(single), facts, single, train, {"pp": 1, "cp": 1}, keep=64)
     assert FAR_TP not in few.stats.pruned
     assert any(e.config.tp > 1 for e in few.best)
+
+
+def test_candidates_over_memory_are_dropped_unpriced_once_a_plan_fits(monkeypatch) -> None:
+    """Past the first fitting plan, a candidate whose stages cannot fit with full recomputation
+    (nor offloaded) is dropped from its memory alone (``SpaceStats.pruned["memory"]``): the
+    same plans, in the same order, as a search that prices every such candidate."""
+    import autopar.search.optimize as optimize
+
+    train = autopar.TrainSpec(global_batch=64, seq_len=2048)
+    cluster = autopar.ClusterSpec.preset("dgx-a100-40g", nodes=1)
+    work, shape = _strategies("gpt-7.5b", cluster, train, heads=32)
+    skipping = search(work, shape, cluster, train)
+    assert skipping.stats.pruned.get(optimize.OVER_MEMORY, 0) > 0
+    monkeypatch.setattr(optimize, "exceeds_memory", lambda *a, **k: False)
+    pricing_all = search(work, shape, cluster, train)
+    assert optimize.OVER_MEMORY not in pricing_all.stats.pruned
+    assert pricing_all.priced > skipping.priced
+    assert [e.config for e in skipping.best] == [e.config for e in pricing_all.best]
+    assert [e.step_time_s for e in skipping.best] == [e.step_time_s for e in pricing_all.best]
