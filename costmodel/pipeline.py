@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from itertools import accumulate
 
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Schedule
@@ -34,8 +36,12 @@ class StagePartition:
     def num_stages(self) -> int:
         return len(self.blocks)
 
+    @cached_property
+    def _starts(self) -> tuple[int, ...]:
+        return tuple(accumulate(self.blocks, initial=0))
+
     def first_block(self, stage: int) -> int:
-        return sum(self.blocks[:stage])
+        return self._starts[stage]
 
 
 def even_partition(num_blocks: int, pp: int, virtual_stages: int = 1) -> StagePartition:

@@ -37,11 +37,20 @@ DeepSeek-V3's solve time there (8 of its 14 tp splits on 256 GPUs:
 ``bench/results/search.md``).
 The count skipped is ``SpaceStats.pruned["tp over the network"]``.
 
-**Memory before time.** Once a plan fits, the search no longer needs the smallest footprint
-(it reports that only when nothing fits), so a candidate whose stages do not fit with the
-choice that keeps the least (full recomputation, with two or more blocks a stage) is dropped
-from its stages' memory alone, before any time is priced (``step.exceeds_memory``), and so is
-its offloaded twin: ``SpaceStats.pruned["memory"]``. Most candidates of a large model end there.
+**Memory and floors before time.** Once a plan fits, the search no longer needs the smallest
+footprint (it reports that only when nothing fits), so a candidate (or offloaded twin) whose
+stages do not fit with the choice that keeps the least (full recomputation, with two or more
+blocks a stage) is dropped from its stages' memory alone, before any time is priced
+(``step.exceeds_memory``; ``SpaceStats.pruned["memory"]``); most candidates of a large model
+end there. Once ``keep`` plans fit, a candidate about to be priced is first given a floor, a
+closer and dearer lower bound than the one it was ordered by: the bound's stage times plus the
+context-parallel and pipeline transfers every policy issues, through the schedule, plus the
+data-parallel communication left exposed under the most compute a policy can add and the
+optimizer (``step.floor_terms_s``). A candidate that fits but whose floor is slower than the
+last kept plan is dropped (``pruned["floor"]``; its offloaded twin, tried only for candidates
+that do not fit, is not tried either), and so is an offloaded twin whose floor is
+(``pruned["bound with offload"]``). The order of pricing, and so every plan kept, is the
+bound's as before.
 """
 
 from __future__ import annotations
@@ -64,8 +73,8 @@ from autopar.costmodel.pipeline import (
 )
 from autopar.core.specs import (ASYNC_TP, EP_A2A_OVERLAP, Checkpoint, ParallelConfig, Schedule,
                                  TrainSpec)
-from autopar.costmodel.step import (estimate_step, exceeds_memory, layer_compute_s,
-                                    optimizer_terms_s, split_of, tp_comm_s, tp_gemm_s)
+from autopar.costmodel.step import (estimate_step, exceeds_memory, floor_terms_s,
+                                    layer_compute_s, split_of, tp_comm_s, tp_gemm_s)
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.analysis.admissibility import ModelFacts
@@ -129,9 +138,42 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
              eff: Efficiency, memo: dict[tuple, float]) -> tuple[float, StagePartition]:
     """Lower bound on the step time: compute, tensor-parallel collectives and the exposed
     expert-parallel all-to-alls of the slowest stage for every micro-batch, plus the bubble
-    they imply. Every policy issues at least ``none``'s all-to-alls; with them overlapped
-    (``ep_a2a_overlap``) at least ``1 - Efficiency.ep_overlap`` of them stay exposed, whatever
-    compute runs beside them (``costmodel/moe.py``)."""
+    they imply (``_stage_bounds``)."""
+    stages, part = _stage_bounds(work, config, train, cluster, eff, memo)
+    return _through_schedule(config, train, stages), part
+
+
+def _through_schedule(config: ParallelConfig, train: TrainSpec, stage_s: list[float]) -> float:
+    """Busy plus bubble seconds of a step whose stages take ``stage_s`` a micro-batch
+    (``pipeline_s``), which no stage taking longer makes shorter."""
+    v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
+    busy, bubble = pipeline_s(config.schedule, config.pp, config.microbatches(train), v,
+                              stage_s)
+    return busy + bubble
+
+
+def _floor_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
+             eff: Efficiency, memo: dict[tuple, float], part: StagePartition | None) -> float:
+    """A lower bound on the step time of every checkpoint choice of ``config``, closer than
+    ``_bound_s`` and dearer, so asked only of a candidate about to be priced while ``keep``
+    plans are kept: each stage's bound time plus what every policy pays there at least, through
+    the schedule, plus what the step pays at least on top (``step.floor_terms_s``: the
+    context-parallel and pipeline transfers, the exposed data-parallel communication, the
+    optimizer)."""
+    stages, _ = _stage_bounds(work, config, train, cluster, eff, memo)
+    per_stage, per_step = floor_terms_s(work, cluster, train, config, eff, part)
+    return _through_schedule(config, train, [b + f for b, f in zip(stages, per_stage)]) \
+        + per_step
+
+
+def _stage_bounds(work: Workload, config: ParallelConfig, train: TrainSpec,
+                  cluster: ClusterSpec, eff: Efficiency, memo: dict[tuple, float]
+                  ) -> tuple[list[float], StagePartition]:
+    """Each stage's least seconds a micro-batch, and the stage boundaries: its compute,
+    tensor-parallel collectives and exposed expert-parallel all-to-alls. Every policy issues
+    at least ``none``'s all-to-alls; with them overlapped (``ep_a2a_overlap``) at least
+    ``1 - Efficiency.ep_overlap`` of them stay exposed, whatever compute runs beside them
+    (``costmodel/moe.py``)."""
     split = split_of(config, train, work.seq_len)
     overlap = ASYNC_TP in config.fusions and config.tp > 1
     key = (id(work), split, config.tp, config.dp, config.cp, config.pp, overlap, config.fusions)
@@ -158,10 +200,7 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
     part = partition_of(work, config, pre, block, post)
     stages = [part.blocks[s] * block + (pre if s == 0 else 0.0)
               + (post if s == config.pp - 1 else 0.0) for s in range(config.pp)]
-    m = config.microbatches(train)
-    v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
-    busy, bubble = pipeline_s(config.schedule, config.pp, m, v, stages)
-    return busy + bubble, part
+    return stages, part
 
 
 def _estimate(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: ParallelConfig,
@@ -195,27 +234,15 @@ def _mixed(policies: tuple[Checkpoint, ...], base: Checkpoint, rest: Estimate, f
 
 def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: ParallelConfig,
            eff: Efficiency, fixed_checkpoint: bool, part: StagePartition | None,
-           partials: tuple[Checkpoint, ...] = (Checkpoint.SELECTIVE, Checkpoint.MATMULS),
-           fitting_only: bool = False) -> tuple[Estimate | None, Estimate | None]:
+           partials: tuple[Checkpoint, ...] = (Checkpoint.SELECTIVE, Checkpoint.MATMULS)
+           ) -> tuple[Estimate | None, Estimate]:
     """(fastest fitting estimate or None, smallest estimate) over the checkpoint choices:
-    ``none``, ``full``, the ``partials`` (``partial_policies``) and their mixes with ``full``.
-
-    ``fitting_only``: the smallest estimate of a candidate that does not fit is not wanted
-    (the search has a plan that fits, so it will not report the smallest footprint); when the
-    choice that keeps the least does not fit, found from the stages' memory alone
-    (``exceeds_memory``), nothing is priced and the answer is (None, None)."""
-    least = config if fixed_checkpoint else config.with_(checkpoint=Checkpoint.FULL)
-    # With two or more blocks a stage, full recomputation keeps the least (the inputs, plus one
-    # block's activations while it is recomputed): when it does not fit, nothing does, and most
-    # candidates of a large model end here.
-    nothing_smaller = fixed_checkpoint or work.num_blocks >= 2 * config.pp
-    if fitting_only and nothing_smaller and exceeds_memory(work, cluster, train, least, part):
-        return None, None
+    ``none``, ``full``, the ``partials`` (``partial_policies``) and their mixes with ``full``."""
     if fixed_checkpoint:
         est = _estimate(work, cluster, train, config, eff, part)
         return (est if est.fits else None), est
-    full = _estimate(work, cluster, train, least, eff, part)
-    if not full.fits and nothing_smaller:
+    full = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.FULL), eff, part)
+    if not full.fits and _least_kept_by_full(work, config):
         return None, full
     none = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.NONE), eff, part)
     if none.fits:
@@ -249,10 +276,35 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
     return best, full
 
 
+def _least_kept_by_full(work: Workload, config: ParallelConfig) -> bool:
+    """Whether full recomputation keeps the least of every checkpoint choice: with two or more
+    blocks a stage (it keeps the inputs, plus one block's activations while it is recomputed),
+    so when it does not fit, nothing does; most candidates of a large model end there."""
+    return work.num_blocks >= 2 * config.pp
+
+
+def _fits_at_all(work: Workload, cluster: ClusterSpec, train: TrainSpec,
+                 config: ParallelConfig, fixed_checkpoint: bool, part: StagePartition | None
+                 ) -> bool | None:
+    """Whether some checkpoint choice of ``config`` fits in the HBM, told from the stages'
+    memory alone (``step.exceeds_memory``) of the choice that keeps the least: the fixed one,
+    or full recomputation (``_least_kept_by_full``); None where that cannot be told without
+    pricing."""
+    if fixed_checkpoint:
+        return not exceeds_memory(work, cluster, train, config, part)
+    if not _least_kept_by_full(work, config):
+        return None
+    return not exceeds_memory(work, cluster, train, config.with_(checkpoint=Checkpoint.FULL),
+                              part)
+
+
 OVER_MEMORY = "memory"
-"""Why a candidate went unpriced once a plan fits: its stages' memory alone, with the checkpoint
-choice that keeps the least (offloaded too, unless its bound ruled that out), exceeds the usable
-HBM (``step.exceeds_memory``)."""
+"""Why a candidate or its offloaded twin went unpriced once a plan fits: its stages' memory
+alone, with the checkpoint choice that keeps the least, exceeds the usable HBM
+(``_fits_at_all``)."""
+FLOOR = "floor"
+"""Why a candidate that fits went unpriced once ``keep`` plans are kept: its floor
+(``_floor_s``) is slower than the last of them."""
 FAR_TP = "tp over the network"
 """Why a candidate whose tp group spans NVLink domains went unpriced (``search``)."""
 
@@ -277,8 +329,8 @@ def _bounded(configs: list[ParallelConfig], workload_for: WorkloadFor, train: Tr
 
 
 BOUND_MARGIN = 1e-9
-"""Relative slack on the offloaded twin's bound: one equal to a kept plan's time up to rounding
-is priced."""
+"""Relative slack on a floor (``_floor_s``): one equal to a kept plan's time up to rounding is
+priced."""
 
 
 def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec,
@@ -327,27 +379,39 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
                 progress(i, len(bounded))
             w = workload_for(config)
             part = part if config.pp > 1 else None
-            # once a plan fits, the smallest footprint is not reported: a candidate whose stages
-            # cannot fit is not priced (``_price``'s ``fitting_only``)
-            fitting_only = bool(best)
-            fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt, part, partials,
-                                fitting_only)
+            # with ``keep`` plans kept, one slower than the last of them cannot enter
+            slowest = (best[keep - 1].step_time_s * (1.0 + BOUND_MARGIN) if len(best) >= keep
+                       else None)
+            fit: Estimate | None = None
+            small: Estimate | None = None
+            # once a plan fits, the smallest footprint is not reported: what cannot fit is not
+            # priced
+            fits = _fits_at_all(w, cluster, train, config, fixed_ckpt, part) if best else None
+            if fits is False:
+                stats.prune(OVER_MEMORY)
+            elif fits and slowest is not None and _floor_s(
+                    w, config, train, cluster, efficiency, memo, part) > slowest:
+                stats.prune(FLOOR)  # and it fits: its offloaded twin is not tried either
+                continue
+            else:
+                fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt, part,
+                                    partials)
             if fit is None and "offload" not in constraints:
                 offloaded = config.with_(offload=True)
-                # the offloaded twin pays its CPU optimizer step and host transfers on top of
-                # what the bound counts: past the kept plans it cannot enter them
-                if len(best) >= keep and (
-                        bound + optimizer_terms_s(w, cluster, train, offloaded, efficiency, part)
-                        > best[keep - 1].step_time_s * (1.0 + BOUND_MARGIN)):
+                # the offloaded twin pays its CPU optimizer step and host transfers on top
+                if slowest is not None and _floor_s(
+                        w, offloaded, train, cluster, efficiency, memo, part) > slowest:
                     stats.prune("bound with offload")
+                elif best and _fits_at_all(w, cluster, train, offloaded, fixed_ckpt,
+                                           part) is False:
+                    stats.prune(OVER_MEMORY)
                 else:
                     fit, small_off = _price(w, cluster, train, offloaded, efficiency, fixed_ckpt,
-                                            part, partials, fitting_only)
+                                            part, partials)
                     small = min((e for e in (small, small_off) if e is not None),
-                                key=lambda e: e.peak_memory_bytes, default=None)
+                                key=lambda e: e.peak_memory_bytes)
             if small is None:
-                stats.prune(OVER_MEMORY)
-                continue
+                continue  # nothing priced
             priced += 1
             if smallest is None or small.peak_memory_bytes < smallest.peak_memory_bytes:
                 smallest = small

@@ -116,11 +116,13 @@ def test_a_moe_model_just_short_of_memory_recomputes_its_moe_layers():
     assert Checkpoint.MOE not in partial_policies(ModelFacts(num_blocks=2))
 
 
-def test_the_offloaded_twins_bound_skips_only_what_cannot_place(monkeypatch) -> None:
-    """A candidate that fits only with offload is priced again offloaded unless its bound
-    plus the CPU optimizer step and host transfers (``step.optimizer_terms_s``) already
-    exceed the kept plans: skipping those changes no kept plan (the same plans, in the same
-    order, as a search that prices every twin)."""
+def test_floors_skip_only_what_cannot_place(monkeypatch) -> None:
+    """Once ``keep`` plans are kept, a candidate that fits is priced only when its floor
+    (``_floor_s``: the bound plus what every checkpoint choice pays at least on top) is not
+    slower than the last of them, and a candidate that fits only with offload is priced again
+    offloaded only when the twin's floor (its CPU optimizer step and host transfers included)
+    is not: skipping those changes no kept plan (the same plans, in the same order, as a
+    search that prices them all)."""
     import autopar.search.optimize as optimize
 
     train = autopar.TrainSpec(global_batch=64, seq_len=2048)
@@ -128,9 +130,11 @@ def test_the_offloaded_twins_bound_skips_only_what_cannot_place(monkeypatch) -> 
     work, shape = _strategies("gpt-7.5b", cluster, train, heads=32)
     skipping = search(work, shape, cluster, train)
     assert skipping.stats.pruned.get("bound with offload", 0) > 0
-    monkeypatch.setattr(optimize, "optimizer_terms_s", lambda *a, **k: 0.0)
+    assert skipping.stats.pruned.get(optimize.FLOOR, 0) > 0
+    monkeypatch.setattr(optimize, "_floor_s", lambda *a, **k: 0.0)
     pricing_all = search(work, shape, cluster, train)
     assert "bound with offload" not in pricing_all.stats.pruned
+    assert optimize.FLOOR not in pricing_all.stats.pruned
     assert [e.config for e in skipping.best] == [e.config for e in pricing_all.best]
     assert [e.step_time_s for e in skipping.best] == [e.step_time_s for e in pricing_all.best]
 
@@ -181,3 +185,34 @@ def test_candidates_over_memory_are_dropped_unpriced_once_a_plan_fits(monkeypatc
     assert pricing_all.priced > skipping.priced
     assert [e.config for e in skipping.best] == [e.config for e in pricing_all.best]
     assert [e.step_time_s for e in skipping.best] == [e.step_time_s for e in pricing_all.best]
+
+
+def test_the_floor_is_below_every_checkpoint_choices_step_time() -> None:
+    """``_floor_s`` (the bound plus ``step.floor_terms_s``) never exceeds the priced step time
+    of any checkpoint choice, offloaded or not, on stages of every kind (ZeRO 0-3, cp, 1F1B
+    and interleaved pipelines)."""
+    from autopar.core.specs import Checkpoint
+    from autopar.costmodel.step import estimate_step
+    from autopar.search.optimize import _bound_s, _floor_s
+
+    train = autopar.TrainSpec(global_batch=64, seq_len=2048)
+    cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=4)
+    work, _ = _strategies("gpt-1.7b", cluster, train, heads=24)
+    configs = [autopar.ParallelConfig(dp=32, zero=z, micro_batch=2) for z in (0, 1, 2, 3)] + [
+        autopar.ParallelConfig(dp=8, tp=2, cp=2, zero=3, micro_batch=1, sequence_parallel=True),
+        autopar.ParallelConfig(dp=4, tp=2, pp=4, zero=1, micro_batch=1, schedule="1f1b",
+                               sequence_parallel=True),
+        autopar.ParallelConfig(dp=8, pp=4, zero=1, micro_batch=1, schedule="interleaved",
+                               virtual_stages=2)]
+    mixed = (Checkpoint.FULL,) * 12 + (Checkpoint.NONE,) * 12
+    for config in configs:
+        for offload in (False, True):
+            for policy in (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS,
+                           Checkpoint.FULL, mixed):
+                c = config.with_(offload=offload, checkpoint=policy)
+                w = work(c)
+                bound, part = _bound_s(w, c, train, cluster, DEFAULT_EFFICIENCY, {})
+                part = part if c.pp > 1 else None
+                floor = _floor_s(w, c, train, cluster, DEFAULT_EFFICIENCY, {}, part)
+                step = estimate_step(w, cluster, train, c, partition=part).step_time_s
+                assert bound <= floor <= step * (1 + 1e-12), (c, floor, step)

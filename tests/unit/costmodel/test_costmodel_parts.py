@@ -330,3 +330,19 @@ def test_zero3_recomputation_adds_no_gather(a100: ClusterSpec) -> None:
                                   0.03, g, a100, EFF)
                for policy in ("none", "full", "selective")}
     assert exposed["full"] == exposed["none"] == exposed["selective"]
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("m", [1, 4])
+def test_exposed_dp_comm_never_grows_with_the_recompute_it_hides_under(
+        a100: ClusterSpec, zero: int, m: int) -> None:
+    """The search's floor (``step.floor_terms_s``) prices the data-parallel communication under
+    the most compute a checkpoint choice can add (the forward again): it holds only while more
+    recomputation never exposes more."""
+    config = ParallelConfig(dp=32, zero=zero)
+    g = mesh_groups(config, a100)
+    forward, backward = 0.01, 0.02
+    exposed = [_dp_comm_s(1.7e9, 0.0, 2.0, 2.0, config, m, backward + r, forward + backward + r,
+                          g, a100, EFF) for r in (0.0, 0.001, 0.005, forward)]
+    assert all(later <= earlier for earlier, later in zip(exposed, exposed[1:]))
+    assert exposed[0] > exposed[-1]  # it does hide some
