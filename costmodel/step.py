@@ -15,6 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from .cluster import ClusterSpec
 from .collectives import Collective, Group, estimate_collective_s
@@ -216,12 +217,16 @@ def _cp_comm_s(
     if split.cp == 1:
         return 0.0
     total = 0.0
-    for kind, phase, op in cp_collectives(layer):
+    for kind, phase, op in _CP_COLLECTIVES.get(layer, (), lambda: cp_collectives(layer)):
         heads = split.tp if op.shard is Shard.TP else 1  # this tp rank's key/value heads
         nbytes = op.kv_elements * split.micro_batch * split.act_bytes / heads
         repeats = 2 if (phase is Phase.FORWARD and reissues(policy)) else 1
         total += repeats * estimate_collective_s(kind, nbytes, g.cp, cluster, eff)
     return total
+
+
+_CP_COLLECTIVES = ByLayer(4096)
+"""A layer's ``cp_collectives``, found once (``_cp_comm_s``)."""
 
 
 def _layer_time(
@@ -303,10 +308,29 @@ def layer_compute_s(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: E
         return estimate_layer_s(layer, split, cluster, eff, recomputed_by=recomputed_by,
                                 expert_scale=expert_scale)
 
+    if (split.ep != 1 or split.etp != 1 or expert_scale != 1.0) and not _has_experts(layer):
+        # ep, etp and the experts' load change nothing of a layer without experts: one entry
+        # serves every expert layout
+        split, expert_scale = _dense_split(split), 1.0
+
     def make() -> PhaseTimes:
         return layer_times(layer.ops, _op_times(layer, split, cluster, eff, expert_scale),
                            recomputed_by)
     return _LAYER_COMPUTE.get(layer, (split, cluster, eff, expert_scale, recomputed_by), make)
+
+
+_HAS_EXPERTS = ByLayer(LAYER_TIMES_KEPT)
+"""Whether a layer has expert ops (``_has_experts``)."""
+
+
+def _has_experts(layer: LayerCost) -> bool:
+    return _HAS_EXPERTS.get(layer, (), lambda: any(op.expert for op in layer.ops))
+
+
+@lru_cache(maxsize=4096)
+def _dense_split(split: Split) -> Split:
+    """``split`` without its expert layout (ep = etp = 1): what ops outside the experts see."""
+    return split if split.ep == split.etp == 1 else replace(split, ep=1, etp=1)
 
 
 def _op_times(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: Efficiency,
@@ -315,10 +339,10 @@ def _op_times(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: Efficie
     once for every expert layout and load (``_DENSE_OP_TIMES``: ep, etp and the imbalance
     leave them unchanged)."""
     def make() -> tuple[PhaseTimes, ...]:
-        dense_split = split if split.ep == split.etp == 1 else replace(split, ep=1, etp=1)
+        dense_split = _dense_split(split)
         dense = _DENSE_OP_TIMES.get(layer, (dense_split, cluster, eff), lambda: op_times(
             layer, dense_split, cluster, eff, expert=False))
-        if not any(op.expert for op in layer.ops):
+        if not _has_experts(layer):
             return dense
         experts = op_times(layer, split, cluster, eff, expert_scale=expert_scale, expert=True)
         return merged_times(layer, dense, experts)
@@ -391,16 +415,21 @@ def floor_terms_s(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     split = split_of(config, train, workload.seq_len)
     sb = state_bytes_per_param(train.precision, train.optimizer)
     pp_s = _pp_comm_s(workload, split, config, g, cluster, eff) if config.pp > 1 else 0.0
-    stages, params = [], []
+    # stages of the same blocks and ends pay the same: each such signature once
+    by_signature: dict[tuple[int, bool, bool], float] = {}
+    params = []
     exposed = 0.0
     for s in range(config.pp):
+        signature = (part.blocks[s], s == 0, s == config.pp - 1)
+        if signature in by_signature:
+            continue
         cp_s = forward = backward = 0.0
         for layer, _, n in _stage_groups(workload, part, s):
             imbalance = eff.moe_load_imbalance if config.ep > 1 and layer.ep_dropless else 1.0
             t = layer_compute_s(layer, split, cluster, eff, imbalance)
             forward, backward = forward + n * t.forward, backward + n * t.backward
             cp_s += n * _cp_comm_s(layer, split, Checkpoint.NONE, g, cluster, eff)
-        stages.append(cp_s + pp_s)
+        by_signature[signature] = cp_s + pp_s
         dense, expert = _stage_params(workload, part, s, config)
         params.append((dense, expert))
         weight_bytes = _gathered_weight_bytes(workload, part, s, config, train, dense,
@@ -408,8 +437,9 @@ def floor_terms_s(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
         exposed = max(exposed, _dp_comm_s(dense, expert, sb.grads, weight_bytes, config, m,
                                           backward + forward, forward + backward + forward,
                                           g, cluster, eff))
-    return tuple(stages), exposed + sum(_optimizer_terms(params, config, train, g, cluster,
-                                                         eff))
+    stages = tuple(by_signature[(part.blocks[s], s == 0, s == config.pp - 1)]
+                   for s in range(config.pp))
+    return stages, exposed + sum(_optimizer_terms(params, config, train, g, cluster, eff))
 
 
 def _layer_params(layer: LayerCost, config: ParallelConfig) -> tuple[float, float]:

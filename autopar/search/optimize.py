@@ -176,9 +176,10 @@ def _stage_bounds(work: Workload, config: ParallelConfig, train: TrainSpec,
     (``costmodel/moe.py``)."""
     split = split_of(config, train, work.seq_len)
     overlap = ASYNC_TP in config.fusions and config.tp > 1
-    key = (id(work), split, config.tp, config.dp, config.cp, config.pp, overlap, config.fusions)
+    groups = mesh_groups(config, cluster)
+    # what the layers' terms read: the split, the tp and expert groups, the fusions
+    key = (id(work), split, groups.tp, groups.ep, groups.etp, overlap, config.fusions)
     if key not in memo:
-        groups = mesh_groups(config, cluster)
         # compute plus the tensor-parallel collectives every policy pays at least once
         per = []
         plain = (config.with_(fusions=tuple(f for f in config.fusions if f != EP_A2A_OVERLAP))
@@ -298,6 +299,56 @@ def _fits_at_all(work: Workload, cluster: ClusterSpec, train: TrainSpec,
                               part)
 
 
+def _candidate(w: Workload, config: ParallelConfig, part: StagePartition | None,
+               cluster: ClusterSpec, train: TrainSpec, eff: Efficiency, memo: dict[tuple, float],
+               stats: SpaceStats, fixed_checkpoint: bool, partials: tuple[Checkpoint, ...],
+               twin: bool, fitted: bool, slowest: float | None
+               ) -> tuple[Estimate | None, Estimate | None]:
+    """(fastest fitting estimate or None, smallest estimate) of a candidate and, where it does
+    not fit, of its offloaded twin (``twin``: offload is free); (None, None) when neither was
+    priced. Once a plan fits (``fitted``) what cannot fit is not priced (``_fits_at_all``),
+    and once ``keep`` plans are kept neither is what is ``slowest`` than the last of them by its
+    floor (``_floor_s``); each skip is counted in ``stats.pruned``."""
+    floors: dict[bool, bool] = {}
+
+    def too_slow(offload: bool) -> bool:
+        if slowest is None:
+            return False
+        if offload not in floors:
+            c = config.with_(offload=True) if offload else config
+            floors[offload] = _floor_s(w, c, train, cluster, eff, memo, part) > slowest
+        return floors[offload]
+
+    # too slow fitting or not: with offload too, or with no twin to try
+    if too_slow(False) and (not twin or too_slow(True)):
+        stats.prune(FLOOR)
+        return None, None
+    fit = small = None
+    fits = _fits_at_all(w, cluster, train, config, fixed_checkpoint, part) if fitted else None
+    if fits is False:
+        stats.prune(OVER_MEMORY)
+    elif fits and too_slow(False):
+        stats.prune(FLOOR)  # and it fits: its offloaded twin is not tried either
+        return None, None
+    else:
+        fit, small = _price(w, cluster, train, config, eff, fixed_checkpoint, part, partials)
+    if fit is not None or not twin:
+        return fit, small
+    offloaded = config.with_(offload=True)
+    # the offloaded twin pays its CPU optimizer step and host transfers on top
+    if too_slow(True):
+        stats.prune("bound with offload")
+    elif fitted and _fits_at_all(w, cluster, train, offloaded, fixed_checkpoint,
+                                 part) is False:
+        stats.prune(OVER_MEMORY)
+    else:
+        fit, small_off = _price(w, cluster, train, offloaded, eff, fixed_checkpoint, part,
+                                partials)
+        small = min((e for e in (small, small_off) if e is not None),
+                    key=lambda e: e.peak_memory_bytes)
+    return fit, small
+
+
 OVER_MEMORY = "memory"
 """Why a candidate or its offloaded twin went unpriced once a plan fits: its stages' memory
 alone, with the checkpoint choice that keeps the least, exceeds the usable HBM
@@ -382,34 +433,9 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
             # with ``keep`` plans kept, one slower than the last of them cannot enter
             slowest = (best[keep - 1].step_time_s * (1.0 + BOUND_MARGIN) if len(best) >= keep
                        else None)
-            fit: Estimate | None = None
-            small: Estimate | None = None
-            # once a plan fits, the smallest footprint is not reported: what cannot fit is not
-            # priced
-            fits = _fits_at_all(w, cluster, train, config, fixed_ckpt, part) if best else None
-            if fits is False:
-                stats.prune(OVER_MEMORY)
-            elif fits and slowest is not None and _floor_s(
-                    w, config, train, cluster, efficiency, memo, part) > slowest:
-                stats.prune(FLOOR)  # and it fits: its offloaded twin is not tried either
-                continue
-            else:
-                fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt, part,
-                                    partials)
-            if fit is None and "offload" not in constraints:
-                offloaded = config.with_(offload=True)
-                # the offloaded twin pays its CPU optimizer step and host transfers on top
-                if slowest is not None and _floor_s(
-                        w, offloaded, train, cluster, efficiency, memo, part) > slowest:
-                    stats.prune("bound with offload")
-                elif best and _fits_at_all(w, cluster, train, offloaded, fixed_ckpt,
-                                           part) is False:
-                    stats.prune(OVER_MEMORY)
-                else:
-                    fit, small_off = _price(w, cluster, train, offloaded, efficiency, fixed_ckpt,
-                                            part, partials)
-                    small = min((e for e in (small, small_off) if e is not None),
-                                key=lambda e: e.peak_memory_bytes)
+            fit, small = _candidate(w, config, part, cluster, train, efficiency, memo, stats,
+                                    fixed_ckpt, partials, "offload" not in constraints,
+                                    bool(best), slowest)
             if small is None:
                 continue  # nothing priced
             priced += 1

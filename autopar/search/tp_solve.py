@@ -30,6 +30,7 @@ from autopar.search.block_tables import (
     strategy_graph,
 )
 from autopar.search.ilp import solve
+from autopar.search.ilp_types import BlockProblem, Solution
 
 SOLVE_TIME_LIMIT_S = 5.0
 """Per layer; a hit limit is reported with its gap."""
@@ -60,6 +61,15 @@ class StrategySolver:
     """Offer the linear layers only their split strategies (``search.forced``)."""
     cache: dict[tuple, StrategyResult] = field(default_factory=dict)
     _whole: Workload | None = None
+    _solutions: dict[BlockProblem, Solution] = field(default_factory=dict)
+    """Each layer's solve by its tables: a layer priced the same for two splits (the layers
+    around the blocks, which hold no experts, under either expert load) is solved once."""
+    _layers: dict[tuple, SolvedLayer] = field(default_factory=dict)
+    """Each solved layer by its strategy graph and the strategies chosen: solves that choose
+    the same give the same ``LayerCost`` object, so the cost model's per-layer memos
+    (``costmodel/memo.py``) serve every split it was solved for."""
+    _results: dict[tuple, StrategyResult] = field(default_factory=dict)
+    """Each result by its layers: solves that choose the same give the same workload."""
 
     def whole(self) -> Workload:
         """The base workload (tp = 1: every op whole on its GPU, no solve to run) with its
@@ -90,11 +100,19 @@ class StrategySolver:
                             output_tensor=output_tensor, fixed=fixed, tp=pricing.split.tp)
         problem = block_problem(self.graph, sg, layer, pricing, repeat=repeat,
                                 boundary=boundary)
-        sol = solve(problem, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
+        sol = self._solutions.get(problem)
+        if sol is None:
+            sol = solve(problem, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
+            self._solutions[problem] = sol
         gap = sol.gap if math.isfinite(sol.gap) else 1.0
-        return solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
-                            pricing.split.tp, walk_backward=walk_backward), gap, \
-            sg.stream_tensor
+        # what ``strategy_graph`` and ``solved_layer`` read, and the choice
+        key = (id(layer), sp, input_layout, output_layout, output_tensor,
+               tuple(sorted((fixed or {}).items())), pricing.split.tp, sol.strategy,
+               walk_backward)
+        if key not in self._layers:
+            self._layers[key] = solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
+                                             pricing.split.tp, walk_backward=walk_backward)
+        return self._layers[key], gap, sg.stream_tensor
 
     def _tied_tables(self, pre_nodes: list[NodeInfo], post_nodes: list[NodeInfo],
                      post_strategies: tuple[tuple[str, str], ...]) -> dict[str, str]:
@@ -129,8 +147,12 @@ class StrategySolver:
         pre, g3, _ = self._solve(pre_nodes, self.base.pre, pricing, sp,
                                  output_layout=block.input_layout, output_tensor=block_input,
                                  fixed=self._tied_tables(pre_nodes, post_nodes, post.strategies))
-        work = replace(self.base, pre=pre.layer, block=block.layer, post=post.layer, tp=s.tp)
-        result = StrategyResult(work, block.strategies, pre.strategies + post.strategies,
-                                max(g1, g2, g3))
-        self.cache[key] = result
-        return result
+        gap = max(g1, g2, g3)
+        same = (id(pre), id(block), id(post), s.tp, gap)
+        if same not in self._results:
+            work = replace(self.base, pre=pre.layer, block=block.layer, post=post.layer,
+                           tp=s.tp)
+            self._results[same] = StrategyResult(work, block.strategies,
+                                                 pre.strategies + post.strategies, gap)
+        self.cache[key] = self._results[same]
+        return self.cache[key]
