@@ -396,18 +396,21 @@ def _pp_comm_s(workload: Workload, split: Split, config: ParallelConfig, g: Mesh
 
 def floor_terms_s(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
                   config: ParallelConfig, efficiency: Efficiency = DEFAULT_EFFICIENCY,
-                  partition: StagePartition | None = None) -> tuple[tuple[float, ...], float]:
+                  partition: StagePartition | None = None
+                  ) -> tuple[tuple[float, ...], float, float]:
     """What every checkpoint choice of ``config`` pays at least beyond each stage's compute,
     tensor-parallel collectives and exposed all-to-alls (the search's bound,
-    ``search.optimize``): (per stage, seconds per micro-batch; per step, seconds).
+    ``search.optimize``): (per stage, seconds per micro-batch; exposed data-parallel seconds
+    per step; optimizer and offload seconds per step).
 
     Per stage: the context-parallel collectives as ``none`` issues them (a recomputed forward
     only issues them again, ``_cp_comm_s``) and the pipeline transfers (``_pp_comm_s``, which
-    no policy changes). Per step: the optimizer and offload terms (``optimizer_terms_s``), and
-    the largest stage's data-parallel communication left exposed under the most compute a
-    policy can run beside it -- its forward and backward and the whole forward again (no
-    policy recomputes more than the forward) -- as ``_dp_comm_s`` prices it, which never
-    exposes more under more compute (``tests/unit/costmodel/test_costmodel_parts.py``)."""
+    no policy changes). Per step: the largest stage's data-parallel communication left
+    exposed under the most compute a policy can run beside it -- its forward and backward and
+    the whole forward again (no policy recomputes more than the forward) -- as ``_dp_comm_s``
+    prices it, which never exposes more under more compute
+    (``tests/unit/costmodel/test_costmodel_parts.py``), and which offload does not change;
+    and the optimizer and offload terms (``optimizer_terms_s``, which no policy changes)."""
     eff = efficiency
     m = config.microbatches(train)
     part = partition or even_partition(workload.num_blocks, config.pp, config.virtual_stages)
@@ -439,7 +442,7 @@ def floor_terms_s(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
                                           g, cluster, eff))
     stages = tuple(by_signature[(part.blocks[s], s == 0, s == config.pp - 1)]
                    for s in range(config.pp))
-    return stages, exposed + sum(_optimizer_terms(params, config, train, g, cluster, eff))
+    return stages, exposed, sum(_optimizer_terms(params, config, train, g, cluster, eff))
 
 
 def _layer_params(layer: LayerCost, config: ParallelConfig) -> tuple[float, float]:

@@ -74,7 +74,8 @@ from autopar.costmodel.pipeline import (
 from autopar.core.specs import (ASYNC_TP, EP_A2A_OVERLAP, Checkpoint, ParallelConfig, Schedule,
                                  TrainSpec)
 from autopar.costmodel.step import (estimate_step, exceeds_memory, floor_terms_s,
-                                    layer_compute_s, split_of, tp_comm_s, tp_gemm_s)
+                                    layer_compute_s, optimizer_terms_s, split_of, tp_comm_s,
+                                    tp_gemm_s)
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.analysis.admissibility import ModelFacts
@@ -152,18 +153,24 @@ def _through_schedule(config: ParallelConfig, train: TrainSpec, stage_s: list[fl
     return busy + bubble
 
 
-def _floor_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
-             eff: Efficiency, memo: dict[tuple, float], part: StagePartition | None) -> float:
-    """A lower bound on the step time of every checkpoint choice of ``config``, closer than
-    ``_bound_s`` and dearer, so asked only of a candidate about to be priced while ``keep``
-    plans are kept: each stage's bound time plus what every policy pays there at least, through
-    the schedule, plus what the step pays at least on top (``step.floor_terms_s``: the
-    context-parallel and pipeline transfers, the exposed data-parallel communication, the
-    optimizer)."""
+def _floors_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
+              eff: Efficiency, memo: dict[tuple, float], part: StagePartition | None,
+              twin: bool) -> tuple[float, float | None]:
+    """Lower bounds on the step time of every checkpoint choice of ``config`` and, with
+    ``twin``, of its offloaded twin (else None): closer than ``_bound_s`` and dearer, so asked
+    only of a candidate about to be priced while ``keep`` plans are kept. Each stage's bound
+    time plus what every policy pays there at least, through the schedule, plus what the step
+    pays at least on top (``step.floor_terms_s``: the context-parallel and pipeline transfers,
+    the exposed data-parallel communication, the optimizer); the twin's with its own
+    optimizer and offload terms (``step.optimizer_terms_s``), offload changing nothing else
+    of them."""
     stages, _ = _stage_bounds(work, config, train, cluster, eff, memo)
-    per_stage, per_step = floor_terms_s(work, cluster, train, config, eff, part)
-    return _through_schedule(config, train, [b + f for b, f in zip(stages, per_stage)]) \
-        + per_step
+    per_stage, comm_dp, optimizer = floor_terms_s(work, cluster, train, config, eff, part)
+    schedule = _through_schedule(config, train, [b + f for b, f in zip(stages, per_stage)])
+    offloaded = optimizer_terms_s(work, cluster, train, config.with_(offload=True), eff,
+                                  part) if twin else None
+    return (schedule + comm_dp + optimizer,
+            None if offloaded is None else schedule + comm_dp + offloaded)
 
 
 def _stage_bounds(work: Workload, config: ParallelConfig, train: TrainSpec,
@@ -308,26 +315,20 @@ def _candidate(w: Workload, config: ParallelConfig, part: StagePartition | None,
     not fit, of its offloaded twin (``twin``: offload is free); (None, None) when neither was
     priced. Once a plan fits (``fitted``) what cannot fit is not priced (``_fits_at_all``),
     and once ``keep`` plans are kept neither is what is ``slowest`` than the last of them by its
-    floor (``_floor_s``); each skip is counted in ``stats.pruned``."""
-    floors: dict[bool, bool] = {}
-
-    def too_slow(offload: bool) -> bool:
-        if slowest is None:
-            return False
-        if offload not in floors:
-            c = config.with_(offload=True) if offload else config
-            floors[offload] = _floor_s(w, c, train, cluster, eff, memo, part) > slowest
-        return floors[offload]
-
+    floor (``_floors_s``); each skip is counted in ``stats.pruned``."""
+    own, offloaded = (_floors_s(w, config, train, cluster, eff, memo, part, twin)
+                      if slowest is not None else (None, None))
+    too_slow = own is not None and own > slowest
+    twin_too_slow = offloaded is not None and offloaded > slowest
     # too slow fitting or not: with offload too, or with no twin to try
-    if too_slow(False) and (not twin or too_slow(True)):
+    if too_slow and (not twin or twin_too_slow):
         stats.prune(FLOOR)
         return None, None
     fit = small = None
     fits = _fits_at_all(w, cluster, train, config, fixed_checkpoint, part) if fitted else None
     if fits is False:
         stats.prune(OVER_MEMORY)
-    elif fits and too_slow(False):
+    elif fits and too_slow:
         stats.prune(FLOOR)  # and it fits: its offloaded twin is not tried either
         return None, None
     else:
@@ -336,7 +337,7 @@ def _candidate(w: Workload, config: ParallelConfig, part: StagePartition | None,
         return fit, small
     offloaded = config.with_(offload=True)
     # the offloaded twin pays its CPU optimizer step and host transfers on top
-    if too_slow(True):
+    if twin_too_slow:
         stats.prune("bound with offload")
     elif fitted and _fits_at_all(w, cluster, train, offloaded, fixed_checkpoint,
                                  part) is False:
@@ -355,7 +356,7 @@ alone, with the checkpoint choice that keeps the least, exceeds the usable HBM
 (``_fits_at_all``)."""
 FLOOR = "floor"
 """Why a candidate that fits went unpriced once ``keep`` plans are kept: its floor
-(``_floor_s``) is slower than the last of them."""
+(``_floors_s``) is slower than the last of them."""
 FAR_TP = "tp over the network"
 """Why a candidate whose tp group spans NVLink domains went unpriced (``search``)."""
 
@@ -380,7 +381,7 @@ def _bounded(configs: list[ParallelConfig], workload_for: WorkloadFor, train: Tr
 
 
 BOUND_MARGIN = 1e-9
-"""Relative slack on a floor (``_floor_s``): one equal to a kept plan's time up to rounding is
+"""Relative slack on a floor (``_floors_s``): one equal to a kept plan's time up to rounding is
 priced."""
 
 

@@ -30,7 +30,6 @@ from autopar.search.block_tables import (
     strategy_graph,
 )
 from autopar.search.ilp import solve
-from autopar.search.ilp_types import BlockProblem, Solution
 
 SOLVE_TIME_LIMIT_S = 5.0
 """Per layer; a hit limit is reported with its gap."""
@@ -61,9 +60,9 @@ class StrategySolver:
     """Offer the linear layers only their split strategies (``search.forced``)."""
     cache: dict[tuple, StrategyResult] = field(default_factory=dict)
     _whole: Workload | None = None
-    _solutions: dict[BlockProblem, Solution] = field(default_factory=dict)
-    """Each layer's solve by its tables: a layer priced the same for two splits (the layers
-    around the blocks, which hold no experts, under either expert load) is solved once."""
+    _solves: dict[tuple, tuple[SolvedLayer, float, str | None]] = field(default_factory=dict)
+    """Each layer's solve by what its tables are built from: a layer without expert ops is
+    priced alike under any expert load, so solved once for both."""
     _layers: dict[tuple, SolvedLayer] = field(default_factory=dict)
     """Each solved layer by its strategy graph and the strategies chosen: solves that choose
     the same give the same ``LayerCost`` object, so the cost model's per-layer memos
@@ -95,24 +94,28 @@ class StrategySolver:
                fixed: dict[str, str] | None = None, walk_backward: bool = False
                ) -> tuple[SolvedLayer, float, str | None]:
         """The solved layer, its gap, and the tensor it reads from the layer before."""
+        if pricing.expert_scale != 1.0 and not any(op.expert for op in layer.ops):
+            pricing = replace(pricing, expert_scale=1.0)  # it prices expert ops only
+        fixed_items = tuple(sorted((fixed or {}).items()))
+        inputs = (id(layer), sp, repeat, boundary, input_layout, output_layout, output_tensor,
+                  fixed_items, walk_backward, pricing)
+        if inputs in self._solves:
+            return self._solves[inputs]
         sg = strategy_graph(self.graph, nodes, sp, input_layout=input_layout,
                             output_layout=output_layout, split_weights=self.split_weights,
                             output_tensor=output_tensor, fixed=fixed, tp=pricing.split.tp)
         problem = block_problem(self.graph, sg, layer, pricing, repeat=repeat,
                                 boundary=boundary)
-        sol = self._solutions.get(problem)
-        if sol is None:
-            sol = solve(problem, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
-            self._solutions[problem] = sol
+        sol = solve(problem, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
         gap = sol.gap if math.isfinite(sol.gap) else 1.0
         # what ``strategy_graph`` and ``solved_layer`` read, and the choice
-        key = (id(layer), sp, input_layout, output_layout, output_tensor,
-               tuple(sorted((fixed or {}).items())), pricing.split.tp, sol.strategy,
-               walk_backward)
+        key = (id(layer), sp, input_layout, output_layout, output_tensor, fixed_items,
+               pricing.split.tp, sol.strategy, walk_backward)
         if key not in self._layers:
             self._layers[key] = solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
                                              pricing.split.tp, walk_backward=walk_backward)
-        return self._layers[key], gap, sg.stream_tensor
+        self._solves[inputs] = (self._layers[key], gap, sg.stream_tensor)
+        return self._solves[inputs]
 
     def _tied_tables(self, pre_nodes: list[NodeInfo], post_nodes: list[NodeInfo],
                      post_strategies: tuple[tuple[str, str], ...]) -> dict[str, str]:

@@ -118,7 +118,7 @@ def test_a_moe_model_just_short_of_memory_recomputes_its_moe_layers():
 
 def test_floors_skip_only_what_cannot_place(monkeypatch) -> None:
     """Once ``keep`` plans are kept, a candidate that fits is priced only when its floor
-    (``_floor_s``: the bound plus what every checkpoint choice pays at least on top) is not
+    (``_floors_s``: the bound plus what every checkpoint choice pays at least on top) is not
     slower than the last of them, and a candidate that fits only with offload is priced again
     offloaded only when the twin's floor (its CPU optimizer step and host transfers included)
     is not: skipping those changes no kept plan (the same plans, in the same order, as a
@@ -131,7 +131,7 @@ def test_floors_skip_only_what_cannot_place(monkeypatch) -> None:
     skipping = search(work, shape, cluster, train)
     assert skipping.stats.pruned.get("bound with offload", 0) > 0
     assert skipping.stats.pruned.get(optimize.FLOOR, 0) > 0
-    monkeypatch.setattr(optimize, "_floor_s", lambda *a, **k: 0.0)
+    monkeypatch.setattr(optimize, "_floors_s", lambda *a, **k: (0.0, 0.0))
     pricing_all = search(work, shape, cluster, train)
     assert "bound with offload" not in pricing_all.stats.pruned
     assert optimize.FLOOR not in pricing_all.stats.pruned
@@ -188,12 +188,12 @@ def test_candidates_over_memory_are_dropped_unpriced_once_a_plan_fits(monkeypatc
 
 
 def test_the_floor_is_below_every_checkpoint_choices_step_time() -> None:
-    """``_floor_s`` (the bound plus ``step.floor_terms_s``) never exceeds the priced step time
-    of any checkpoint choice, offloaded or not, on stages of every kind (ZeRO 0-3, cp, 1F1B
-    and interleaved pipelines)."""
+    """``_floors_s`` (the bound plus ``step.floor_terms_s``) never exceeds the priced step time
+    of any checkpoint choice, nor the twin's that of the offloaded one, on stages of every
+    kind (ZeRO 0-3, cp, 1F1B and interleaved pipelines)."""
     from autopar.core.specs import Checkpoint
     from autopar.costmodel.step import estimate_step
-    from autopar.search.optimize import _bound_s, _floor_s
+    from autopar.search.optimize import _bound_s, _floors_s
 
     train = autopar.TrainSpec(global_batch=64, seq_len=2048)
     cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=4)
@@ -206,13 +206,14 @@ def test_the_floor_is_below_every_checkpoint_choices_step_time() -> None:
                                virtual_stages=2)]
     mixed = (Checkpoint.FULL,) * 12 + (Checkpoint.NONE,) * 12
     for config in configs:
-        for offload in (False, True):
-            for policy in (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS,
-                           Checkpoint.FULL, mixed):
-                c = config.with_(offload=offload, checkpoint=policy)
-                w = work(c)
-                bound, part = _bound_s(w, c, train, cluster, DEFAULT_EFFICIENCY, {})
-                part = part if c.pp > 1 else None
-                floor = _floor_s(w, c, train, cluster, DEFAULT_EFFICIENCY, {}, part)
-                step = estimate_step(w, cluster, train, c, partition=part).step_time_s
-                assert bound <= floor <= step * (1 + 1e-12), (c, floor, step)
+        for policy in (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS,
+                       Checkpoint.FULL, mixed):
+            c = config.with_(checkpoint=policy)
+            w = work(c)
+            bound, part = _bound_s(w, c, train, cluster, DEFAULT_EFFICIENCY, {})
+            part = part if c.pp > 1 else None
+            own, twin = _floors_s(w, c, train, cluster, DEFAULT_EFFICIENCY, {}, part, True)
+            for floor, offload in ((own, False), (twin, True)):
+                step = estimate_step(w, cluster, train, c.with_(offload=offload),
+                                     partition=part).step_time_s
+                assert bound <= floor <= step * (1 + 1e-12), (c, offload, floor, step)
