@@ -59,6 +59,8 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import groupby
+from typing import NamedTuple
 
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
@@ -154,7 +156,7 @@ def _through_schedule(config: ParallelConfig, train: TrainSpec, stage_s: list[fl
 
 
 def _floors_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
-              eff: Efficiency, memo: dict[tuple, float], part: StagePartition | None,
+              eff: Efficiency, stage_s: list[float], part: StagePartition | None,
               twin: bool) -> tuple[float, float | None]:
     """Lower bounds on the step time of every checkpoint choice of ``config`` and, with
     ``twin``, of its offloaded twin (else None): closer than ``_bound_s`` and dearer, so asked
@@ -163,10 +165,9 @@ def _floors_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster:
     pays at least on top (``step.floor_terms_s``: the context-parallel and pipeline transfers,
     the exposed data-parallel communication, the optimizer); the twin's with its own
     optimizer and offload terms (``step.optimizer_terms_s``), offload changing nothing else
-    of them."""
-    stages, _ = _stage_bounds(work, config, train, cluster, eff, memo)
+    of them. ``stage_s``: each stage's bound time (``_stage_bounds``)."""
     per_stage, comm_dp, optimizer = floor_terms_s(work, cluster, train, config, eff, part)
-    schedule = _through_schedule(config, train, [b + f for b, f in zip(stages, per_stage)])
+    schedule = _through_schedule(config, train, [b + f for b, f in zip(stage_s, per_stage)])
     offloaded = optimizer_terms_s(work, cluster, train, config.with_(offload=True), eff,
                                   part) if twin else None
     return (schedule + comm_dp + optimizer,
@@ -307,7 +308,7 @@ def _fits_at_all(work: Workload, cluster: ClusterSpec, train: TrainSpec,
 
 
 def _candidate(w: Workload, config: ParallelConfig, part: StagePartition | None,
-               cluster: ClusterSpec, train: TrainSpec, eff: Efficiency, memo: dict[tuple, float],
+               cluster: ClusterSpec, train: TrainSpec, eff: Efficiency, stage_s: list[float],
                stats: SpaceStats, fixed_checkpoint: bool, partials: tuple[Checkpoint, ...],
                twin: bool, fitted: bool, slowest: float | None
                ) -> tuple[Estimate | None, Estimate | None]:
@@ -316,7 +317,7 @@ def _candidate(w: Workload, config: ParallelConfig, part: StagePartition | None,
     priced. Once a plan fits (``fitted``) what cannot fit is not priced (``_fits_at_all``),
     and once ``keep`` plans are kept neither is what is ``slowest`` than the last of them by its
     floor (``_floors_s``); each skip is counted in ``stats.pruned``."""
-    own, offloaded = (_floors_s(w, config, train, cluster, eff, memo, part, twin)
+    own, offloaded = (_floors_s(w, config, train, cluster, eff, stage_s, part, twin)
                       if slowest is not None else (None, None))
     too_slow = own is not None and own > slowest
     twin_too_slow = offloaded is not None and offloaded > slowest
@@ -361,23 +362,41 @@ FAR_TP = "tp over the network"
 """Why a candidate whose tp group spans NVLink domains went unpriced (``search``)."""
 
 
+class Bounded(NamedTuple):
+    """A candidate with its lower bound (``_bound_s``) and what the bound was made of."""
+
+    bound_s: float
+    config: ParallelConfig
+    part: StagePartition
+    stage_s: list[float]
+    """Each stage's bound seconds a micro-batch (``_stage_bounds``)."""
+    work: Workload
+    """Its workload (``WorkloadFor``)."""
+
+
 def _bounded(configs: list[ParallelConfig], workload_for: WorkloadFor, train: TrainSpec,
              cluster: ClusterSpec, eff: Efficiency, memo: dict[tuple, float], stats: SpaceStats
-             ) -> list[tuple[float, ParallelConfig, StagePartition]]:
-    """``configs`` with their bounds and stage boundaries, best bound first (ties: the
-    simpler, then the config's own field order, so the order is deterministic); a candidate
-    the cost model or the engine cannot run is counted in ``stats.refused``."""
+             ) -> list[Bounded]:
+    """``configs`` with their bounds, best bound first (ties: the simpler, then the config's
+    own field order, so the order is deterministic); a candidate the cost model or the engine
+    cannot run is counted in ``stats.refused``."""
     bounded = []
     for config in configs:
         try:
             w = workload_for(config)
-            bound, part = _bound_s(w, config, train, cluster, eff, memo)
-            bounded.append((bound, config, part))
+            stages, part = _stage_bounds(w, config, train, cluster, eff, memo)
+            bounded.append(Bounded(_through_schedule(config, train, stages), config, part,
+                                   stages, w))
         except AutoparError as err:
             stats.refused[err.what] = stats.refused.get(err.what, 0) + 1
-    bounded.sort(key=lambda bc: (bc[0], simplicity(bc[1]),
-                                 tuple(str(v) for v in bc[1].to_dict().values())))
-    return bounded
+    bounded.sort(key=lambda b: (b.bound_s, simplicity(b.config)))
+    # candidates tied on both (few): in the config's own field order, written out for them only
+    ordered = []
+    for _, tied in groupby(bounded, key=lambda b: (b.bound_s, simplicity(b.config))):
+        group = list(tied)
+        ordered += group if len(group) == 1 else sorted(group, key=lambda b: tuple(
+            str(v) for v in b.config.to_dict().values()))
+    return ordered
 
 
 BOUND_MARGIN = 1e-9
@@ -417,7 +436,7 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
                 stats.pruned[FAR_TP] = len(far)
             break
         bounded = _bounded(tier, workload_for, train, cluster, efficiency, memo, stats)
-        for i, (bound, config, part) in enumerate(bounded):
+        for i, (bound, config, part, stage_s, w) in enumerate(bounded):
             if len(best) >= keep and bound >= best[keep - 1].step_time_s:
                 # sorted by bound: every later candidate is bounded out too
                 stats.pruned["bound"] = stats.pruned.get("bound", 0) + len(bounded) - i
@@ -429,12 +448,11 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
                 break
             if progress is not None and i % 25 == 24:
                 progress(i, len(bounded))
-            w = workload_for(config)
             part = part if config.pp > 1 else None
             # with ``keep`` plans kept, one slower than the last of them cannot enter
             slowest = (best[keep - 1].step_time_s * (1.0 + BOUND_MARGIN) if len(best) >= keep
                        else None)
-            fit, small = _candidate(w, config, part, cluster, train, efficiency, memo, stats,
+            fit, small = _candidate(w, config, part, cluster, train, efficiency, stage_s, stats,
                                     fixed_ckpt, partials, "offload" not in constraints,
                                     bool(best), slowest)
             if small is None:

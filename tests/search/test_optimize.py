@@ -193,7 +193,7 @@ def test_the_floor_is_below_every_checkpoint_choices_step_time() -> None:
     kind (ZeRO 0-3, cp, 1F1B and interleaved pipelines)."""
     from autopar.core.specs import Checkpoint
     from autopar.costmodel.step import estimate_step
-    from autopar.search.optimize import _bound_s, _floors_s
+    from autopar.search.optimize import _bound_s, _floors_s, _stage_bounds
 
     train = autopar.TrainSpec(global_batch=64, seq_len=2048)
     cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=4)
@@ -211,8 +211,9 @@ def test_the_floor_is_below_every_checkpoint_choices_step_time() -> None:
             c = config.with_(checkpoint=policy)
             w = work(c)
             bound, part = _bound_s(w, c, train, cluster, DEFAULT_EFFICIENCY, {})
+            stage_s, _ = _stage_bounds(w, c, train, cluster, DEFAULT_EFFICIENCY, {})
             part = part if c.pp > 1 else None
-            own, twin = _floors_s(w, c, train, cluster, DEFAULT_EFFICIENCY, {}, part, True)
+            own, twin = _floors_s(w, c, train, cluster, DEFAULT_EFFICIENCY, stage_s, part, True)
             for floor, offload in ((own, False), (twin, True)):
                 step = estimate_step(w, cluster, train, c.with_(offload=offload),
                                      partition=part).step_time_s
