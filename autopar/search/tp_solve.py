@@ -10,7 +10,10 @@ decided, and the (op, strategy) list for the plan.
 
 Solves are memoised per tp split (tp, sequence parallel, expert parallel, tp group placement) and
 priced at one micro-batch of one sequence; the search reuses them for every micro-batch size and
-cp degree (see ``StrategySolver.solve``).
+cp degree (see ``StrategySolver.solve``). Within those, a layer's ILP runs once for the tables it
+is built from (a layer without expert ops is priced alike under any expert load), and solves
+choosing the same strategies share one solved layer and one workload, so the cost model's
+per-layer memos serve them all.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 import autopar
 from autopar.api import workload_of
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
@@ -187,28 +189,39 @@ def test_candidates_over_memory_are_dropped_unpriced_once_a_plan_fits(monkeypatc
     assert [e.step_time_s for e in skipping.best] == [e.step_time_s for e in pricing_all.best]
 
 
-def test_the_floor_is_below_every_checkpoint_choices_step_time() -> None:
+FLOOR_CASES = {
+    "gpt": ("gpt-1.7b", 24, 2048, "dgx-a100-80g", 4, [
+        *(dict(dp=32, zero=z, micro_batch=2) for z in (0, 1, 2, 3)),
+        dict(dp=8, tp=2, cp=2, zero=3, micro_batch=1, sequence_parallel=True),
+        dict(dp=4, tp=2, pp=4, zero=1, micro_batch=1, schedule="1f1b", sequence_parallel=True),
+        dict(dp=8, pp=4, zero=1, micro_batch=1, schedule="interleaved", virtual_stages=2)]),
+    "moe": ("tiny-moe", 4, 32, "hgx-h100-80g", 1, [
+        dict(dp=8, ep=4, zero=1, micro_batch=1),
+        dict(dp=4, tp=2, ep=4, zero=3, micro_batch=1, sequence_parallel=True),
+        dict(dp=8, ep=2, zero=2, micro_batch=1, fusions=("ep_a2a_overlap",))]),
+}
+
+
+@pytest.mark.parametrize("case", FLOOR_CASES.values(), ids=FLOOR_CASES.keys())
+def test_the_floor_is_below_every_checkpoint_choices_step_time(case) -> None:
     """``_floors_s`` (the bound plus ``step.floor_terms_s``) never exceeds the priced step time
     of any checkpoint choice, nor the twin's that of the offloaded one, on stages of every
-    kind (ZeRO 0-3, cp, 1F1B and interleaved pipelines)."""
+    kind (ZeRO 0-3, cp, 1F1B and interleaved pipelines, experts with their all-to-alls
+    overlapped or not)."""
     from autopar.core.specs import Checkpoint
     from autopar.costmodel.step import estimate_step
     from autopar.search.optimize import _bound_s, _floors_s, _stage_bounds
 
-    train = autopar.TrainSpec(global_batch=64, seq_len=2048)
-    cluster = autopar.ClusterSpec.preset("dgx-a100-80g", nodes=4)
-    work, _ = _strategies("gpt-1.7b", cluster, train, heads=24)
-    configs = [autopar.ParallelConfig(dp=32, zero=z, micro_batch=2) for z in (0, 1, 2, 3)] + [
-        autopar.ParallelConfig(dp=8, tp=2, cp=2, zero=3, micro_batch=1, sequence_parallel=True),
-        autopar.ParallelConfig(dp=4, tp=2, pp=4, zero=1, micro_batch=1, schedule="1f1b",
-                               sequence_parallel=True),
-        autopar.ParallelConfig(dp=8, pp=4, zero=1, micro_batch=1, schedule="interleaved",
-                               virtual_stages=2)]
-    mixed = (Checkpoint.FULL,) * 12 + (Checkpoint.NONE,) * 12
-    for config in configs:
-        for policy in (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS,
-                       Checkpoint.FULL, mixed):
-            c = config.with_(checkpoint=policy)
+    name, heads, seq_len, preset, nodes, configs = case
+    train = autopar.TrainSpec(global_batch=64, seq_len=seq_len)
+    cluster = autopar.ClusterSpec.preset(preset, nodes=nodes)
+    work, facts = _strategies(name, cluster, train, heads=heads)
+    half = facts.num_blocks // 2
+    policies = [Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS, Checkpoint.MOE,
+                Checkpoint.FULL, (Checkpoint.FULL,) * half + (Checkpoint.NONE,) * (facts.num_blocks - half)]
+    for fields in configs:
+        for policy in policies:
+            c = autopar.ParallelConfig(**fields, checkpoint=policy)
             w = work(c)
             bound, part = _bound_s(w, c, train, cluster, DEFAULT_EFFICIENCY, {})
             stage_s, _ = _stage_bounds(w, c, train, cluster, DEFAULT_EFFICIENCY, {})
