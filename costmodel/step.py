@@ -225,6 +225,33 @@ def _cp_comm_s(
     return total
 
 
+def recompute_s(layer: LayerCost, policy: Checkpoint, split: Split, config: ParallelConfig,
+                cluster: ClusterSpec, eff: Efficiency) -> float:
+    """Seconds of ``layer``'s forward that ``policy`` runs again in its backward, for one
+    micro-batch: all of it under full; under matmuls every op but the linear layers and fused
+    attention, under selective the unfused attention core's, under moe the MoE layers'
+    (``compute.reruns``); none under none."""
+    if policy is Checkpoint.NONE:
+        return 0.0
+    imbalance = eff.moe_load_imbalance if config.ep > 1 and layer.ep_dropless else 1.0
+    return layer_compute_s(layer, split, cluster, eff, imbalance,
+                           None if policy is Checkpoint.FULL else policy).forward
+
+
+def stage_recompute_s(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
+                      config: ParallelConfig, policies: tuple[Checkpoint, ...],
+                      efficiency: Efficiency = DEFAULT_EFFICIENCY,
+                      partition: StagePartition | None = None) -> tuple[float, ...]:
+    """Each stage's recomputation for one micro-batch under the per-block ``policies``
+    (``recompute_s``, as a stage's time counts it): what the search adds to a candidate's
+    floor to bound one checkpoint choice of it (``search.optimize``)."""
+    part = partition or even_partition(workload.num_blocks, config.pp, config.virtual_stages)
+    split = split_of(config, train, workload.seq_len)
+    return tuple(sum(n * recompute_s(layer, policy, split, config, cluster, efficiency)
+                     for layer, policy, n in _stage_groups(workload, part, s, policies))
+                 for s in range(config.pp))
+
+
 _CP_COLLECTIVES = ByLayer(4096)
 """A layer's ``cp_collectives``, found once (``_cp_comm_s``)."""
 
@@ -238,13 +265,7 @@ def _layer_time(
     # computes its share of the rows
     imbalance = eff.moe_load_imbalance if config.ep > 1 and layer.ep_dropless else 1.0
     t = layer_compute_s(layer, split, cluster, eff, imbalance)
-    recompute = 0.0
-    if policy is Checkpoint.FULL:
-        recompute = t.forward
-    elif policy is not Checkpoint.NONE:
-        # matmuls: every op but the linear layers and fused attention runs again in the
-        # backward; selective: the unfused attention core's
-        recompute = layer_compute_s(layer, split, cluster, eff, imbalance, policy).forward
+    recompute = recompute_s(layer, policy, split, config, cluster, eff)
     overlapped = (tp_gemm_s(layer, split, policy, cluster, eff)
                   if ASYNC_TP in config.fusions and config.tp > 1 else None)
     return (t, recompute, tp_comm_s(layer, split, policy, g, cluster, eff,

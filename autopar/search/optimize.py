@@ -49,8 +49,11 @@ data-parallel communication left exposed under the most compute a policy can add
 optimizer (``step.floor_terms_s``). A candidate that fits but whose floor is slower than the
 last kept plan is dropped (``pruned["floor"]``; its offloaded twin, tried only for candidates
 that do not fit, is not tried either), and so is an offloaded twin whose floor is
-(``pruned["bound with offload"]``). The order of pricing, and so every plan kept, is the
-bound's as before.
+(``pruned["bound with offload"]``). Inside a candidate that is priced, a partial policy or a
+mix with full whose floor with its own recomputation (``step.stage_recompute_s``) is slower
+is not priced either, nor are the mixes that recompute more (not under ``async_tp``, whose
+collectives also hide under recomputed GEMMs). The order of pricing, and so every plan kept,
+is the bound's as before.
 """
 
 from __future__ import annotations
@@ -76,8 +79,8 @@ from autopar.costmodel.pipeline import (
 from autopar.core.specs import (ASYNC_TP, EP_A2A_OVERLAP, Checkpoint, ParallelConfig, Schedule,
                                  TrainSpec)
 from autopar.costmodel.step import (estimate_step, exceeds_memory, floor_terms_s,
-                                    layer_compute_s, optimizer_terms_s, split_of, tp_comm_s,
-                                    tp_gemm_s)
+                                    layer_compute_s, optimizer_terms_s, split_of,
+                                    stage_recompute_s, tp_comm_s, tp_gemm_s)
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.analysis.admissibility import ModelFacts
@@ -155,23 +158,47 @@ def _through_schedule(config: ParallelConfig, train: TrainSpec, stage_s: list[fl
     return busy + bubble
 
 
-def _floors_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
-              eff: Efficiency, stage_s: list[float], part: StagePartition | None,
-              twin: bool) -> tuple[float, float | None]:
-    """Lower bounds on the step time of every checkpoint choice of ``config`` and, with
-    ``twin``, of its offloaded twin (else None): closer than ``_bound_s`` and dearer, so asked
-    only of a candidate about to be priced while ``keep`` plans are kept. Each stage's bound
-    time plus what every policy pays there at least, through the schedule, plus what the step
-    pays at least on top (``step.floor_terms_s``: the context-parallel and pipeline transfers,
-    the exposed data-parallel communication, the optimizer); the twin's with its own
-    optimizer and offload terms (``step.optimizer_terms_s``), offload changing nothing else
-    of them. ``stage_s``: each stage's bound time (``_stage_bounds``)."""
+class Floor(NamedTuple):
+    """What every checkpoint choice of a candidate pays at least (``floor_of``)."""
+
+    stage_s: list[float]
+    """Each stage's seconds a micro-batch: its bound's (``_stage_bounds``), and the transfers
+    every policy issues there."""
+    step_s: dict[bool, float]
+    """Per step, by offload (the twin's where asked, with its own optimizer and offload
+    terms): the exposed data-parallel communication and the optimizer."""
+
+
+def floor_of(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
+             eff: Efficiency, stage_s: list[float], part: StagePartition | None,
+             twin: bool) -> Floor:
+    """What every checkpoint choice of ``config`` (and, with ``twin``, of its offloaded twin)
+    pays at least beyond each stage's bound time ``stage_s`` (``step.floor_terms_s``: the
+    context-parallel and pipeline transfers, the exposed data-parallel communication, the
+    optimizer); the twin's with its own optimizer and offload terms
+    (``step.optimizer_terms_s``), offload changing nothing else of them."""
     per_stage, comm_dp, optimizer = floor_terms_s(work, cluster, train, config, eff, part)
-    schedule = _through_schedule(config, train, [b + f for b, f in zip(stage_s, per_stage)])
     offloaded = optimizer_terms_s(work, cluster, train, config.with_(offload=True), eff,
                                   part) if twin else None
-    return (schedule + comm_dp + optimizer,
-            None if offloaded is None else schedule + comm_dp + offloaded)
+    steps = {config.offload: comm_dp + optimizer}
+    if offloaded is not None:
+        steps[True] = comm_dp + offloaded
+    return Floor([b + f for b, f in zip(stage_s, per_stage)], steps)
+
+
+def _floor_s(floor: Floor, config: ParallelConfig, train: TrainSpec, offload: bool = False,
+             recompute_s: tuple[float, ...] | None = None) -> float:
+    """A lower bound on the step time of every checkpoint choice of ``config`` (``offload``:
+    of its offloaded twin), closer than ``_bound_s`` and dearer, so asked only of a candidate
+    about to be priced while ``keep`` plans are kept: ``floor``'s stage times through the
+    schedule, plus its step's. With ``recompute_s`` (each stage's recomputation under one
+    choice, ``step.stage_recompute_s``) of that choice, and of any that recomputes more in
+    every block (full in more of them): a stage's time is at least its floor plus what it
+    recomputes, its collectives being at least ``none``'s -- not under ``async_tp``, whose
+    collectives also hide under the recomputed GEMMs (``_recompute_floors``)."""
+    stages = floor.stage_s if recompute_s is None else [
+        f + r for f, r in zip(floor.stage_s, recompute_s)]
+    return _through_schedule(config, train, stages) + floor.step_s[offload]
 
 
 def _stage_bounds(work: Workload, config: ParallelConfig, train: TrainSpec,
@@ -243,10 +270,13 @@ def _mixed(policies: tuple[Checkpoint, ...], base: Checkpoint, rest: Estimate, f
 
 def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: ParallelConfig,
            eff: Efficiency, fixed_checkpoint: bool, part: StagePartition | None,
-           partials: tuple[Checkpoint, ...] = (Checkpoint.SELECTIVE, Checkpoint.MATMULS)
-           ) -> tuple[Estimate | None, Estimate]:
+           partials: tuple[Checkpoint, ...] = (Checkpoint.SELECTIVE, Checkpoint.MATMULS),
+           too_slow: TooSlow | None = None) -> tuple[Estimate | None, Estimate]:
     """(fastest fitting estimate or None, smallest estimate) over the checkpoint choices:
-    ``none``, ``full``, the ``partials`` (``partial_policies``) and their mixes with ``full``."""
+    ``none``, ``full``, the ``partials`` (``partial_policies``) and their mixes with ``full``.
+    A partial or a mix that ``too_slow`` (``_recompute_floors``) finds slower than the kept
+    plans is not priced, nor are the mixes that recompute more than it: the fastest one left
+    enters the kept plans exactly when the fastest of all would."""
     if fixed_checkpoint:
         est = _estimate(work, cluster, train, config, eff, part)
         return (est if est.fits else None), est
@@ -261,6 +291,8 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
     fitting = [full]
     bases = [(Checkpoint.NONE, none)]
     for policy in partials:
+        if too_slow is not None and too_slow((policy,) * work.num_blocks):
+            continue  # nor can its mixes with full, which recompute more
         partial = _estimate(work, cluster, train, config.with_(checkpoint=policy), eff, part)
         if partial.peak_memory_bytes < none.peak_memory_bytes:  # it drops something
             if partial.fits:
@@ -273,8 +305,8 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
         extra: tuple[int, ...] = ()
         for _ in range(3):  # the interpolation can miss by the recompute working set
             policies = _mixed(uniform, base, rest, full, usable, partition, extra)
-            if policies is None:
-                break
+            if policies is None or (too_slow is not None and too_slow(policies)):
+                break  # a retry only recomputes more
             est = _estimate(work, cluster, train, config.with_(checkpoint=policies), eff, part)
             if est.fits:
                 fitting.append(est)
@@ -316,11 +348,12 @@ def _candidate(w: Workload, config: ParallelConfig, part: StagePartition | None,
     not fit, of its offloaded twin (``twin``: offload is free); (None, None) when neither was
     priced. Once a plan fits (``fitted``) what cannot fit is not priced (``_fits_at_all``),
     and once ``keep`` plans are kept neither is what is ``slowest`` than the last of them by its
-    floor (``_floors_s``); each skip is counted in ``stats.pruned``."""
-    own, offloaded = (_floors_s(w, config, train, cluster, eff, stage_s, part, twin)
-                      if slowest is not None else (None, None))
-    too_slow = own is not None and own > slowest
-    twin_too_slow = offloaded is not None and offloaded > slowest
+    floor (``_floor_s``), nor a checkpoint choice by its own (``_recompute_floors``); each
+    skipped candidate is counted in ``stats.pruned``."""
+    floor = (floor_of(w, config, train, cluster, eff, stage_s, part, twin)
+             if slowest is not None else None)
+    too_slow = floor is not None and _floor_s(floor, config, train, config.offload) > slowest
+    twin_too_slow = twin and floor is not None and _floor_s(floor, config, train, True) > slowest
     # too slow fitting or not: with offload too, or with no twin to try
     if too_slow and (not twin or twin_too_slow):
         stats.prune(FLOOR)
@@ -333,7 +366,9 @@ def _candidate(w: Workload, config: ParallelConfig, part: StagePartition | None,
         stats.prune(FLOOR)  # and it fits: its offloaded twin is not tried either
         return None, None
     else:
-        fit, small = _price(w, cluster, train, config, eff, fixed_checkpoint, part, partials)
+        fit, small = _price(w, cluster, train, config, eff, fixed_checkpoint, part, partials,
+                            _recompute_floors(w, config, train, cluster, eff, part, floor,
+                                              config.offload, slowest))
     if fit is not None or not twin:
         return fit, small
     offloaded = config.with_(offload=True)
@@ -345,10 +380,32 @@ def _candidate(w: Workload, config: ParallelConfig, part: StagePartition | None,
         stats.prune(OVER_MEMORY)
     else:
         fit, small_off = _price(w, cluster, train, offloaded, eff, fixed_checkpoint, part,
-                                partials)
+                                partials, _recompute_floors(w, config, train, cluster, eff, part,
+                                                            floor, True, slowest))
         small = min((e for e in (small, small_off) if e is not None),
                     key=lambda e: e.peak_memory_bytes)
     return fit, small
+
+
+TooSlow = Callable[[tuple[Checkpoint, ...]], bool]
+"""Whether a checkpoint choice (a policy per block) of a candidate, and any that recomputes
+more in every block, is slower than the kept plans (``_recompute_floors``)."""
+
+
+def _recompute_floors(w: Workload, config: ParallelConfig, train: TrainSpec,
+                      cluster: ClusterSpec, eff: Efficiency, part: StagePartition | None,
+                      floor: Floor | None, offload: bool, slowest: float | None
+                      ) -> TooSlow | None:
+    """``_price``'s test of a checkpoint choice against the kept plans: its floor with each
+    stage's recomputation (``_floor_s``) slower than ``slowest``; None where there is no
+    floor, or under ``async_tp`` (whose collectives hide under recomputed GEMMs too)."""
+    if floor is None or slowest is None or (ASYNC_TP in config.fusions and config.tp > 1):
+        return None
+
+    def too_slow(policies: tuple[Checkpoint, ...]) -> bool:
+        recompute = stage_recompute_s(w, cluster, train, config, policies, eff, part)
+        return _floor_s(floor, config, train, offload, recompute) > slowest
+    return too_slow
 
 
 OVER_MEMORY = "memory"
@@ -357,7 +414,7 @@ alone, with the checkpoint choice that keeps the least, exceeds the usable HBM
 (``_fits_at_all``)."""
 FLOOR = "floor"
 """Why a candidate that fits went unpriced once ``keep`` plans are kept: its floor
-(``_floors_s``) is slower than the last of them."""
+(``_floor_s``) is slower than the last of them."""
 FAR_TP = "tp over the network"
 """Why a candidate whose tp group spans NVLink domains went unpriced (``search``)."""
 
@@ -400,7 +457,7 @@ def _bounded(configs: list[ParallelConfig], workload_for: WorkloadFor, train: Tr
 
 
 BOUND_MARGIN = 1e-9
-"""Relative slack on a floor (``_floors_s``): one equal to a kept plan's time up to rounding is
+"""Relative slack on a floor (``_floor_s``): one equal to a kept plan's time up to rounding is
 priced."""
 
 

@@ -120,7 +120,7 @@ def test_a_moe_model_just_short_of_memory_recomputes_its_moe_layers():
 
 def test_floors_skip_only_what_cannot_place(monkeypatch) -> None:
     """Once ``keep`` plans are kept, a candidate that fits is priced only when its floor
-    (``_floors_s``: the bound plus what every checkpoint choice pays at least on top) is not
+    (``_floor_s``: the bound plus what every checkpoint choice pays at least on top) is not
     slower than the last of them, and a candidate that fits only with offload is priced again
     offloaded only when the twin's floor (its CPU optimizer step and host transfers included)
     is not: skipping those changes no kept plan (the same plans, in the same order, as a
@@ -133,7 +133,7 @@ def test_floors_skip_only_what_cannot_place(monkeypatch) -> None:
     skipping = search(work, shape, cluster, train)
     assert skipping.stats.pruned.get("bound with offload", 0) > 0
     assert skipping.stats.pruned.get(optimize.FLOOR, 0) > 0
-    monkeypatch.setattr(optimize, "_floors_s", lambda *a, **k: (0.0, 0.0))
+    monkeypatch.setattr(optimize, "_floor_s", lambda *a, **k: 0.0)
     pricing_all = search(work, shape, cluster, train)
     assert "bound with offload" not in pricing_all.stats.pruned
     assert optimize.FLOOR not in pricing_all.stats.pruned
@@ -204,13 +204,14 @@ FLOOR_CASES = {
 
 @pytest.mark.parametrize("case", FLOOR_CASES.values(), ids=FLOOR_CASES.keys())
 def test_the_floor_is_below_every_checkpoint_choices_step_time(case) -> None:
-    """``_floors_s`` (the bound plus ``step.floor_terms_s``) never exceeds the priced step time
+    """``_floor_s`` (the bound plus ``step.floor_terms_s``) never exceeds the priced step time
     of any checkpoint choice, nor the twin's that of the offloaded one, on stages of every
     kind (ZeRO 0-3, cp, 1F1B and interleaved pipelines, experts with their all-to-alls
-    overlapped or not)."""
+    overlapped or not); nor does it with a choice's own recomputation added
+    (``step.stage_recompute_s``)."""
     from autopar.core.specs import Checkpoint
-    from autopar.costmodel.step import estimate_step
-    from autopar.search.optimize import _bound_s, _floors_s, _stage_bounds
+    from autopar.costmodel.step import estimate_step, stage_recompute_s
+    from autopar.search.optimize import _bound_s, _floor_s, _stage_bounds, floor_of
 
     name, heads, seq_len, preset, nodes, configs = case
     train = autopar.TrainSpec(global_batch=64, seq_len=seq_len)
@@ -218,7 +219,8 @@ def test_the_floor_is_below_every_checkpoint_choices_step_time(case) -> None:
     work, facts = _strategies(name, cluster, train, heads=heads)
     half = facts.num_blocks // 2
     policies = [Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS, Checkpoint.MOE,
-                Checkpoint.FULL, (Checkpoint.FULL,) * half + (Checkpoint.NONE,) * (facts.num_blocks - half)]
+                Checkpoint.FULL, (Checkpoint.FULL,) * half + (Checkpoint.NONE,) * (
+                    facts.num_blocks - half)]
     for fields in configs:
         for policy in policies:
             c = autopar.ParallelConfig(**fields, checkpoint=policy)
@@ -226,8 +228,13 @@ def test_the_floor_is_below_every_checkpoint_choices_step_time(case) -> None:
             bound, part = _bound_s(w, c, train, cluster, DEFAULT_EFFICIENCY, {})
             stage_s, _ = _stage_bounds(w, c, train, cluster, DEFAULT_EFFICIENCY, {})
             part = part if c.pp > 1 else None
-            own, twin = _floors_s(w, c, train, cluster, DEFAULT_EFFICIENCY, stage_s, part, True)
-            for floor, offload in ((own, False), (twin, True)):
+            floor = floor_of(w, c, train, cluster, DEFAULT_EFFICIENCY, stage_s, part, True)
+            recompute = stage_recompute_s(w, cluster, train, c, c.checkpoint_of(w.num_blocks),
+                                          DEFAULT_EFFICIENCY, part)
+            for offload in (False, True):
                 step = estimate_step(w, cluster, train, c.with_(offload=offload),
                                      partition=part).step_time_s
-                assert bound <= floor <= step * (1 + 1e-12), (c, offload, floor, step)
+                own = _floor_s(floor, c, train, offload)
+                assert bound <= own <= step * (1 + 1e-12), (c, offload, own, step)
+                with_recompute = _floor_s(floor, c, train, offload, recompute)
+                assert own <= with_recompute <= step * (1 + 1e-12), (c, offload, step)
