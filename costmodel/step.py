@@ -29,6 +29,7 @@ from .memory import (
     StateBytes,
     backward_peak,
     dtype_bytes,
+    grad_reduce_bytes,
     activation_bytes_per_element,
     model_state_bytes,
     recompute_working_bytes,
@@ -621,7 +622,8 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     for s in range(config.pp):
         if signatures[s] not in states:
             dense, expert = _stage_params(workload, part, s, config)
-            exposed = _dp_comm_s(dense, expert, sb.grads,
+            exposed = _dp_comm_s(dense, expert, grad_reduce_bytes(train.precision,
+                                                                  train.grad_dtype),
                                  _gathered_weight_bytes(workload, part, s, config, train, dense,
                                                         sb.weights),
                                  config, m, times[s].backward + times[s].recompute,
@@ -733,7 +735,8 @@ def _stage_memory(
                                        pipelined=config.pp > 1, microbatches=m,
                                        holds_embedding=stage == 0,
                                        holds_loss=last,
-                                       fp8_gathered=(part.blocks[stage] * fp8_block, fp8_block))
+                                       fp8_gathered=(part.blocks[stage] * fp8_block, fp8_block),
+                                       grad_dtype=train.grad_dtype)
     if split.fp8 and split.fp8_fused_casts:
         # Transformer Engine keeps each FP8 linear's weight transposed in FP8 (its GEMMs read
         # both layouts) across the step's micro-batches and, unless the weights are FP8

@@ -8,6 +8,12 @@ sequence, and its parallel layout as autopar expresses it (``run_config``):
   (Megatron-Core requires it with MoE under tp > 1): the experts' mesh then folds over the tp
   ranks, so ep 32 with tp 2 and dp 16 is expressible;
 * Megatron's distributed optimizer -> ZeRO 1, Megatron-FSDP -> ZeRO 3;
+* the gradients' dtype (``grad_dtype_of``): bf16 where the run states bf16 main gradients
+  (Megatron-LM's precision-aware optimizer, ``--grad-reduce-in-bf16``) or runs Megatron-FSDP
+  (whose main gradients take the compute dtype unless set: ``megatron_fsdp_main_grads_dtype``
+  None in Megatron-Core 0.19's ``DistributedDataParallelConfig``), else fp32, Megatron-LM's
+  default under ``--bf16`` (``accumulate_allreduce_grads_in_fp32``). The precision-aware
+  optimizer's bf16 moments are priced as fp32 ones: autopar's engine has no such optimizer;
 * the virtual pipeline size -> the interleaved schedule with that many chunks per rank;
 * recomputation: Megatron's ``full`` -> ``full``; its selective module ``moe`` (the whole MoE
   layer) -> ``moe``, the same policy; its other selective modules (``layernorm``,
@@ -210,6 +216,19 @@ def run_fusions(run: dict) -> tuple[str, ...]:
     return tuple(out)
 
 
+BF16_GRADS = re.compile(r"bf16[^;]*main grad|main grads? (in )?bf16|grad[-_]reduce[-_]in[-_]bf16"
+                        r"|megatron-fsdp", re.IGNORECASE)
+"""What in a run's optimizer notes (``train.zero``, ``train.other``) says its gradients are
+accumulated and reduced in bf16 (module docstring)."""
+
+
+def grad_dtype_of(run: dict) -> str:
+    """``TrainSpec.grad_dtype`` of ``run`` (module docstring)."""
+    t = run["train"]
+    text = f"{t.get('zero') or ''}; {t.get('other') or ''}"
+    return "bf16" if t["precision"] in ("bf16", "fp8") and BF16_GRADS.search(text) else "fp32"
+
+
 def recompute_policy(recompute: str) -> str:
     """autopar's checkpoint policy for a run's recomputation as its source states it
     (module docstring)."""
@@ -286,7 +305,7 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
         train = TrainSpec(global_batch=int(t["global_batch"]), seq_len=int(t["seq_len"]),
                           precision=t["precision"],
                           fp8_recipe=fp8_recipe_of(str(t.get("fp8_recipe"))) if fp8
-                          else "tensorwise")
+                          else "tensorwise", grad_dtype=grad_dtype_of(run))
         config = run_config(run)
         spec = run_model_spec(run["model"], train.seq_len)
         key = (json.dumps(spec.overrides, sort_keys=True), spec.name, train.seq_len)
