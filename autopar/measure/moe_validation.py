@@ -14,7 +14,12 @@ sequence, and its parallel layout as autopar expresses it (``run_config``):
   None in Megatron-Core 0.19's ``DistributedDataParallelConfig``), else fp32, Megatron-LM's
   default under ``--bf16`` (``accumulate_allreduce_grads_in_fp32``). The precision-aware
   optimizer's bf16 moments are priced as fp32 ones: autopar's engine has no such optimizer;
-* the virtual pipeline size -> the interleaved schedule with that many chunks per rank;
+* the virtual pipeline size -> the interleaved schedule with that many chunks per rank; the
+  stages cut as Megatron-LM cuts them, evenly (``validation.run_partition``), or as the run's
+  Megatron-Core layout places the layers where it states one (``train.pipeline_layout``,
+  ``core.stages.layout_stage_blocks``: DeepSeek-V3's ``Et|(tt|)*30mL``, the embedding and one
+  dense layer in the first chunk, the multi-token prediction layer and the loss in the last,
+  which autopar's model has not: its MTP layer is not priced);
 * recomputation: Megatron's ``full`` -> ``full``; its selective module ``moe`` (the whole MoE
   layer) -> ``moe``, the same policy; its other selective modules (``layernorm``,
   ``moe_act``, ``mla_up_proj``: a few element-wise ops and up-projections rerun) and none ->
@@ -46,12 +51,17 @@ import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autopar.core.errors import AutoparError
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import ParallelConfig, TrainSpec
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
+
+if TYPE_CHECKING:
+    from autopar.analysis.graph import GraphIR
+    from autopar.costmodel.pipeline import StagePartition
 
 CLUSTER = {"H100-SXM-80GB": "hgx-h100-80g", "H100-80GB": "hgx-h100-80g",
            "H200-SXM-141GB": "hgx-h200", "B200-180GB": "dgx-b200", "B200-GB200": "gb200-nvl72"}
@@ -241,6 +251,24 @@ def recompute_policy(recompute: str) -> str:
     return "moe" if "moe" in modules else "selective"
 
 
+def run_stages(run: dict, config: ParallelConfig, graph: GraphIR) -> StagePartition | None:
+    """The run's blocks per pipeline rank (module docstring): its stated layout's, else
+    Megatron-LM's even cut."""
+    from autopar.core.stages import layout_chunks, layout_stage_blocks
+    from autopar.costmodel.pipeline import StagePartition
+    from autopar.measure.validation import run_partition
+
+    layout = run["train"].get("pipeline_layout")
+    if not layout or config.pp == 1:
+        return run_partition(config, graph)
+    chunks = len(layout_chunks(layout))
+    if chunks != config.pp * config.virtual_stages:
+        raise AutoparError(f"pipeline layout {layout!r}: {chunks} chunks for pp={config.pp} x "
+                           f"{config.virtual_stages} virtual stages", where="train.pipeline_layout",
+                           fix="give the run's layout as it ran")
+    return StagePartition(layout_stage_blocks(layout, config.pp, graph.num_blocks))
+
+
 def run_config(run: dict) -> ParallelConfig:
     """The run's parallel layout as autopar expresses it (module docstring)."""
     t, gpus = run["train"], run["cluster"]["num_gpus"]
@@ -288,7 +316,6 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
     from autopar.analysis.admissibility import check, facts_of
     from autopar.analysis.tracing import trace
     from autopar.costmodel.step import check_world
-    from autopar.measure.validation import run_partition
     from autopar.search.planner import plan_config
 
     measured = measured_s(run)
@@ -321,7 +348,7 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
         check(facts, config, train)
         est = plan_config(graph, facts, run["model"]["name"], cluster, train, config,
                           efficiency=efficiency, split_weights=False, spec=spec,
-                          partition=run_partition(config, graph)).estimate
+                          partition=run_stages(run, config, graph)).estimate
     except AutoparError as err:
         return MoERunCheck(run, measured, None, refused=str(err))
     gib = 2.0 ** 30
