@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from autopar.core.specs import Checkpoint
 from .cluster import ClusterSpec
@@ -71,7 +71,13 @@ class Split:
 
     def scale(self, shard: Shard) -> float:
         """Fraction of one sequence's unsharded work that lands on this GPU, times micro-batch."""
-        return self.micro_batch / (self.divisor(shard) * self.cp)
+        return self._scales[shard]
+
+    @cached_property
+    def _scales(self) -> dict[Shard, float]:
+        """``scale`` of each shard, worked out once: the memory model asks it of every saved
+        tensor of every layer it sizes."""
+        return {shard: self.micro_batch / (self.divisor(shard) * self.cp) for shard in Shard}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from itertools import accumulate
 
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Schedule
@@ -34,10 +36,15 @@ class StagePartition:
     def num_stages(self) -> int:
         return len(self.blocks)
 
+    @cached_property
+    def _starts(self) -> tuple[int, ...]:
+        return tuple(accumulate(self.blocks, initial=0))
+
     def first_block(self, stage: int) -> int:
-        return sum(self.blocks[:stage])
+        return self._starts[stage]
 
 
+@lru_cache(maxsize=4096)
 def even_partition(num_blocks: int, pp: int, virtual_stages: int = 1) -> StagePartition:
     """Split ``num_blocks`` over ``pp`` stages as evenly as possible; the remainder goes to the
     middle stages, since the first and last also carry the embedding and the head. Under the
@@ -135,6 +142,7 @@ def pipeline_s(schedule: Schedule, pp: int, m: int, v: int,
     return m * slow, bubble_fraction(schedule, pp, m, v) * m * fill
 
 
+@lru_cache(maxsize=4096)
 def balanced_partition(num_blocks: int, pp: int, block_s: float, first_s: float,
                        last_s: float) -> StagePartition:
     """Blocks per stage minimising the slowest stage, when the first stage also runs

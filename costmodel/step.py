@@ -15,6 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from .cluster import ClusterSpec
 from .collectives import Collective, Group, estimate_collective_s
@@ -26,6 +27,7 @@ from autopar.core.errors import AutoparError
 from autopar.core.estimate import Estimate, StageMemory
 from .moe import ep_alltoalls, ep_comm_s
 from .memory import (
+    ModelStates,
     StateBytes,
     backward_peak,
     dtype_bytes,
@@ -122,11 +124,9 @@ def _stage_groups(
     """(layer, policy, how many) of one stage: its blocks grouped by policy, since every block
     under one policy costs the same (a stage of 100 blocks is priced in two or three terms).
     Without ``policies`` the blocks are one group."""
-    first = part.first_block(stage)
-    counts: dict[Checkpoint, int] = {}
-    for p in (policies[first:first + part.blocks[stage]] if policies is not None
-              else (Checkpoint.NONE,) * part.blocks[stage]):
-        counts[p] = counts.get(p, 0) + 1
+    first, blocks = part.first_block(stage), part.blocks[stage]
+    counts = (Counter(policies[first:first + blocks]) if policies is not None
+              else {Checkpoint.NONE: blocks} if blocks else {})
     groups = [(workload.block, p, n) for p, n in counts.items()]
     if stage == 0:
         groups.insert(0, (workload.pre, Checkpoint.NONE, 1))
@@ -218,12 +218,16 @@ def _cp_comm_s(
     if split.cp == 1:
         return 0.0
     total = 0.0
-    for kind, phase, op in cp_collectives(layer):
+    for kind, phase, op in _CP_COLLECTIVES.get(layer, (), lambda: cp_collectives(layer)):
         heads = split.tp if op.shard is Shard.TP else 1  # this tp rank's key/value heads
         nbytes = op.kv_elements * split.micro_batch * split.act_bytes / heads
         repeats = 2 if (phase is Phase.FORWARD and reissues(policy)) else 1
         total += repeats * estimate_collective_s(kind, nbytes, g.cp, cluster, eff)
     return total
+
+
+_CP_COLLECTIVES = ByLayer(4096)
+"""A layer's ``cp_collectives``, found once (``_cp_comm_s``)."""
 
 
 def _layer_time(
@@ -305,10 +309,29 @@ def layer_compute_s(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: E
         return estimate_layer_s(layer, split, cluster, eff, recomputed_by=recomputed_by,
                                 expert_scale=expert_scale)
 
+    if (split.ep != 1 or split.etp != 1 or expert_scale != 1.0) and not _has_experts(layer):
+        # ep, etp and the experts' load change nothing of a layer without experts: one entry
+        # serves every expert layout
+        split, expert_scale = _dense_split(split), 1.0
+
     def make() -> PhaseTimes:
         return layer_times(layer.ops, _op_times(layer, split, cluster, eff, expert_scale),
                            recomputed_by)
     return _LAYER_COMPUTE.get(layer, (split, cluster, eff, expert_scale, recomputed_by), make)
+
+
+_HAS_EXPERTS = ByLayer(LAYER_TIMES_KEPT)
+"""Whether a layer has expert ops (``_has_experts``)."""
+
+
+def _has_experts(layer: LayerCost) -> bool:
+    return _HAS_EXPERTS.get(layer, (), lambda: any(op.expert for op in layer.ops))
+
+
+@lru_cache(maxsize=4096)
+def _dense_split(split: Split) -> Split:
+    """``split`` without its expert layout (ep = etp = 1): what ops outside the experts see."""
+    return split if split.ep == split.etp == 1 else replace(split, ep=1, etp=1)
 
 
 def _op_times(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: Efficiency,
@@ -317,10 +340,10 @@ def _op_times(layer: LayerCost, split: Split, cluster: ClusterSpec, eff: Efficie
     once for every expert layout and load (``_DENSE_OP_TIMES``: ep, etp and the imbalance
     leave them unchanged)."""
     def make() -> tuple[PhaseTimes, ...]:
-        dense_split = split if split.ep == split.etp == 1 else replace(split, ep=1, etp=1)
+        dense_split = _dense_split(split)
         dense = _DENSE_OP_TIMES.get(layer, (dense_split, cluster, eff), lambda: op_times(
             layer, dense_split, cluster, eff, expert=False))
-        if not any(op.expert for op in layer.ops):
+        if not _has_experts(layer):
             return dense
         experts = op_times(layer, split, cluster, eff, expert_scale=expert_scale, expert=True)
         return merged_times(layer, dense, experts)
@@ -353,16 +376,76 @@ def _stage_time(
         comm["comm_cp"] += n * cp_s
         comm["comm_ep"] += n * ep_s
     if config.pp > 1:
-        # Narayanan et al.'s scatter/gather: each tp rank sends 1/tp of the boundary activation.
-        nbytes = (workload.block.output_elements * split.micro_batch * split.act_bytes
-                  / (split.tp * split.cp))
-        link = Group(size=2, per_node=1 if g.pp_crosses_node else 2)
-        one = estimate_collective_s(Collective.SEND_RECV, nbytes, link, cluster, eff)
-        # ...and the receiving tp ranks all-gather the full activation over NVLink.
-        one += estimate_collective_s(Collective.ALL_GATHER, nbytes * split.tp, g.tp, cluster, eff)
-        chunks = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
-        comm["comm_pp"] += 2 * one * chunks  # activation forward, its gradient backward
+        comm["comm_pp"] += _pp_comm_s(workload, split, config, g, cluster, eff)
     return _StageTime(compute.forward + compute.backward, recompute, comm, compute.backward)
+
+
+def _pp_comm_s(workload: Workload, split: Split, config: ParallelConfig, g: MeshGroups,
+               cluster: ClusterSpec, eff: Efficiency) -> float:
+    """Seconds of one stage's pipeline transfers for one micro-batch (pp > 1), whatever its
+    checkpointing: each chunk's activation forward and its gradient backward."""
+    # Narayanan et al.'s scatter/gather: each tp rank sends 1/tp of the boundary activation.
+    nbytes = (workload.block.output_elements * split.micro_batch * split.act_bytes
+              / (split.tp * split.cp))
+    link = Group(size=2, per_node=1 if g.pp_crosses_node else 2)
+    one = estimate_collective_s(Collective.SEND_RECV, nbytes, link, cluster, eff)
+    # ...and the receiving tp ranks all-gather the full activation over NVLink.
+    one += estimate_collective_s(Collective.ALL_GATHER, nbytes * split.tp, g.tp, cluster, eff)
+    chunks = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
+    return 2 * one * chunks  # activation forward, its gradient backward
+
+
+def floor_terms_s(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
+                  config: ParallelConfig, efficiency: Efficiency = DEFAULT_EFFICIENCY,
+                  partition: StagePartition | None = None
+                  ) -> tuple[tuple[float, ...], float, float]:
+    """What every checkpoint choice of ``config`` pays at least beyond each stage's compute,
+    tensor-parallel collectives and exposed all-to-alls (the search's bound,
+    ``search.optimize``): (per stage, seconds per micro-batch; exposed data-parallel seconds
+    per step; optimizer and offload seconds per step).
+
+    Per stage: the context-parallel collectives as ``none`` issues them (a recomputed forward
+    only issues them again, ``_cp_comm_s``) and the pipeline transfers (``_pp_comm_s``, which
+    no policy changes). Per step: the largest stage's data-parallel communication left
+    exposed under the most compute a policy can run beside it -- its forward and backward and
+    the whole forward again (no policy recomputes more than the forward) -- as ``_dp_comm_s``
+    prices it, which never exposes more under more compute
+    (``tests/unit/costmodel/test_costmodel_parts.py``), and which offload does not change;
+    and the optimizer and offload terms (``optimizer_terms_s``, which no policy changes)."""
+    eff = efficiency
+    m = config.microbatches(train)
+    part = partition or even_partition(workload.num_blocks, config.pp, config.virtual_stages)
+    g = mesh_groups(config, cluster)
+    split = split_of(config, train, workload.seq_len)
+    sb = state_bytes_per_param(train.precision, train.optimizer)
+    pp_s = _pp_comm_s(workload, split, config, g, cluster, eff) if config.pp > 1 else 0.0
+    # stages of the same blocks and ends pay the same: each such signature once
+    by_signature: dict[tuple[int, bool, bool], float] = {}
+    params = []
+    exposed = 0.0
+    for s in range(config.pp):
+        signature = (part.blocks[s], s == 0, s == config.pp - 1)
+        if signature in by_signature:
+            continue
+        cp_s = forward = backward = 0.0
+        for layer, _, n in _stage_groups(workload, part, s):
+            imbalance = eff.moe_load_imbalance if config.ep > 1 and layer.ep_dropless else 1.0
+            t = layer_compute_s(layer, split, cluster, eff, imbalance)
+            forward, backward = forward + n * t.forward, backward + n * t.backward
+            cp_s += n * _cp_comm_s(layer, split, Checkpoint.NONE, g, cluster, eff)
+        by_signature[signature] = cp_s + pp_s
+        dense, expert = _stage_params(workload, part, s, config)
+        params.append((dense, expert))
+        weight_bytes = _gathered_weight_bytes(workload, part, s, config, train, dense,
+                                              sb.weights)
+        exposed = max(exposed, _dp_comm_s(dense, expert,
+                                          grad_reduce_bytes(train.precision, train.grad_dtype),
+                                          weight_bytes, config, m,
+                                          backward + forward, forward + backward + forward,
+                                          g, cluster, eff))
+    stages = tuple(by_signature[(part.blocks[s], s == 0, s == config.pp - 1)]
+                   for s in range(config.pp))
+    return stages, exposed, sum(_optimizer_terms(params, config, train, g, cluster, eff))
 
 
 def _layer_params(layer: LayerCost, config: ParallelConfig) -> tuple[float, float]:
@@ -580,6 +663,41 @@ def estimate_step(
     return replace(est, measured=usage.fractions()) if cluster.profile is not None else est
 
 
+def exceeds_memory(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
+                   config: ParallelConfig, partition: StagePartition | None = None) -> bool:
+    """Whether ``estimate_step`` would find some stage's peak over the usable HBM (so the
+    estimate does not fit), from the stages' memory alone: no time is priced, and the stages
+    most likely over are sized first (the first, which holds the most micro-batches in flight
+    and the embedding; the last, with the head and loss), stopping at the first over. The
+    search asks this before pricing a candidate that could not enter its kept plans unless
+    it fits (``search.optimize``)."""
+    m = config.microbatches(train)
+    part = partition or even_partition(workload.num_blocks, config.pp, config.virtual_stages)
+    policies = config.checkpoint_of(workload.num_blocks)
+    g = mesh_groups(config, cluster)
+    split = split_of(config, train, workload.seq_len)
+    sb = state_bytes_per_param(train.precision, train.optimizer)
+    v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
+    usable = float(cluster.usable_hbm_bytes)
+    sized: dict[object, _StageSizes] = {}
+    for s in dict.fromkeys((0, config.pp - 1, *range(1, config.pp - 1))):
+        groups = _stage_groups(workload, part, s, policies)
+        signature = _signature(groups, s, config.pp)
+        if signature not in sized:
+            sized[signature] = _stage_sizes(workload, part, s, groups, split, config,
+                                            *_stage_params(workload, part, s, config), train,
+                                            sb, g)
+        if _stage_memory(sized[signature], s, config, m, v, train).peak_bytes > usable:
+            return True
+    return False
+
+
+def _signature(groups: list[tuple[LayerCost, Checkpoint, int]], stage: int, pp: int) -> tuple:
+    """What a stage's times and sizes depend on, but for its place in the schedule: its groups
+    (``_stage_groups``), and whether it is the last, which holds the tied weights."""
+    return tuple((id(layer), p, n) for layer, p, n in groups), stage == pp - 1
+
+
 def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
                  config: ParallelConfig, efficiency: Efficiency,
                  partition: StagePartition | None) -> Estimate:
@@ -603,8 +721,8 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     # whether it is the last, which holds the tied weights) cost the same: each is priced once
     # per estimate. Not with a profile, whose lookups each note the terms they priced.
     groups = [_stage_groups(workload, part, s, policies) for s in range(config.pp)]
-    signatures = [(tuple((id(layer), p, n) for layer, p, n in gr), s == config.pp - 1)
-                  if cluster.profile is None else s for s, gr in enumerate(groups)]
+    signatures = [_signature(gr, s, config.pp) if cluster.profile is None else s
+                  for s, gr in enumerate(groups)]
     by_signature: dict[object, _StageTime] = {}
     for s in range(config.pp):
         if signatures[s] not in by_signature:
@@ -616,8 +734,9 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     _, bubble = pipeline_s(config.schedule, config.pp, m, v, [t.total for t in times])
 
     # each signature's (dense, expert) parameters, exposed gradient reduction and the
-    # optimizer states offload keeps in host memory
+    # optimizer states offload keeps in host memory, and its sizes but for what is in flight
     states: dict[object, tuple[tuple[float, float], float, float]] = {}
+    sizes: dict[object, _StageSizes] = {}
     stage_mem = []
     for s in range(config.pp):
         if signatures[s] not in states:
@@ -632,9 +751,9 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
                                      expert_dp=g.expert_dp.size, offload=False).optimizer \
                 if config.offload else 0.0
             states[signatures[s]] = ((dense, expert), exposed, held)
-        (dense, expert), _, _ = states[signatures[s]]
-        stage_mem.append(_stage_memory(workload, part, s, groups[s], split, config, m, v,
-                                       dense, expert, train, sb, g))
+            sizes[signatures[s]] = _stage_sizes(workload, part, s, groups[s], split, config,
+                                                dense, expert, train, sb, g)
+        stage_mem.append(_stage_memory(sizes[signatures[s]], s, config, m, v, train))
     dp_exposed = max(0.0, *(exposed for _, exposed, _ in states.values()))
     offloaded = max(0.0, *(held for _, _, held in states.values()))
     optimizer_s, offload_s = _optimizer_terms((p for p, _, _ in states.values()), config,
@@ -679,13 +798,38 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     )
 
 
-def _stage_memory(
+@dataclass(frozen=True)
+class _StageSizes:
+    """A stage's memory but for the micro-batches it holds in flight (``_stage_sizes``): the
+    same for every stage of one signature (its groups, and whether it is the last), so an
+    estimate sizes each signature once and each stage's peak from it (``_stage_memory``)."""
+
+    stage: int
+    """The first stage of the signature: the first (embedding) and the last (head, loss) are
+    each a signature of their own."""
+    blocks: int
+    kept: float
+    """Bytes one micro-batch keeps over all the stage's layers."""
+    loss_kept: float
+    working: float
+    block_working: float
+    block_grad_fraction: float
+    held: StageParams | ModelStates
+    """The parameters' roles ``stage_peak`` holds; under offload the model states by ZeRO's
+    rule."""
+    fp8_gathered: tuple[float, float]
+    fp8_copies: float
+    """Bytes of Transformer Engine's FP8 weight copies (0 without them)."""
+    stage_output: float
+
+
+def _stage_sizes(
     workload: Workload, part: StagePartition, stage: int,
     groups: list[tuple[LayerCost, Checkpoint, int]], split: Split, config: ParallelConfig,
-    m: int, v: int, dense: float, expert: float, train: TrainSpec, sb: StateBytes,
-    g: MeshGroups,
-) -> StageMemory:
-    """The memory of stage ``stage`` of ``groups`` (``_stage_groups``)."""
+    dense: float, expert: float, train: TrainSpec, sb: StateBytes, g: MeshGroups,
+) -> _StageSizes:
+    """The sizes of stage ``stage`` of ``groups`` (``_stage_groups``) that do not depend on
+    the micro-batches it holds in flight."""
     kept = 0.0
     working = 0.0
     block_grad_bytes = sum(_layer_params(workload.block, config)) * \
@@ -701,17 +845,14 @@ def _stage_memory(
         if layer is workload.block and (walked is None or sum(peak) > sum(walked)):
             walked = peak
     block_working, block_grads = walked if walked is not None else (0.0, block_grad_bytes)
-    in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
     fp8_block = _fp8_gathered_params(workload, config, train)
+    last = stage == config.pp - 1
+    held: StageParams | ModelStates
     if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet
-        states = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
-                                   expert_dp=g.expert_dp.size, offload=True)
-        breakdown = {"params": states.params, "grads": states.grads,
-                     "optimizer": states.optimizer,
-                     "activations": in_flight * kept + working, "buffers": 0.0}
-        moment = ""
+        held = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
+                                 expert_dp=g.expert_dp.size, offload=True)
     else:
-        params = StageParams(
+        held = StageParams(
             whole=dense + expert,
             sharded=dense + expert if config.zero == 0 else
             dense / g.dp_cp.size + expert / g.expert_dp.size,
@@ -719,24 +860,9 @@ def _stage_memory(
                      if layer is not workload.block),
             block=sum(_layer_params(workload.block, config)),
             head=sum(_layer_params(workload.post, config)) + workload.tied_params / config.tp
-            if stage == config.pp - 1 else 0.0,
+            if last else 0.0,
             embedding_extra=workload.pre.params_tp * (1.0 - 1.0 / config.tp))
-        last = stage == config.pp - 1
-        acts = StageActivations(
-            in_flight, kept, working, block_working,
-            block_grads / block_grad_bytes if block_grad_bytes else 1.0,
-            loss_kept=loss_kept,
-            loss_in_flight=min(in_flight, loss_in_flight_microbatches(config.schedule,
-                                                                      config.pp, m)),
-            stage_output=stage_output_bytes(workload.post, split)
-            if last and config.pp > 1 else 0.0)
-        moment, breakdown = stage_peak(params, acts,
-                                       train.precision, train.optimizer, zero=config.zero,
-                                       pipelined=config.pp > 1, microbatches=m,
-                                       holds_embedding=stage == 0,
-                                       holds_loss=last,
-                                       fp8_gathered=(part.blocks[stage] * fp8_block, fp8_block),
-                                       grad_dtype=train.grad_dtype)
+    copies = 0.0
     if split.fp8 and split.fp8_fused_casts:
         # Transformer Engine keeps each FP8 linear's weight transposed in FP8 (its GEMMs read
         # both layouts) across the step's micro-batches and, unless the weights are FP8
@@ -746,7 +872,41 @@ def _stage_memory(
         # layer's (torchao's casts, autopar's engine, are transient: the dry run finds bf16's
         # peak)
         fp8 = part.blocks[stage] * fp8_params(workload.block.ops) / config.tp
-        copies = 1.0 if fp8_block > 0 else 2.0
-        breakdown = {**breakdown, "params": breakdown["params"] + copies * fp8}
-    return StageMemory(stage=stage, blocks=part.blocks[stage], breakdown=breakdown,
+        copies = (1.0 if fp8_block > 0 else 2.0) * fp8
+    return _StageSizes(
+        stage, part.blocks[stage], kept, loss_kept, working, block_working,
+        block_grads / block_grad_bytes if block_grad_bytes else 1.0, held,
+        (part.blocks[stage] * fp8_block, fp8_block), copies,
+        stage_output_bytes(workload.post, split) if last and config.pp > 1 else 0.0)
+
+
+def _stage_memory(sizes: _StageSizes, stage: int, config: ParallelConfig, m: int, v: int,
+                  train: TrainSpec) -> StageMemory:
+    """The memory of stage ``stage`` of ``sizes`` (its signature's), with the micro-batches it
+    holds in flight."""
+    in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
+    if isinstance(sizes.held, ModelStates):
+        states = sizes.held
+        breakdown = {"params": states.params, "grads": states.grads,
+                     "optimizer": states.optimizer,
+                     "activations": in_flight * sizes.kept + sizes.working, "buffers": 0.0}
+        moment = ""
+    else:
+        acts = StageActivations(
+            in_flight, sizes.kept, sizes.working, sizes.block_working,
+            sizes.block_grad_fraction,
+            loss_kept=sizes.loss_kept,
+            loss_in_flight=min(in_flight, loss_in_flight_microbatches(config.schedule,
+                                                                      config.pp, m)),
+            stage_output=sizes.stage_output)
+        moment, breakdown = stage_peak(sizes.held, acts,
+                                       train.precision, train.optimizer, zero=config.zero,
+                                       pipelined=config.pp > 1, microbatches=m,
+                                       holds_embedding=stage == 0,
+                                       holds_loss=stage == config.pp - 1,
+                                       fp8_gathered=sizes.fp8_gathered,
+                                       grad_dtype=train.grad_dtype)
+    if sizes.fp8_copies:
+        breakdown = {**breakdown, "params": breakdown["params"] + sizes.fp8_copies}
+    return StageMemory(stage=stage, blocks=sizes.blocks, breakdown=breakdown,
                        moment=moment)

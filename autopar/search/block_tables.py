@@ -139,7 +139,9 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
             strategies = [st for st in strategies if st.name == fixed[n.name]] or strategies
         # rules see every graph-node input; keep the layouts of the ones inside this layer
         kept = [k for k, i in enumerate(x for x in n.inputs if graph.has_node(x)) if i in index]
-        strategies = [replace(s, inputs=tuple(s.inputs[k] for k in kept)) for s in strategies]
+        strategies = [s if len(kept) == len(s.inputs) and kept == list(range(len(kept)))
+                      else replace(s, inputs=tuple(s.inputs[k] for k in kept))
+                      for s in strategies]
         ops.append(StratOp(n.name, tuple(strategies), tuple(producers), tuple(tensors), n))
         index[n.name] = len(ops) - 1
         if readers.get(n.name, 0) > 1:

@@ -36,6 +36,21 @@ among the kept plans (checked 2026-11-28), while their strategy solves were most
 DeepSeek-V3's solve time there (8 of its 14 tp splits on 256 GPUs:
 ``bench/results/search.md``).
 The count skipped is ``SpaceStats.pruned["tp over the network"]``.
+
+**Memory and floors before time.** Once a plan fits, the search no longer needs the smallest
+footprint (it reports that only when nothing fits), so a candidate (or offloaded twin) whose
+stages do not fit with the choice that keeps the least (full recomputation, with two or more
+blocks a stage) is dropped from its stages' memory alone, before any time is priced
+(``step.exceeds_memory``; ``SpaceStats.pruned["memory"]``); most candidates of a large model
+end there. Once ``keep`` plans fit, a candidate about to be priced is first given a floor, a
+closer and dearer lower bound than the one it was ordered by: the bound's stage times plus the
+context-parallel and pipeline transfers every policy issues, through the schedule, plus the
+data-parallel communication left exposed under the most compute a policy can add and the
+optimizer (``step.floor_terms_s``). A candidate that fits but whose floor is slower than the
+last kept plan is dropped (``pruned["floor"]``; its offloaded twin, tried only for candidates
+that do not fit, is not tried either), and so is an offloaded twin whose floor is
+(``pruned["bound with offload"]``). The order of pricing, and so every plan kept, is the
+bound's as before.
 """
 
 from __future__ import annotations
@@ -44,6 +59,8 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import groupby
+from typing import NamedTuple
 
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
@@ -58,8 +75,9 @@ from autopar.costmodel.pipeline import (
 )
 from autopar.core.specs import (ASYNC_TP, EP_A2A_OVERLAP, Checkpoint, ParallelConfig, Schedule,
                                  TrainSpec)
-from autopar.costmodel.step import (estimate_step, layer_compute_s, optimizer_terms_s,
-                                    split_of, tp_comm_s, tp_gemm_s)
+from autopar.costmodel.step import (estimate_step, exceeds_memory, floor_terms_s,
+                                    layer_compute_s, optimizer_terms_s, split_of, tp_comm_s,
+                                    tp_gemm_s)
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
 from autopar.analysis.admissibility import ModelFacts
@@ -123,14 +141,53 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
              eff: Efficiency, memo: dict[tuple, float]) -> tuple[float, StagePartition]:
     """Lower bound on the step time: compute, tensor-parallel collectives and the exposed
     expert-parallel all-to-alls of the slowest stage for every micro-batch, plus the bubble
-    they imply. Every policy issues at least ``none``'s all-to-alls; with them overlapped
-    (``ep_a2a_overlap``) at least ``1 - Efficiency.ep_overlap`` of them stay exposed, whatever
-    compute runs beside them (``costmodel/moe.py``)."""
+    they imply (``_stage_bounds``)."""
+    stages, part = _stage_bounds(work, config, train, cluster, eff, memo)
+    return _through_schedule(config, train, stages), part
+
+
+def _through_schedule(config: ParallelConfig, train: TrainSpec, stage_s: list[float]) -> float:
+    """Busy plus bubble seconds of a step whose stages take ``stage_s`` a micro-batch
+    (``pipeline_s``), which no stage taking longer makes shorter."""
+    v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
+    busy, bubble = pipeline_s(config.schedule, config.pp, config.microbatches(train), v,
+                              stage_s)
+    return busy + bubble
+
+
+def _floors_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: ClusterSpec,
+              eff: Efficiency, stage_s: list[float], part: StagePartition | None,
+              twin: bool) -> tuple[float, float | None]:
+    """Lower bounds on the step time of every checkpoint choice of ``config`` and, with
+    ``twin``, of its offloaded twin (else None): closer than ``_bound_s`` and dearer, so asked
+    only of a candidate about to be priced while ``keep`` plans are kept. Each stage's bound
+    time plus what every policy pays there at least, through the schedule, plus what the step
+    pays at least on top (``step.floor_terms_s``: the context-parallel and pipeline transfers,
+    the exposed data-parallel communication, the optimizer); the twin's with its own
+    optimizer and offload terms (``step.optimizer_terms_s``), offload changing nothing else
+    of them. ``stage_s``: each stage's bound time (``_stage_bounds``)."""
+    per_stage, comm_dp, optimizer = floor_terms_s(work, cluster, train, config, eff, part)
+    schedule = _through_schedule(config, train, [b + f for b, f in zip(stage_s, per_stage)])
+    offloaded = optimizer_terms_s(work, cluster, train, config.with_(offload=True), eff,
+                                  part) if twin else None
+    return (schedule + comm_dp + optimizer,
+            None if offloaded is None else schedule + comm_dp + offloaded)
+
+
+def _stage_bounds(work: Workload, config: ParallelConfig, train: TrainSpec,
+                  cluster: ClusterSpec, eff: Efficiency, memo: dict[tuple, float]
+                  ) -> tuple[list[float], StagePartition]:
+    """Each stage's least seconds a micro-batch, and the stage boundaries: its compute,
+    tensor-parallel collectives and exposed expert-parallel all-to-alls. Every policy issues
+    at least ``none``'s all-to-alls; with them overlapped (``ep_a2a_overlap``) at least
+    ``1 - Efficiency.ep_overlap`` of them stay exposed, whatever compute runs beside them
+    (``costmodel/moe.py``)."""
     split = split_of(config, train, work.seq_len)
     overlap = ASYNC_TP in config.fusions and config.tp > 1
-    key = (id(work), split, config.tp, config.dp, config.cp, config.pp, overlap, config.fusions)
+    groups = mesh_groups(config, cluster)
+    # what the layers' terms read: the split, the tp and expert groups, the fusions
+    key = (id(work), split, groups.tp, groups.ep, groups.etp, overlap, config.fusions)
     if key not in memo:
-        groups = mesh_groups(config, cluster)
         # compute plus the tensor-parallel collectives every policy pays at least once
         per = []
         plain = (config.with_(fusions=tuple(f for f in config.fusions if f != EP_A2A_OVERLAP))
@@ -152,10 +209,7 @@ def _bound_s(work: Workload, config: ParallelConfig, train: TrainSpec, cluster: 
     part = partition_of(work, config, pre, block, post)
     stages = [part.blocks[s] * block + (pre if s == 0 else 0.0)
               + (post if s == config.pp - 1 else 0.0) for s in range(config.pp)]
-    m = config.microbatches(train)
-    v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
-    busy, bubble = pipeline_s(config.schedule, config.pp, m, v, stages)
-    return busy + bubble, part
+    return stages, part
 
 
 def _estimate(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: ParallelConfig,
@@ -196,11 +250,8 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
     if fixed_checkpoint:
         est = _estimate(work, cluster, train, config, eff, part)
         return (est if est.fits else None), est
-    # With two or more blocks a stage, full recomputation keeps the least (the inputs, plus one
-    # block's activations while it is recomputed): when it does not fit, nothing does, and most
-    # candidates of a large model end here after one pricing.
     full = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.FULL), eff, part)
-    if not full.fits and work.num_blocks >= 2 * config.pp:
+    if not full.fits and _least_kept_by_full(work, config):
         return None, full
     none = _estimate(work, cluster, train, config.with_(checkpoint=Checkpoint.NONE), eff, part)
     if none.fits:
@@ -234,32 +285,123 @@ def _price(work: Workload, cluster: ClusterSpec, train: TrainSpec, config: Paral
     return best, full
 
 
+def _least_kept_by_full(work: Workload, config: ParallelConfig) -> bool:
+    """Whether full recomputation keeps the least of every checkpoint choice: with two or more
+    blocks a stage (it keeps the inputs, plus one block's activations while it is recomputed),
+    so when it does not fit, nothing does; most candidates of a large model end there."""
+    return work.num_blocks >= 2 * config.pp
+
+
+def _fits_at_all(work: Workload, cluster: ClusterSpec, train: TrainSpec,
+                 config: ParallelConfig, fixed_checkpoint: bool, part: StagePartition | None
+                 ) -> bool | None:
+    """Whether some checkpoint choice of ``config`` fits in the HBM, told from the stages'
+    memory alone (``step.exceeds_memory``) of the choice that keeps the least: the fixed one,
+    or full recomputation (``_least_kept_by_full``); None where that cannot be told without
+    pricing."""
+    if fixed_checkpoint:
+        return not exceeds_memory(work, cluster, train, config, part)
+    if not _least_kept_by_full(work, config):
+        return None
+    return not exceeds_memory(work, cluster, train, config.with_(checkpoint=Checkpoint.FULL),
+                              part)
+
+
+def _candidate(w: Workload, config: ParallelConfig, part: StagePartition | None,
+               cluster: ClusterSpec, train: TrainSpec, eff: Efficiency, stage_s: list[float],
+               stats: SpaceStats, fixed_checkpoint: bool, partials: tuple[Checkpoint, ...],
+               twin: bool, fitted: bool, slowest: float | None
+               ) -> tuple[Estimate | None, Estimate | None]:
+    """(fastest fitting estimate or None, smallest estimate) of a candidate and, where it does
+    not fit, of its offloaded twin (``twin``: offload is free); (None, None) when neither was
+    priced. Once a plan fits (``fitted``) what cannot fit is not priced (``_fits_at_all``),
+    and once ``keep`` plans are kept neither is what is ``slowest`` than the last of them by its
+    floor (``_floors_s``); each skip is counted in ``stats.pruned``."""
+    own, offloaded = (_floors_s(w, config, train, cluster, eff, stage_s, part, twin)
+                      if slowest is not None else (None, None))
+    too_slow = own is not None and own > slowest
+    twin_too_slow = offloaded is not None and offloaded > slowest
+    # too slow fitting or not: with offload too, or with no twin to try
+    if too_slow and (not twin or twin_too_slow):
+        stats.prune(FLOOR)
+        return None, None
+    fit = small = None
+    fits = _fits_at_all(w, cluster, train, config, fixed_checkpoint, part) if fitted else None
+    if fits is False:
+        stats.prune(OVER_MEMORY)
+    elif fits and too_slow:
+        stats.prune(FLOOR)  # and it fits: its offloaded twin is not tried either
+        return None, None
+    else:
+        fit, small = _price(w, cluster, train, config, eff, fixed_checkpoint, part, partials)
+    if fit is not None or not twin:
+        return fit, small
+    offloaded = config.with_(offload=True)
+    # the offloaded twin pays its CPU optimizer step and host transfers on top
+    if twin_too_slow:
+        stats.prune("bound with offload")
+    elif fitted and _fits_at_all(w, cluster, train, offloaded, fixed_checkpoint,
+                                 part) is False:
+        stats.prune(OVER_MEMORY)
+    else:
+        fit, small_off = _price(w, cluster, train, offloaded, eff, fixed_checkpoint, part,
+                                partials)
+        small = min((e for e in (small, small_off) if e is not None),
+                    key=lambda e: e.peak_memory_bytes)
+    return fit, small
+
+
+OVER_MEMORY = "memory"
+"""Why a candidate or its offloaded twin went unpriced once a plan fits: its stages' memory
+alone, with the checkpoint choice that keeps the least, exceeds the usable HBM
+(``_fits_at_all``)."""
+FLOOR = "floor"
+"""Why a candidate that fits went unpriced once ``keep`` plans are kept: its floor
+(``_floors_s``) is slower than the last of them."""
 FAR_TP = "tp over the network"
 """Why a candidate whose tp group spans NVLink domains went unpriced (``search``)."""
 
 
+class Bounded(NamedTuple):
+    """A candidate with its lower bound (``_bound_s``) and what the bound was made of."""
+
+    bound_s: float
+    config: ParallelConfig
+    part: StagePartition
+    stage_s: list[float]
+    """Each stage's bound seconds a micro-batch (``_stage_bounds``)."""
+    work: Workload
+    """Its workload (``WorkloadFor``)."""
+
+
 def _bounded(configs: list[ParallelConfig], workload_for: WorkloadFor, train: TrainSpec,
              cluster: ClusterSpec, eff: Efficiency, memo: dict[tuple, float], stats: SpaceStats
-             ) -> list[tuple[float, ParallelConfig, StagePartition]]:
-    """``configs`` with their bounds and stage boundaries, best bound first (ties: the
-    simpler, then the config's own field order, so the order is deterministic); a candidate
-    the cost model or the engine cannot run is counted in ``stats.refused``."""
+             ) -> list[Bounded]:
+    """``configs`` with their bounds, best bound first (ties: the simpler, then the config's
+    own field order, so the order is deterministic); a candidate the cost model or the engine
+    cannot run is counted in ``stats.refused``."""
     bounded = []
     for config in configs:
         try:
             w = workload_for(config)
-            bound, part = _bound_s(w, config, train, cluster, eff, memo)
-            bounded.append((bound, config, part))
+            stages, part = _stage_bounds(w, config, train, cluster, eff, memo)
+            bounded.append(Bounded(_through_schedule(config, train, stages), config, part,
+                                   stages, w))
         except AutoparError as err:
             stats.refused[err.what] = stats.refused.get(err.what, 0) + 1
-    bounded.sort(key=lambda bc: (bc[0], simplicity(bc[1]),
-                                 tuple(str(v) for v in bc[1].to_dict().values())))
-    return bounded
+    bounded.sort(key=lambda b: (b.bound_s, simplicity(b.config)))
+    # candidates tied on both (few): in the config's own field order, written out for them only
+    ordered = []
+    for _, tied in groupby(bounded, key=lambda b: (b.bound_s, simplicity(b.config))):
+        group = list(tied)
+        ordered += group if len(group) == 1 else sorted(group, key=lambda b: tuple(
+            str(v) for v in b.config.to_dict().values()))
+    return ordered
 
 
 BOUND_MARGIN = 1e-9
-"""Relative slack on the offloaded twin's bound: one equal to a kept plan's time up to rounding
-is priced."""
+"""Relative slack on a floor (``_floors_s``): one equal to a kept plan's time up to rounding is
+priced."""
 
 
 def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec,
@@ -294,7 +436,7 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
                 stats.pruned[FAR_TP] = len(far)
             break
         bounded = _bounded(tier, workload_for, train, cluster, efficiency, memo, stats)
-        for i, (bound, config, part) in enumerate(bounded):
+        for i, (bound, config, part, stage_s, w) in enumerate(bounded):
             if len(best) >= keep and bound >= best[keep - 1].step_time_s:
                 # sorted by bound: every later candidate is bounded out too
                 stats.pruned["bound"] = stats.pruned.get("bound", 0) + len(bounded) - i
@@ -304,26 +446,18 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
                 stats.pruned["time limit"] = len(bounded) - i + (len(far) if tier is near else 0)
                 timed_out = True
                 break
-            priced += 1
-            if progress is not None and priced % 25 == 0:
+            if progress is not None and i % 25 == 24:
                 progress(i, len(bounded))
-            w = workload_for(config)
             part = part if config.pp > 1 else None
-            fit, small = _price(w, cluster, train, config, efficiency, fixed_ckpt, part, partials)
-            if fit is None and "offload" not in constraints:
-                offloaded = config.with_(offload=True)
-                # the offloaded twin pays its CPU optimizer step and host transfers on top of
-                # what the bound counts: past the kept plans it cannot enter them
-                if len(best) >= keep and (
-                        bound + optimizer_terms_s(w, cluster, train, offloaded, efficiency, part)
-                        > best[keep - 1].step_time_s * (1.0 + BOUND_MARGIN)):
-                    stats.pruned["bound with offload"] = (
-                        stats.pruned.get("bound with offload", 0) + 1)
-                else:
-                    fit, small_off = _price(w, cluster, train, offloaded, efficiency, fixed_ckpt,
-                                            part, partials)
-                    if small_off.peak_memory_bytes < small.peak_memory_bytes:
-                        small = small_off
+            # with ``keep`` plans kept, one slower than the last of them cannot enter
+            slowest = (best[keep - 1].step_time_s * (1.0 + BOUND_MARGIN) if len(best) >= keep
+                       else None)
+            fit, small = _candidate(w, config, part, cluster, train, efficiency, stage_s, stats,
+                                    fixed_ckpt, partials, "offload" not in constraints,
+                                    bool(best), slowest)
+            if small is None:
+                continue  # nothing priced
+            priced += 1
             if smallest is None or small.peak_memory_bytes < smallest.peak_memory_bytes:
                 smallest = small
             if fit is not None:

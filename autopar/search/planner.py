@@ -52,15 +52,28 @@ class Strategies:
     _styles: dict[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     _problem: dict[int, Problem | None] = field(default_factory=dict)
     _results: dict[ParallelConfig, StrategyResult] = field(default_factory=dict)
+    _by_key: dict[tuple, StrategyResult] = field(default_factory=dict)
 
     def result(self, config: ParallelConfig) -> StrategyResult | None:
         """The solved strategies (None with tp = 1: every op runs whole on its GPU); the
-        search asks for each candidate's twice (its bound, its pricing)."""
+        search asks for each candidate's twice (its bound, its pricing), and candidates of one
+        split alike (``_solve_key``) share it."""
         if config.tp == 1:
             return None
         if config not in self._results:
-            self._results[config] = self._solve(config)
+            key = self._solve_key(config)
+            if key not in self._by_key:
+                self._by_key[key] = self._solve(config)
+            self._results[config] = self._by_key[key]
         return self._results[config]
+
+    def _solve_key(self, config: ParallelConfig) -> tuple:
+        """What of ``config`` its solve reads (``_solve``, ``StrategySolver.solve``): the tp
+        split, sequence parallelism, the fusions (the FP8 casts' kind), whether experts are
+        split (their load), the tp group's placement; not the micro-batch, cp, ep's degree,
+        dp, pp, ZeRO or the schedule."""
+        return (config.tp, config.sequence_parallel, config.fusions, config.ep > 1,
+                mesh_groups(config, self.cluster).tp)
 
     def _solve(self, config: ParallelConfig) -> StrategyResult:
         train, cluster, eff = self.train, self.cluster, self.efficiency

@@ -10,7 +10,10 @@ decided, and the (op, strategy) list for the plan.
 
 Solves are memoised per tp split (tp, sequence parallel, expert parallel, tp group placement) and
 priced at one micro-batch of one sequence; the search reuses them for every micro-batch size and
-cp degree (see ``StrategySolver.solve``).
+cp degree (see ``StrategySolver.solve``). Within those, a layer's ILP runs once for the tables it
+is built from (a layer without expert ops is priced alike under any expert load), and solves
+choosing the same strategies share one solved layer and one workload, so the cost model's
+per-layer memos serve them all.
 """
 
 from __future__ import annotations
@@ -60,6 +63,15 @@ class StrategySolver:
     """Offer the linear layers only their split strategies (``search.forced``)."""
     cache: dict[tuple, StrategyResult] = field(default_factory=dict)
     _whole: Workload | None = None
+    _solves: dict[tuple, tuple[SolvedLayer, float, str | None]] = field(default_factory=dict)
+    """Each layer's solve by what its tables are built from: a layer without expert ops is
+    priced alike under any expert load, so solved once for both."""
+    _layers: dict[tuple, SolvedLayer] = field(default_factory=dict)
+    """Each solved layer by its strategy graph and the strategies chosen: solves that choose
+    the same give the same ``LayerCost`` object, so the cost model's per-layer memos
+    (``costmodel/memo.py``) serve every split it was solved for."""
+    _results: dict[tuple, StrategyResult] = field(default_factory=dict)
+    """Each result by its layers: solves that choose the same give the same workload."""
 
     def whole(self) -> Workload:
         """The base workload (tp = 1: every op whole on its GPU, no solve to run) with its
@@ -85,6 +97,13 @@ class StrategySolver:
                fixed: dict[str, str] | None = None, walk_backward: bool = False
                ) -> tuple[SolvedLayer, float, str | None]:
         """The solved layer, its gap, and the tensor it reads from the layer before."""
+        if pricing.expert_scale != 1.0 and not any(op.expert for op in layer.ops):
+            pricing = replace(pricing, expert_scale=1.0)  # it prices expert ops only
+        fixed_items = tuple(sorted((fixed or {}).items()))
+        inputs = (id(layer), sp, repeat, boundary, input_layout, output_layout, output_tensor,
+                  fixed_items, walk_backward, pricing)
+        if inputs in self._solves:
+            return self._solves[inputs]
         sg = strategy_graph(self.graph, nodes, sp, input_layout=input_layout,
                             output_layout=output_layout, split_weights=self.split_weights,
                             output_tensor=output_tensor, fixed=fixed, tp=pricing.split.tp)
@@ -92,9 +111,14 @@ class StrategySolver:
                                 boundary=boundary)
         sol = solve(problem, time_limit_s=SOLVE_TIME_LIMIT_S, num_workers=1)
         gap = sol.gap if math.isfinite(sol.gap) else 1.0
-        return solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
-                            pricing.split.tp, walk_backward=walk_backward), gap, \
-            sg.stream_tensor
+        # what ``strategy_graph`` and ``solved_layer`` read, and the choice
+        key = (id(layer), sp, input_layout, output_layout, output_tensor, fixed_items,
+               pricing.split.tp, sol.strategy, walk_backward)
+        if key not in self._layers:
+            self._layers[key] = solved_layer(self.graph, sg, layer, sol.strategy, self.act_bytes,
+                                             pricing.split.tp, walk_backward=walk_backward)
+        self._solves[inputs] = (self._layers[key], gap, sg.stream_tensor)
+        return self._solves[inputs]
 
     def _tied_tables(self, pre_nodes: list[NodeInfo], post_nodes: list[NodeInfo],
                      post_strategies: tuple[tuple[str, str], ...]) -> dict[str, str]:
@@ -129,8 +153,12 @@ class StrategySolver:
         pre, g3, _ = self._solve(pre_nodes, self.base.pre, pricing, sp,
                                  output_layout=block.input_layout, output_tensor=block_input,
                                  fixed=self._tied_tables(pre_nodes, post_nodes, post.strategies))
-        work = replace(self.base, pre=pre.layer, block=block.layer, post=post.layer, tp=s.tp)
-        result = StrategyResult(work, block.strategies, pre.strategies + post.strategies,
-                                max(g1, g2, g3))
-        self.cache[key] = result
-        return result
+        gap = max(g1, g2, g3)
+        same = (id(pre), id(block), id(post), s.tp, gap)
+        if same not in self._results:
+            work = replace(self.base, pre=pre.layer, block=block.layer, post=post.layer,
+                           tp=s.tp)
+            self._results[same] = StrategyResult(work, block.strategies,
+                                                 pre.strategies + post.strategies, gap)
+        self.cache[key] = self._results[same]
+        return self.cache[key]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 import autopar
 from autopar.api import workload_of
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
@@ -116,11 +118,13 @@ def test_a_moe_model_just_short_of_memory_recomputes_its_moe_layers():
     assert Checkpoint.MOE not in partial_policies(ModelFacts(num_blocks=2))
 
 
-def test_the_offloaded_twins_bound_skips_only_what_cannot_place(monkeypatch) -> None:
-    """A candidate that fits only with offload is priced again offloaded unless its bound
-    plus the CPU optimizer step and host transfers (``step.optimizer_terms_s``) already
-    exceed the kept plans: skipping those changes no kept plan (the same plans, in the same
-    order, as a search that prices every twin)."""
+def test_floors_skip_only_what_cannot_place(monkeypatch) -> None:
+    """Once ``keep`` plans are kept, a candidate that fits is priced only when its floor
+    (``_floors_s``: the bound plus what every checkpoint choice pays at least on top) is not
+    slower than the last of them, and a candidate that fits only with offload is priced again
+    offloaded only when the twin's floor (its CPU optimizer step and host transfers included)
+    is not: skipping those changes no kept plan (the same plans, in the same order, as a
+    search that prices them all)."""
     import autopar.search.optimize as optimize
 
     train = autopar.TrainSpec(global_batch=64, seq_len=2048)
@@ -128,9 +132,11 @@ def test_the_offloaded_twins_bound_skips_only_what_cannot_place(monkeypatch) -> 
     work, shape = _strategies("gpt-7.5b", cluster, train, heads=32)
     skipping = search(work, shape, cluster, train)
     assert skipping.stats.pruned.get("bound with offload", 0) > 0
-    monkeypatch.setattr(optimize, "optimizer_terms_s", lambda *a, **k: 0.0)
+    assert skipping.stats.pruned.get(optimize.FLOOR, 0) > 0
+    monkeypatch.setattr(optimize, "_floors_s", lambda *a, **k: (0.0, 0.0))
     pricing_all = search(work, shape, cluster, train)
     assert "bound with offload" not in pricing_all.stats.pruned
+    assert optimize.FLOOR not in pricing_all.stats.pruned
     assert [e.config for e in skipping.best] == [e.config for e in pricing_all.best]
     assert [e.step_time_s for e in skipping.best] == [e.step_time_s for e in pricing_all.best]
 
@@ -162,3 +168,66 @@ def test_tp_over_the_network_is_searched_only_when_the_domain_leaves_too_few_pla
     few = search(solved(single), facts, single, train, {"pp": 1, "cp": 1}, keep=64)
     assert FAR_TP not in few.stats.pruned
     assert any(e.config.tp > 1 for e in few.best)
+
+
+def test_candidates_over_memory_are_dropped_unpriced_once_a_plan_fits(monkeypatch) -> None:
+    """Past the first fitting plan, a candidate whose stages cannot fit with full recomputation
+    (nor offloaded) is dropped from its memory alone (``SpaceStats.pruned["memory"]``): the
+    same plans, in the same order, as a search that prices every such candidate."""
+    import autopar.search.optimize as optimize
+
+    train = autopar.TrainSpec(global_batch=64, seq_len=2048)
+    cluster = autopar.ClusterSpec.preset("dgx-a100-40g", nodes=1)
+    work, shape = _strategies("gpt-7.5b", cluster, train, heads=32)
+    skipping = search(work, shape, cluster, train)
+    assert skipping.stats.pruned.get(optimize.OVER_MEMORY, 0) > 0
+    monkeypatch.setattr(optimize, "exceeds_memory", lambda *a, **k: False)
+    pricing_all = search(work, shape, cluster, train)
+    assert optimize.OVER_MEMORY not in pricing_all.stats.pruned
+    assert pricing_all.priced > skipping.priced
+    assert [e.config for e in skipping.best] == [e.config for e in pricing_all.best]
+    assert [e.step_time_s for e in skipping.best] == [e.step_time_s for e in pricing_all.best]
+
+
+FLOOR_CASES = {
+    "gpt": ("gpt-1.7b", 24, 2048, "dgx-a100-80g", 4, [
+        *(dict(dp=32, zero=z, micro_batch=2) for z in (0, 1, 2, 3)),
+        dict(dp=8, tp=2, cp=2, zero=3, micro_batch=1, sequence_parallel=True),
+        dict(dp=4, tp=2, pp=4, zero=1, micro_batch=1, schedule="1f1b", sequence_parallel=True),
+        dict(dp=8, pp=4, zero=1, micro_batch=1, schedule="interleaved", virtual_stages=2)]),
+    "moe": ("tiny-moe", 4, 32, "hgx-h100-80g", 1, [
+        dict(dp=8, ep=4, zero=1, micro_batch=1),
+        dict(dp=4, tp=2, ep=4, zero=3, micro_batch=1, sequence_parallel=True),
+        dict(dp=8, ep=2, zero=2, micro_batch=1, fusions=("ep_a2a_overlap",))]),
+}
+
+
+@pytest.mark.parametrize("case", FLOOR_CASES.values(), ids=FLOOR_CASES.keys())
+def test_the_floor_is_below_every_checkpoint_choices_step_time(case) -> None:
+    """``_floors_s`` (the bound plus ``step.floor_terms_s``) never exceeds the priced step time
+    of any checkpoint choice, nor the twin's that of the offloaded one, on stages of every
+    kind (ZeRO 0-3, cp, 1F1B and interleaved pipelines, experts with their all-to-alls
+    overlapped or not)."""
+    from autopar.core.specs import Checkpoint
+    from autopar.costmodel.step import estimate_step
+    from autopar.search.optimize import _bound_s, _floors_s, _stage_bounds
+
+    name, heads, seq_len, preset, nodes, configs = case
+    train = autopar.TrainSpec(global_batch=64, seq_len=seq_len)
+    cluster = autopar.ClusterSpec.preset(preset, nodes=nodes)
+    work, facts = _strategies(name, cluster, train, heads=heads)
+    half = facts.num_blocks // 2
+    policies = [Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS, Checkpoint.MOE,
+                Checkpoint.FULL, (Checkpoint.FULL,) * half + (Checkpoint.NONE,) * (facts.num_blocks - half)]
+    for fields in configs:
+        for policy in policies:
+            c = autopar.ParallelConfig(**fields, checkpoint=policy)
+            w = work(c)
+            bound, part = _bound_s(w, c, train, cluster, DEFAULT_EFFICIENCY, {})
+            stage_s, _ = _stage_bounds(w, c, train, cluster, DEFAULT_EFFICIENCY, {})
+            part = part if c.pp > 1 else None
+            own, twin = _floors_s(w, c, train, cluster, DEFAULT_EFFICIENCY, stage_s, part, True)
+            for floor, offload in ((own, False), (twin, True)):
+                step = estimate_step(w, cluster, train, c.with_(offload=offload),
+                                     partition=part).step_time_s
+                assert bound <= floor <= step * (1 + 1e-12), (c, offload, floor, step)

@@ -81,3 +81,30 @@ def test_free_solve_prices_like_the_megatron_split(name: str, sp: bool) -> None:
     solved = estimate_step(result.workload, CLUSTER, TRAIN, config)
     assert solved.step_time_s == pytest.approx(megatron.step_time_s, rel=0.01)
     assert solved.peak_memory_bytes <= megatron.peak_memory_bytes * 1.02
+
+
+def test_solves_priced_alike_run_once_and_give_one_workload(monkeypatch) -> None:
+    """Two splits whose tables are the same (a dense model under two expert loads) run each
+    layer's ILP once and give the same ``StrategyResult``, its workload one object, so the
+    cost model's per-layer memos serve both; a split whose tables differ (another tp) solves
+    again."""
+    import autopar.search.tp_solve as tp_solve
+
+    solves = []
+    real = tp_solve.solve
+    monkeypatch.setattr(tp_solve, "solve", lambda *a, **k: solves.append(1) or real(*a, **k))
+    graph = autopar.trace(autopar.models.build("tiny-gpt"), TRAIN)
+    solver = StrategySolver(graph, build_workload(graph, 2.0), 2.0)
+
+    def pricing(tp: int, scale: float) -> Pricing:
+        config = autopar.ParallelConfig(dp=8 // tp, tp=tp, micro_batch=1, zero=1,
+                                        sequence_parallel=True)
+        return Pricing(Split(1, tp, 1, True, 2.0, "bf16"), mesh_groups(config, CLUSTER).tp,
+                       CLUSTER, DEFAULT_EFFICIENCY, expert_scale=scale)
+
+    first = solver.solve(pricing(2, 1.0), True)
+    assert len(solves) == 3  # the block, the head, the embedding
+    again = solver.solve(pricing(2, 1.1), True)
+    assert again is first and again.workload is first.workload and len(solves) == 3
+    other = solver.solve(pricing(4, 1.0), True)
+    assert other.workload.tp == 4 and len(solves) == 6

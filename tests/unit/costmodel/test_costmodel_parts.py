@@ -330,3 +330,41 @@ def test_zero3_recomputation_adds_no_gather(a100: ClusterSpec) -> None:
                                   0.03, g, a100, EFF)
                for policy in ("none", "full", "selective")}
     assert exposed["full"] == exposed["none"] == exposed["selective"]
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("m", [1, 4])
+def test_exposed_dp_comm_never_grows_with_the_recompute_it_hides_under(
+        a100: ClusterSpec, zero: int, m: int) -> None:
+    """The search's floor (``step.floor_terms_s``) prices the data-parallel communication under
+    the most compute a checkpoint choice can add (the forward again): it holds only while more
+    recomputation never exposes more."""
+    config = ParallelConfig(dp=32, zero=zero)
+    g = mesh_groups(config, a100)
+    forward, backward = 0.01, 0.02
+    exposed = [_dp_comm_s(1.7e9, 0.0, 2.0, 2.0, config, m, backward + r, forward + backward + r,
+                          g, a100, EFF) for r in (0.0, 0.001, 0.005, forward)]
+    assert all(later <= earlier for earlier, later in zip(exposed, exposed[1:]))
+    assert exposed[0] > exposed[-1]  # it does hide some
+
+
+def test_a_layer_without_experts_is_priced_alike_under_any_expert_layout(a100) -> None:
+    """``step.layer_compute_s`` keeps one entry for a layer without expert ops whatever the
+    split's ep and etp and the experts' load: its price is ``estimate_layer_s``'s under each."""
+    from dataclasses import replace
+
+    from autopar.costmodel.compute import estimate_layer_s
+    from autopar.costmodel.step import layer_compute_s
+
+    fc = OpCost("fc", "linear", OpKind.MATMUL, flop=2.0 * 128 * 256 * 1024,
+                bytes=2.0 * (128 * 256 + 256 * 1024 + 128 * 1024), shard=Shard.TP,
+                weight_shape=(1024, 256))
+    norm = OpCost("norm", "layer_norm", OpKind.MEMORY, flop=0.0, bytes=2.0 * 2 * 128 * 256,
+                  shard=Shard.SEQ)
+    layer = LayerCost("block", (norm, fc), (), 0.0, 0.0, 0, 0)
+    split = Split(2, 2, 1, True, 2.0, "bf16", seq_len=128)
+    plain = layer_compute_s(layer, split, a100, EFF)
+    for ep, etp, scale in ((4, 1, 1.1), (2, 2, 1.0)):
+        moved = replace(split, ep=ep, etp=etp)
+        assert layer_compute_s(layer, moved, a100, EFF, scale) == plain == \
+            estimate_layer_s(layer, moved, a100, EFF, expert_scale=scale)

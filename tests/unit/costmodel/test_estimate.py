@@ -213,3 +213,30 @@ def test_the_optimizer_terms_are_the_estimate_s(gpt, offload) -> None:
         work = workload_of(graph, train)  # tp 1: the estimate's own workload
         assert optimizer_terms_s(work, cluster, train, config) == pytest.approx(terms)
         assert (terms > est.time_breakdown["optimizer"]) is offload
+
+
+@pytest.mark.parametrize("config", [
+    ParallelConfig(dp=32, zero=1, micro_batch=2),
+    ParallelConfig(dp=8, pp=4, zero=3, micro_batch=1, checkpoint="selective"),
+    ParallelConfig(dp=4, pp=8, zero=1, micro_batch=1, schedule="interleaved",
+                   virtual_stages=2, checkpoint="full"),
+    ParallelConfig(dp=16, pp=2, zero=1, micro_batch=2, offload=True),
+], ids=["pp1", "pp4-zero3", "pp8-interleaved", "offload"])
+def test_exceeds_memory_is_the_estimates_peak_over_the_usable_hbm(gpt, config) -> None:
+    """``step.exceeds_memory`` (the search's check before it prices a candidate) sizes the
+    stages as ``estimate_step`` does: with the usable HBM at the estimate's peak it is false,
+    a byte below it true."""
+    import math
+    from dataclasses import replace
+
+    from autopar.costmodel.step import estimate_step, exceeds_memory
+
+    graph, train = gpt
+    base = ClusterSpec.preset("dgx-a100-80g", nodes=4)
+    work = workload_of(graph, train)  # tp 1: the estimate's own workload
+    peak = math.ceil(estimate_step(work, base, train, config).peak_memory_bytes)
+    for usable, over in ((peak, False), (peak - 1, True)):
+        cluster = replace(base, memory_headroom=0.0, gpu=replace(
+            base.gpu, hbm_bytes=usable + base.hbm_reserved_bytes))
+        assert cluster.usable_hbm_bytes == usable
+        assert exceeds_memory(work, cluster, train, config) is over
