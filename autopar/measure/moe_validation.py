@@ -9,7 +9,9 @@ sequence, and its parallel layout as autopar expresses it (``run_config``):
   ranks, so ep 32 with tp 2 and dp 16 is expressible;
 * Megatron's distributed optimizer -> ZeRO 1, Megatron-FSDP -> ZeRO 3;
 * the gradients' dtype (``grad_dtype_of``): bf16 where the run states bf16 main gradients
-  (Megatron-LM's precision-aware optimizer, ``--grad-reduce-in-bf16``) or runs Megatron-FSDP
+  (Megatron-LM's precision-aware optimizer, ``--grad-reduce-in-bf16``; NeMo 1's
+  ``distributed_fused_adam`` with ``grad_sync_dtype: bf16``, Apex's gradient buckets and their
+  reduction in that dtype) or runs Megatron-FSDP
   (whose main gradients take the compute dtype unless set: ``megatron_fsdp_main_grads_dtype``
   None in Megatron-Core 0.19's ``DistributedDataParallelConfig``), else fp32, Megatron-LM's
   default under ``--bf16`` (``accumulate_allreduce_grads_in_fp32``). The precision-aware
@@ -227,7 +229,7 @@ def run_fusions(run: dict) -> tuple[str, ...]:
 
 
 BF16_GRADS = re.compile(r"bf16[^;]*main grad|main grads? (in )?bf16|grad[-_]reduce[-_]in[-_]bf16"
-                        r"|megatron-fsdp", re.IGNORECASE)
+                        r"|grad_sync_dtype bf16|megatron-fsdp", re.IGNORECASE)
 """What in a run's optimizer notes (``train.zero``, ``train.other``) says its gradients are
 accumulated and reduced in bf16 (module docstring)."""
 
