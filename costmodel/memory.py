@@ -83,7 +83,7 @@ def grad_reduce_bytes(precision: Precision, grad_dtype: GradDtype = GradDtype.FP
     grad_dtype`` under a mixed precision; the master dtype otherwise). The reduced shard the
     optimizer steps on is in the master dtype (``dtype_bytes``) whatever this is."""
     master = dtype_bytes(precision, Optimizer.ADAMW)[0]
-    mixed = precision in (Precision.BF16, Precision.FP16, Precision.FP8)
+    mixed = precision.mixed
     return 2.0 if mixed and grad_dtype is not GradDtype.FP32 else master
 
 
@@ -91,7 +91,7 @@ def state_bytes_per_param(precision: Precision, optimizer: Optimizer) -> StateBy
     """Bytes per parameter for a precision policy and optimizer (ZeRO's 2 + 2 + K): the
     optimizer's share holds the master copy where it is not the weights themselves."""
     master, low, moments = dtype_bytes(precision, optimizer)
-    mixed = precision in (Precision.BF16, Precision.FP16, Precision.FP8)
+    mixed = precision.mixed
     return StateBytes(low, low, moments + (master if mixed else 0.0))
 
 

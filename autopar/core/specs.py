@@ -31,6 +31,12 @@ class Precision(StrEnum):
     FP8 with dynamic scales (``TrainSpec.fp8_recipe``), the products accumulated in fp32;
     everything else bf16, fp32 master weights and optimizer states."""
 
+    @property
+    def mixed(self) -> bool:
+        """Whether a low-precision compute copy runs on fp32 master weights (``bf16``,
+        ``fp16``, ``fp8``)."""
+        return self in (Precision.BF16, Precision.FP16, Precision.FP8)
+
 
 class Fp8Recipe(StrEnum):
     """How FP8 scales are taken (torchao's ``Float8LinearRecipeName``). What the frameworks'
@@ -64,7 +70,7 @@ class GradDtype(StrEnum):
     """bf16: half the accumulators' bytes and the reduction's traffic, rounded sums
     (Megatron-LM's ``--grad-reduce-in-bf16``, the bf16 main gradients of its precision-aware
     optimizer; Megatron-Bridge's ``grad_reduce_in_fp32=False``). Only under a bf16 compute
-    precision (``bf16``, ``fp8``)."""
+    precision (``bf16``, ``fp8``; ``bf16-pure`` reduces in bf16 anyway)."""
     FP16 = "fp16"
     """fp16, the same halving under ``fp16`` compute (Megatron-LM's default under ``--fp16``,
     without ``--accumulate-allreduce-grads-in-fp32``). Only under ``fp16``."""
@@ -323,12 +329,6 @@ class TrainSpec:
         if self.grad_dtype is not GradDtype.FP32:  # default left out: plans' JSON unchanged
             out["grad_dtype"] = self.grad_dtype.value
         return out
-
-    @property
-    def mixed(self) -> bool:
-        """Whether a low-precision compute copy runs beside fp32 master weights (``bf16``,
-        ``fp16``, ``fp8``)."""
-        return self.precision in (Precision.BF16, Precision.FP16, Precision.FP8)
 
 
 @dataclass(frozen=True)

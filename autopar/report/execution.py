@@ -79,7 +79,7 @@ _PRECISION = {
     Precision.BF16: "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype={reduce}): bf16 "
                     "compute on fp32 master weights, gradients accumulated and reduced in "
                     "{reduce}",
-    Precision.FP16: "FSDP2 MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype=fp32), with "
+    Precision.FP16: "FSDP2 MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype={reduce}), with "
                     "dynamic loss scaling (torch's ShardedGradScaler: the loss scaled by 2^16 to "
                     "start, steps with inf/NaN gradients skipped on every rank and the scale "
                     "halved, doubled after 2000 clean steps)",
@@ -111,7 +111,7 @@ def state_text(train: TrainSpec) -> str:
     """Bytes per parameter of the model states the memory model prices (``costmodel/peak.py``):
     this engine's, which need not be another framework's."""
     master, low, moments = dtype_bytes(train.precision, train.optimizer)
-    mixed = train.precision in (Precision.BF16, Precision.FP16, Precision.FP8)
+    mixed = train.precision.mixed
     reduce = grad_reduce_bytes(train.precision, train.grad_dtype)
     how = ("reduced and accumulated in the master dtype" if reduce == master else
            f"accumulated and reduced in {reduce:g} B, the reduced shard in the master dtype")
