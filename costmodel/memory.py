@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .compute import Split
-from autopar.core.specs import Checkpoint, Optimizer, Precision
+from autopar.core.specs import Checkpoint, GradDtype, Optimizer, Precision
 from .memo import ByLayer
 from .workload import LayerCost, OpKind, SavedTensor, Shard
 
@@ -77,11 +77,21 @@ def dtype_bytes(precision: Precision, optimizer: Optimizer) -> tuple[float, floa
     return master, low, (1 if optimizer is Optimizer.SGD else 2) * master
 
 
+def grad_reduce_bytes(precision: Precision, grad_dtype: GradDtype = GradDtype.FP32) -> float:
+    """Bytes of a gradient element as the data-parallel ranks reduce it and as the
+    accumulators hold it across micro-batches: FSDP2's ``reduce_dtype`` (``TrainSpec.
+    grad_dtype`` under a mixed precision; the master dtype otherwise). The reduced shard the
+    optimizer steps on is in the master dtype (``dtype_bytes``) whatever this is."""
+    master = dtype_bytes(precision, Optimizer.ADAMW)[0]
+    mixed = precision.mixed
+    return 2.0 if mixed and grad_dtype is not GradDtype.FP32 else master
+
+
 def state_bytes_per_param(precision: Precision, optimizer: Optimizer) -> StateBytes:
     """Bytes per parameter for a precision policy and optimizer (ZeRO's 2 + 2 + K): the
     optimizer's share holds the master copy where it is not the weights themselves."""
     master, low, moments = dtype_bytes(precision, optimizer)
-    mixed = precision in (Precision.BF16, Precision.FP16, Precision.FP8)
+    mixed = precision.mixed
     return StateBytes(low, low, moments + (master if mixed else 0.0))
 
 

@@ -14,7 +14,8 @@ the moments priced here, each with what the engine holds then:
   moment. Parameters are held
   gathered where the engine keeps them (ZeRO 0-2) and are not yet re-gathered otherwise
   (ZeRO-3 resharded every unit after the forward just run, under pipelining too). Gradients are
-  the fp32 accumulators where micro-batches accumulate unreduced, plus the compute-dtype
+  the accumulators (in the reduce dtype, ``TrainSpec.grad_dtype``: fp32 by default) where
+  micro-batches accumulate unreduced, plus the compute-dtype
   gradient of the block whose backward runs (none yet on the last stage, where the loss's
   backward comes first); else the reduced fp32 shards of the earlier
   micro-batches; none in a step of one micro-batch.
@@ -39,7 +40,8 @@ the moments priced here, each with what the engine holds then:
 
 Model states are FSDP2's: fp32 master shards under mixed precision
 (``MixedPrecisionPolicy(param_dtype=low)``), the gathered compute-dtype copies, fp32 moments,
-fp32 reduced gradient shards (the reduce dtype) -- sharded over ``dp`` from ZeRO-1 up;
+fp32 reduced gradient shards (FSDP2 reduces in ``reduce_dtype``, then casts the shard to the
+sharded parameter's dtype) -- sharded over ``dp`` from ZeRO-1 up;
 ZeRO-0 runs FSDP2 with shard groups of one, so its shards are whole.
 """
 
@@ -47,8 +49,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopar.core.specs import Optimizer, Precision
-from .memory import dtype_bytes
+from autopar.core.specs import GradDtype, Optimizer, Precision
+from .memory import dtype_bytes, grad_reduce_bytes
 
 
 @dataclass(frozen=True)
@@ -103,16 +105,20 @@ class StageActivations:
 def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
                optimizer: Optimizer, *, zero: int, pipelined: bool, microbatches: int,
                holds_embedding: bool, holds_loss: bool,
-               fp8_gathered: tuple[float, float] = (0.0, 0.0)) -> tuple[str, dict[str, float]]:
+               fp8_gathered: tuple[float, float] = (0.0, 0.0),
+               grad_dtype: GradDtype = GradDtype.FP32) -> tuple[str, dict[str, float]]:
     """(moment, bytes by kind) at the largest of the stage's moments; the kinds are
     ``params``, ``grads``, ``optimizer``, ``activations`` and ``buffers``. ``fp8_gathered``:
     the parameters of the stage and of one block on this rank that FSDP gathers in FP8 (one
-    byte each, ``core.fp8.fp8_all_gather``), which the gathered copies hold at that size."""
+    byte each, ``core.fp8.fp8_all_gather``), which the gathered copies hold at that size.
+    ``grad_dtype``: what the gradients accumulate and are reduced in (``TrainSpec.
+    grad_dtype``); the reduced shards are in the master dtype (FSDP2 casts them to the sharded
+    parameter's)."""
     master, low, moments = dtype_bytes(precision, optimizer)
     saved = low - 1.0
     whole = p.whole * low - fp8_gathered[0] * saved  # every unit gathered
     block = p.block * low - fp8_gathered[1] * saved  # one block's unit gathered
-    reduce = master  # FSDP2 reduces in the master dtype (MixedPrecisionPolicy.reduce_dtype)
+    reduce = grad_reduce_bytes(precision, grad_dtype)  # MixedPrecisionPolicy.reduce_dtype
     gathered_through = zero <= 2 or pipelined
     accumulates = pipelined or (zero <= 1 and microbatches > 1)
     grad_extra = p.embedding_extra if holds_embedding else 0.0
@@ -126,7 +132,7 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
 
     # the gradients of the earlier micro-batches: accumulators, or reduced fp32 shards
     earlier = accumulators if accumulates else \
-        (p.sharded * reduce if microbatches > 1 else 0.0)
+        (p.sharded * master if microbatches > 1 else 0.0)
     # micro-batches in flight at a backward once an earlier one's backward ran: the schedule's
     # steady count under 1F1B (its forwards refill), one fewer than all under GPipe; the first
     # micro-batch's backward holds every one in flight and no earlier gradient
@@ -173,9 +179,9 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
         else:
             # the blocks' gradients, reduced to their share of the shard
             reduced = accumulators if accumulates else \
-                p.sharded * (1.0 - p.root / p.whole) * reduce
+                p.sharded * (1.0 - p.root / p.whole) * master
             found["end of backward"] = moment(p.root * low, reduced + embedding_grad, 0.0,
                                               buffers=p.block * reduce)
-    found["optimizer"] = moment(0.0, p.sharded * reduce, 0.0)
+    found["optimizer"] = moment(0.0, p.sharded * master, 0.0)
     name = max(found, key=lambda k: sum(found[k].values()))
     return name, found[name]

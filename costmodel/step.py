@@ -31,6 +31,7 @@ from .memory import (
     StateBytes,
     backward_peak,
     dtype_bytes,
+    grad_reduce_bytes,
     activation_bytes_per_element,
     model_state_bytes,
     recompute_working_bytes,
@@ -458,7 +459,9 @@ def floor_terms_s(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
         params.append((dense, expert))
         weight_bytes = _gathered_weight_bytes(workload, part, s, config, train, dense,
                                               sb.weights)
-        exposed = max(exposed, _dp_comm_s(dense, expert, sb.grads, weight_bytes, config, m,
+        exposed = max(exposed, _dp_comm_s(dense, expert,
+                                          grad_reduce_bytes(train.precision, train.grad_dtype),
+                                          weight_bytes, config, m,
                                           backward + forward, forward + backward + forward,
                                           g, cluster, eff))
     stages = tuple(by_signature[(part.blocks[s], s == 0, s == config.pp - 1)]
@@ -759,7 +762,8 @@ def _priced_step(workload: Workload, cluster: ClusterSpec, train: TrainSpec,
     for s in range(config.pp):
         if signatures[s] not in states:
             dense, expert = _stage_params(workload, part, s, config)
-            exposed = _dp_comm_s(dense, expert, sb.grads,
+            exposed = _dp_comm_s(dense, expert, grad_reduce_bytes(train.precision,
+                                                                  train.grad_dtype),
                                  _gathered_weight_bytes(workload, part, s, config, train, dense,
                                                         sb.weights),
                                  config, m, times[s].backward + times[s].recompute,
@@ -921,7 +925,8 @@ def _stage_memory(sizes: _StageSizes, stage: int, config: ParallelConfig, m: int
                                        pipelined=config.pp > 1, microbatches=m,
                                        holds_embedding=stage == 0,
                                        holds_loss=stage == config.pp - 1,
-                                       fp8_gathered=sizes.fp8_gathered)
+                                       fp8_gathered=sizes.fp8_gathered,
+                                       grad_dtype=train.grad_dtype)
     if sizes.fp8_copies:
         breakdown = {**breakdown, "params": breakdown["params"] + sizes.fp8_copies}
     return StageMemory(stage=stage, blocks=sizes.blocks, breakdown=breakdown,

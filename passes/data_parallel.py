@@ -28,7 +28,9 @@ are reduced once per step (ZeRO-1's traffic).
 
 Mixed precision (``TrainSpec.precision``): ``bf16``/``fp16`` use ``MixedPrecisionPolicy`` --
 fp32 master weights sharded or replicated as above, compute in the low precision, gradients
-reduced in fp32 (``fp8`` too: its FP8 GEMMs are the float8 linears', ``passes/float8.py``);
+accumulated and reduced in ``TrainSpec.grad_dtype`` (fp32 by default; bf16 halves the
+accumulators and the traffic), the reduced shards cast back to fp32 (``fp8`` too: its FP8
+GEMMs are the float8 linears', ``passes/float8.py``);
 ``bf16-pure`` casts the model to bf16 (no fp32 copy); ``fp32`` runs as is.
 fp16 plans also run with dynamic loss scaling (``passes/loss_scaling.py``).
 """
@@ -49,7 +51,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from autopar.core.specs import Precision
+from autopar.core.specs import GradDtype, Precision, TrainSpec
 from autopar.core.plan import Plan
 from autopar.passes.mesh import data_parallel_mesh
 from autopar.passes.tensor_parallel import is_sectioned
@@ -60,11 +62,19 @@ COMPUTE_DTYPE = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16,
 reference of ``autopar verify`` computes in it too."""
 
 
-def mixed_precision(precision: Precision) -> MixedPrecisionPolicy | None:
-    low = COMPUTE_DTYPE.get(precision)
+REDUCE_DTYPE = {GradDtype.FP32: torch.float32, GradDtype.BF16: torch.bfloat16,
+                GradDtype.FP16: torch.float16}
+"""FSDP2's ``reduce_dtype`` for each ``TrainSpec.grad_dtype``."""
+
+
+def mixed_precision(train: TrainSpec) -> MixedPrecisionPolicy | None:
+    """FSDP2's policy for ``train``'s precision: compute in its low dtype on fp32 master
+    weights, gradients accumulated and reduced in ``train.grad_dtype``; None where there is
+    no mixed precision."""
+    low = COMPUTE_DTYPE.get(train.precision)
     if low is None:
         return None
-    return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=REDUCE_DTYPE[train.grad_dtype])
 
 
 def offload_policy(offload: bool) -> OffloadPolicy:
@@ -106,7 +116,7 @@ def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Pla
                     and expert_dp_mesh.size() > 1)
     if not (wants_fsdp(plan) or experts_only):
         return
-    policy = mixed_precision(plan.train.precision) or MixedPrecisionPolicy()
+    policy = mixed_precision(plan.train) or MixedPrecisionPolicy()
     kwargs = dict(mesh=data_parallel_mesh(mesh, c.zero), reshard_after_forward=c.zero == 3,
                   mp_policy=policy, offload_policy=offload_policy(c.offload),
                   shard_placement_fn=dp_placement,

@@ -15,11 +15,12 @@ only: ``admissibility``). The cost model prices them the same way, in the layers
 after the blocks.
 
 Stage ``i`` of ``n`` gets the blocks of ``stage_layout(plan)[i]``: the plan's ``stage_blocks``
-for GPipe and 1F1B (one stage per pipeline rank); for the interleaved schedule the blocks are
-cut into ``pp * virtual_stages`` chunks as evenly as possible and rank ``r`` holds chunks
-``r, r + pp, ...`` (Narayanan et al. 2021, section 2.2.2; torch's ``ScheduleInterleaved1F1B``);
-with one or two chunks more than blocks the first holds the embedding alone and the last the
-loss alone (``autopar.core.stages.chunk_sizes``).
+for GPipe, 1F1B and the interleaved schedule with one chunk per rank (one stage per pipeline
+rank); with more chunks the blocks are cut into ``pp * virtual_stages`` chunks as evenly as
+possible and rank ``r`` holds chunks ``r, r + pp, ...`` (Narayanan et al. 2021, section 2.2.2;
+torch's ``ScheduleInterleaved1F1B``); with one or two chunks more than blocks the first holds
+the embedding alone and the last the loss alone (``autopar.core.stages.chunk_sizes``, read
+through ``stage_chunks``, the rule the cost model and the exports read too).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import nn
 
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Checkpoint, Schedule
-from autopar.core.stages import ENDS_AS_CHUNKS, chunk_sizes
+from autopar.core.stages import ENDS_AS_CHUNKS, stage_chunks
 from autopar.core.plan import Plan
 from autopar.passes.checkpointing import run_block
 from autopar.models.blocks import BlockSpan, block_span
@@ -155,7 +156,11 @@ def stage_layout(plan: Plan, num_blocks: int) -> list[range]:
                 f"{c.virtual_stages}), the model has {num_blocks} blocks (and the embedding "
                 "and the loss may each be a chunk)",
                 where="plan.config.virtual_stages", fix="lower virtual_stages or pp")
-        sizes = chunk_sizes(num_blocks, chunks)
+        try:  # the plan's own blocks per rank with one chunk each, else the chunks' rule
+            sizes = stage_chunks(plan.stage_blocks, c.virtual_stages)
+        except ValueError as err:
+            raise AutoparError(str(err), where="plan.stage_blocks",
+                               fix="plan this model (autopar plan / autopar.plan_for)") from None
     else:
         sizes = list(plan.stage_blocks)
     out, start = [], 0

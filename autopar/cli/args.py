@@ -168,6 +168,9 @@ def add_model_cluster_train(p: argparse.ArgumentParser) -> None:
                         "bf16 and fp8) or a list: bf16,fp8")
     g.add_argument("--fp8-recipe", default="tensorwise",
                    help="with --precision fp8: tensorwise (FP8 weight all-gather) | rowwise")
+    g.add_argument("--grad-dtype", default="fp32",
+                   help="under bf16 and fp8: fp32 (default) | bf16, what the gradients are "
+                        "accumulated and reduced in (Megatron-LM's --grad-reduce-in-bf16)")
     g.add_argument("--optimizer", default="adamw", help="adamw | adam | sgd")
 
 
@@ -260,7 +263,8 @@ def train_from_args(args: argparse.Namespace, model) -> TrainSpec:
 
     seq = resolve_seq_len(model, None, args.seq_len)
     return TrainSpec(global_batch=args.global_batch, seq_len=seq, precision=args.precision,
-                     optimizer=args.optimizer, fp8_recipe=args.fp8_recipe)
+                     optimizer=args.optimizer, fp8_recipe=args.fp8_recipe,
+                     grad_dtype=args.grad_dtype)
 
 
 def given_fields(args: argparse.Namespace) -> dict[str, object]:

@@ -44,6 +44,9 @@ def add_verify_parser(sub: argparse._SubParsersAction, parents: list) -> None:
                    help="fp32 (default) | bf16 | fp16 | bf16-pure | fp8")
     g.add_argument("--fp8-recipe", default=None,
                    help="with --precision fp8: tensorwise (default) | rowwise")
+    g.add_argument("--grad-dtype", default=None,
+                   help="under bf16 and fp8: fp32 (default) | bf16, the gradients' "
+                        "accumulation and reduction dtype")
     g.add_argument("--priced-on", default=None, metavar="PRESET",
                    help="cluster preset a flags plan is priced on (default hgx-h100-80g)")
     g.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -73,14 +76,15 @@ def _plan_from_flags(args: argparse.Namespace, fields: dict, spec, model, consol
         config.num_microbatches or 2 * config.pp)
     seq = resolve_seq_len(model, None, args.seq_len)
     train = TrainSpec(global_batch=batch, seq_len=seq, precision=args.precision or "fp32",
-                      fp8_recipe=args.fp8_recipe or "tensorwise")
+                      fp8_recipe=args.fp8_recipe or "tensorwise",
+                      grad_dtype=args.grad_dtype or "fp32")
     return plan_for(model, process_cluster(config.world_size, args.priced_on or "hgx-h100-80g"),
                     train, config, name=spec.label, model_spec=spec)
 
 
 _FLAGS_PLAN_ONLY = (("global_batch", "--global-batch"), ("seq_len", "--seq-len"),
                     ("precision", "--precision"), ("fp8_recipe", "--fp8-recipe"),
-                    ("priced_on", "--priced-on"))
+                    ("grad_dtype", "--grad-dtype"), ("priced_on", "--priced-on"))
 """What a plan file fixes itself: given beside ``--plan`` they would be ignored."""
 
 

@@ -192,11 +192,13 @@ class Plan:
 
     # ----- for people -----
     def summary(self) -> str:
-        """The configuration on one line (``Estimate.summary``), and the FP8 recipe of an fp8
-        plan (``fp8:tensorwise``)."""
+        """The configuration on one line (``Estimate.summary``), the FP8 recipe of an fp8
+        plan (``fp8:tensorwise``) and gradients reduced in a low dtype (``grads:bf16``)."""
         fp8 = (f" fp8:{self.train.fp8_recipe.value}" if self.train.precision.value == "fp8"
                else "")
-        return self.estimate.summary() + fp8
+        grads = (f" grads:{self.train.grad_dtype.value}"
+                 if "grad_dtype" in self.train.to_dict() else "")
+        return self.estimate.summary() + fp8 + grads
 
     def report(self, width: int = 110) -> str:
         """The plan as tables under its title: configuration, memory per stage, time, notes,

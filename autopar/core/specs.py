@@ -31,6 +31,12 @@ class Precision(StrEnum):
     FP8 with dynamic scales (``TrainSpec.fp8_recipe``), the products accumulated in fp32;
     everything else bf16, fp32 master weights and optimizer states."""
 
+    @property
+    def mixed(self) -> bool:
+        """Whether a low-precision compute copy runs on fp32 master weights (``bf16``,
+        ``fp16``, ``fp8``)."""
+        return self in (Precision.BF16, Precision.FP16, Precision.FP8)
+
 
 class Fp8Recipe(StrEnum):
     """How FP8 scales are taken (torchao's ``Float8LinearRecipeName``). What the frameworks'
@@ -47,6 +53,27 @@ class Fp8Recipe(StrEnum):
     communication)."""
     ROWWISE = "rowwise"
     """One scale per row of each GEMM operand (e4m3 throughout); weights all-gathered in bf16."""
+
+
+class GradDtype(StrEnum):
+    """The dtype a mixed-precision step accumulates and reduces its gradients in: FSDP2's
+    ``MixedPrecisionPolicy.reduce_dtype`` (``passes/data_parallel.py``). The gradients'
+    accumulators (ZeRO-0/1, and any stage under pipelining, hold them whole across the
+    micro-batches) and the data-parallel reduction are in it; the reduced shard the optimizer
+    steps on is in the master weights' dtype (fp32) either way."""
+
+    FP32 = "fp32"
+    """fp32: Megatron-LM's default under ``--bf16`` (``accumulate_allreduce_grads_in_fp32``),
+    Megatron-Bridge's ``bf16_mixed`` (``grad_reduce_in_fp32=True``), torchtitan's
+    ``mixed_precision_reduce = "float32"``."""
+    BF16 = "bf16"
+    """bf16: half the accumulators' bytes and the reduction's traffic, rounded sums
+    (Megatron-LM's ``--grad-reduce-in-bf16``, the bf16 main gradients of its precision-aware
+    optimizer; Megatron-Bridge's ``grad_reduce_in_fp32=False``). Only under a bf16 compute
+    precision (``bf16``, ``fp8``; ``bf16-pure`` reduces in bf16 anyway)."""
+    FP16 = "fp16"
+    """fp16, the same halving under ``fp16`` compute (Megatron-LM's default under ``--fp16``,
+    without ``--accumulate-allreduce-grads-in-fp32``). Only under ``fp16``."""
 
 
 class Optimizer(StrEnum):
@@ -266,6 +293,11 @@ class TrainSpec:
     """Optimizer, which sets the optimizer-state bytes per parameter."""
     fp8_recipe: Fp8Recipe = Fp8Recipe.TENSORWISE
     """The FP8 scaling recipe (``Fp8Recipe``); read only when ``precision`` is ``fp8``."""
+    grad_dtype: GradDtype = GradDtype.FP32
+    """What the gradients are accumulated and reduced in (``GradDtype``) under a mixed
+    precision (``bf16``, ``fp8``, ``fp16``): fp32, or the compute dtype (``bf16``; ``fp16``
+    under ``fp16``). ``bf16-pure`` reduces in bf16 and ``fp32`` in fp32 whatever it says (a
+    low dtype is refused under ``fp32``)."""
 
     def __post_init__(self) -> None:
         _positive_int(self.global_batch, "global_batch")
@@ -274,6 +306,16 @@ class TrainSpec:
         object.__setattr__(self, "optimizer", _choice(Optimizer, self.optimizer, "optimizer"))
         object.__setattr__(self, "fp8_recipe",
                            _choice(Fp8Recipe, self.fp8_recipe, "fp8_recipe"))
+        object.__setattr__(self, "grad_dtype",
+                           _choice(GradDtype, self.grad_dtype, "grad_dtype"))
+        low = {GradDtype.BF16: (Precision.BF16, Precision.FP8, Precision.BF16_PURE),
+               GradDtype.FP16: (Precision.FP16,)}.get(self.grad_dtype)
+        if low is not None and self.precision not in low:
+            raise AutoparError(
+                f"grad_dtype='{self.grad_dtype}' under precision '{self.precision}': its "
+                f"gradients are not made in {self.grad_dtype}", where="grad_dtype",
+                fix="use grad_dtype='fp32', or precision "
+                    + " or ".join(repr(str(p)) for p in low))
 
     @property
     def tokens_per_step(self) -> int:
@@ -284,6 +326,8 @@ class TrainSpec:
                "precision": self.precision.value, "optimizer": self.optimizer.value}
         if self.precision is Precision.FP8:
             out["fp8_recipe"] = self.fp8_recipe.value
+        if self.grad_dtype is not GradDtype.FP32:  # default left out: plans' JSON unchanged
+            out["grad_dtype"] = self.grad_dtype.value
         return out
 
 

@@ -1,8 +1,12 @@
 """How the interleaved schedule cuts the blocks into chunks: the one rule the cost model prices
-(``costmodel/pipeline.py``) and the passes run (``passes/stage.py``)."""
+(``costmodel/pipeline.py``) and the passes run (``passes/stage.py``); and the blocks per rank
+of a Megatron-Core pipeline layout a published run states (``layout_stage_blocks``)."""
 
 from __future__ import annotations
 
+import re
+
+from .errors import AutoparError
 
 ENDS_AS_CHUNKS = 2
 """How many more chunks than blocks a model may be cut into: the embedding and the loss each
@@ -45,3 +49,54 @@ def stage_chunks(stage_blocks: tuple[int, ...] | list[int], virtual_stages: int)
         raise ValueError(f"stage blocks {tuple(stage_blocks)} are not the interleaved "
                          f"schedule's chunks {chunks}")
     return chunks
+
+
+LAYOUT_LAYERS = {"E": "embedding", "t": "transformer layer", "m": "multi-token prediction layer",
+                 "L": "loss"}
+"""The layer characters of Megatron-Core's ``--pipeline-model-parallel-layout``
+(``PipelineParallelLayerLayout.parse_str_to_list``)."""
+
+
+def layout_chunks(layout: str) -> list[str]:
+    """The model chunks of a Megatron-Core pipeline layout, in layer order, each the string of
+    its layers' characters (``LAYOUT_LAYERS``): chunks split by ``|``, ``(...)*n`` and
+    ``x*n`` unrolled, commas ignored, as Megatron-Core parses it -- ``"Et|(tt|)*30mL"`` is
+    ``["Et", "tt", ..., "tt", "mL"]``, 32 chunks. ``AutoparError`` for another character."""
+    text = layout.replace(",", "").replace(" ", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    chunks = text.split("|")
+    bad = sorted({ch for chunk in chunks for ch in chunk} - set(LAYOUT_LAYERS))
+    if bad:
+        raise AutoparError(f"pipeline layout {layout!r} has {', '.join(map(repr, bad))}, not a "
+                           "layer of Megatron-Core's layouts", where="pipeline layout",
+                           fix="use E (embedding), t (transformer layer), m (MTP layer), L "
+                               "(loss), | between chunks and (...)*n")
+    return chunks
+
+
+def layout_stage_blocks(layout: str, pp: int, num_blocks: int) -> tuple[int, ...]:
+    """Blocks per pipeline rank (all its chunks: chunk ``i`` on rank ``i % pp``) of a
+    Megatron-Core layout (``layout_chunks``) for a model of ``num_blocks`` repeated blocks.
+    The layout's transformer layers beyond the blocks are the model's leading layers, which
+    the first stage runs before its blocks (DeepSeek-V3's dense layers, ``models/blocks.py``:
+    a block group's ``lead``); the embedding, the loss and multi-token prediction layers are no
+    blocks. ``AutoparError`` where the chunks are not a multiple of ``pp`` or there are fewer
+    transformer layers than blocks."""
+    chunks = layout_chunks(layout)
+    if len(chunks) % pp:
+        raise AutoparError(f"pipeline layout {layout!r} has {len(chunks)} chunks, not a multiple "
+                           f"of pp={pp}", where="pipeline layout",
+                           fix="give pp x virtual stages chunks")
+    lead = sum(chunk.count("t") for chunk in chunks) - num_blocks
+    if lead < 0:
+        raise AutoparError(f"pipeline layout {layout!r} places "
+                           f"{num_blocks + lead} transformer layers, the model has {num_blocks} "
+                           "blocks", where="pipeline layout", fix="place every layer")
+    blocks = []
+    for chunk in chunks:
+        layers = chunk.count("t")
+        skipped = min(lead, layers)
+        lead -= skipped
+        blocks.append(layers - skipped)
+    return tuple(sum(blocks[r::pp]) for r in range(pp))

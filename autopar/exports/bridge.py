@@ -57,7 +57,7 @@ from __future__ import annotations
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.core.specs import (ASYNC_TP, DEEPEP, EP_A2A_OVERLAP, MOE_PERMUTE, Fp8Recipe,
-                                Precision)
+                                GradDtype, Precision)
 from autopar.exports.mapping import Export, Fit, Row, plan_rows
 from autopar.exports.megatron import Item, Setting, kv_channels, megatron_items
 from autopar.models.shape import ModelShape, model_shape
@@ -172,23 +172,31 @@ def _precision(plan: Plan) -> tuple[list[str], Fit, str]:
     from autopar.models.training import LOSS_SCALING
 
     p = plan.train.precision
-    if p is Precision.BF16:
+    fp32_grads = plan.train.grad_dtype is GradDtype.FP32
+    if p is Precision.BF16 and fp32_grads:
         return (["mixed_precision=bf16_mixed"], Fit.EXACT,
                 "bf16_mixed: bf16 compute on fp32 main weights, gradients reduced in fp32")
+    if p is Precision.BF16:
+        fields = {"bf16": True, "params_dtype": _dtype("bfloat16"),
+                  "pipeline_dtype": _dtype("bfloat16"), "grad_reduce_in_fp32": False}
+        return (_replace("mixed_precision", MIXED_PRECISION, fields), Fit.EXACT,
+                "bf16_mixed's fields, the gradients accumulated and reduced in bf16 "
+                "(grad_reduce_in_fp32 false)")
     if p is Precision.FP16:
         fields = {"fp16": True, "params_dtype": _dtype("float16"),
-                  "pipeline_dtype": _dtype("float16"), "grad_reduce_in_fp32": True,
+                  "pipeline_dtype": _dtype("float16"), "grad_reduce_in_fp32": fp32_grads,
                   "initial_loss_scale": LOSS_SCALING["init_scale"],
                   "loss_scale_window": LOSS_SCALING["growth_interval"], "hysteresis": 1}
         return (_replace("mixed_precision", MIXED_PRECISION, fields), Fit.EXACT,
                 "dynamic loss scaling as autopar's engine runs it (from 2^16, halved at every "
-                "overflow, doubled after 2000 clean steps) and gradients reduced in fp32: "
-                "Bridge's fp16_mixed would start at 2^32 and reduce them in fp16")
+                "overflow, doubled after 2000 clean steps) and gradients reduced in "
+                f"{plan.train.grad_dtype}: Bridge's fp16_mixed would start at 2^32 and reduce "
+                "them in fp16")
     if p is Precision.FP8:
         tensorwise = plan.train.fp8_recipe is Fp8Recipe.TENSORWISE
         gather = tensorwise and plan.config.zero >= 1
         fields = {"bf16": True, "params_dtype": _dtype("bfloat16"),
-                  "pipeline_dtype": _dtype("bfloat16"), "grad_reduce_in_fp32": True,
+                  "pipeline_dtype": _dtype("bfloat16"), "grad_reduce_in_fp32": fp32_grads,
                   "fp8": "hybrid", "fp8_recipe": "tensorwise" if tensorwise else "blockwise",
                   "fp8_param_gather": gather, "first_last_layers_bf16": False}
         return (_replace("mixed_precision", MIXED_PRECISION, fields), Fit.CLOSE,
@@ -296,6 +304,8 @@ def _bridge_item(item: Item, plan: Plan, shape: ModelShape | None) -> tuple[list
                  "pipeline and data-parallel overlaps from the parallelism)")
     elif item.field == "train.precision":
         return _precision(plan)
+    elif item.field == "train.grad_dtype":  # mixed_precision's grad_reduce_in_fp32
+        return [], fit, "with train.precision: mixed_precision's grad_reduce_in_fp32"
     elif item.field == "model.vocab_size":
         fit, note = Fit.NONE, ("the recipe's tokenizer sets the vocabulary "
                                f"(tokenizer.vocab_size={item.value} with the "

@@ -36,8 +36,9 @@ offload                ``zero_optimization.offload_optimizer`` on the CPU (ZeRO 
 precision              ``bf16`` / ``fp16`` (dynamic loss scaling as autopar's) / fp32;   exact
                        bf16-pure: ``bf16_master_weights_and_grads`` and
                        ``bf16_optimizer_states`` (ZeRO >= 1)
-gradient reduction     ``communication_data_type`` fp32 under bf16 and fp16, as          exact
-                       autopar's engine reduces (FSDP2's ``reduce_dtype``)
+grad_dtype             ``communication_data_type`` the plan's (fp32 by default) under    exact
+                       bf16 and fp16, as autopar's engine reduces (FSDP2's
+                       ``reduce_dtype``)
 optimizer              ``optimizer.type`` AdamW / Adam (``adam_w_mode`` false) / SGD     exact
 seq_len, fusions,      none: the data loader's and the model's                           none
 model shape
@@ -166,11 +167,12 @@ def deepspeed_config(plan: Plan) -> tuple[dict[str, object], dict[str, Row]]:
                      fix="export to megatron, bridge or torchtitan (FP8 through Transformer "
                          "Engine or torchao), or re-plan with --precision bf16")
     if p in (Precision.BF16, Precision.FP16):
-        # autopar's engine reduces gradients in fp32 (passes/data_parallel.py:mixed_precision);
-        # DeepSpeed's default is the compute dtype
-        cfg["communication_data_type"] = "fp32"
-        row("gradient reduction", "fp32", "communication_data_type = fp32", Fit.EXACT,
-            "gradients reduced in fp32, as autopar's engine reduces them")
+        # autopar's engine reduces gradients in train.grad_dtype (passes/data_parallel.py:
+        # mixed_precision); DeepSpeed's default is the compute dtype
+        reduce = t.grad_dtype.value
+        cfg["communication_data_type"] = reduce
+        row("train.grad_dtype", reduce, f"communication_data_type = {reduce}", Fit.EXACT,
+            f"gradients reduced in {reduce}, as autopar's engine reduces them")
     if p is Precision.BF16_PURE:
         if c.zero == 0:
             raise refuse("precision bf16-pure with ZeRO-0: DeepSpeed keeps bf16 master weights "

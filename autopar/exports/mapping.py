@@ -75,7 +75,7 @@ def plan_rows(plan: Plan, handled: Mapping[str, Row]) -> tuple[Row, ...]:
     """Every plan field, in the plan's order: the exporter's row for it, or a row saying the
     target has no place for it (so no field is left out of the table)."""
     values = plan_values(plan)
-    handled = {**_recipe_row(plan, handled), **handled}
+    handled = {**_recipe_row(plan, handled), **_grad_dtype_row(plan), **handled}
     rows = [handled.get(name) or Row(name, value, "", Fit.NONE,
                                      "not carried to this target")
             for name, value in values.items()]
@@ -97,6 +97,16 @@ def _recipe_row(plan: Plan, handled: Mapping[str, Row]) -> dict[str, Row]:
                                     "with train.precision: see its row")}
 
 
+def _grad_dtype_row(plan: Plan) -> dict[str, Row]:
+    """``train.grad_dtype``'s row where the precision does not read it (``bf16-pure``,
+    ``fp32``); an exporter's own row wins."""
+    if plan.train.precision.value in ("bf16", "fp8", "fp16"):
+        return {}
+    return {"train.grad_dtype": Row("train.grad_dtype", f"{plan.train.grad_dtype} (unused)",
+                                    "", Fit.EXACT, "read only under bf16, fp8 and fp16: "
+                                    "see train.precision's row")}
+
+
 def plan_values(plan: Plan) -> dict[str, str]:
     """The plan's fields as text, by their export names (``config.tp``, ``stage_blocks``,
     ``train.seq_len``...): ``autopar.report.text.config_text``'s words."""
@@ -108,6 +118,7 @@ def plan_values(plan: Plan) -> dict[str, str]:
     for name, value in plan.train.to_dict().items():
         out[f"train.{name}"] = str(value)
     out.setdefault("train.fp8_recipe", f"{plan.train.fp8_recipe.value} (unused)")
+    out.setdefault("train.grad_dtype", plan.train.grad_dtype.value)
     return out
 
 

@@ -53,6 +53,8 @@ fusions                Megatron's own fused kernels; ``--cross-entropy-loss-fusi
 global_batch, seq_len  ``--global-batch-size``, ``--seq-length``                         exact
 precision              ``--bf16`` / ``--fp16`` with autopar's loss scaling / fp32        exact
                        default; bf16-pure refused (main params are fp32 or fp16)
+grad_dtype             bf16: ``--grad-reduce-in-bf16``; fp32 under fp16:                 exact
+                       ``--accumulate-allreduce-grads-in-fp32``; else the default
 optimizer              adamw: ``--optimizer adam`` (decoupled decay); adam: close        exact /
                                                                                          close
 model shape            ``--num-layers --hidden-size --ffn-hidden-size                    exact
@@ -84,7 +86,7 @@ from autopar.core.estimate import checkpoint_text
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.core.specs import (ASYNC_TP, DEEPEP, EP_A2A_OVERLAP, MOE_PERMUTE, Checkpoint,
-                                Fp8Recipe, Optimizer, Precision, Schedule)
+                                Fp8Recipe, GradDtype, Optimizer, Precision, Schedule)
 from autopar.core.stages import stage_chunks
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
 from autopar.models.shape import ModelShape, model_shape
@@ -152,9 +154,33 @@ def megatron_items(plan: Plan, allow_approximate: bool = False) -> list[Item]:
              Fit.EXACT),
         Item("train.seq_len", str(t.seq_len), (("seq_length", t.seq_len),), Fit.EXACT),
         _precision(plan),
+        _grad_dtype(plan),
         _optimizer(plan),
     ]
     return items + _shape_items(shape, c.tp, allow_approximate)
+
+
+def _grad_dtype(plan: Plan) -> Item:
+    """``train.grad_dtype``: Megatron-LM accumulates and reduces the gradients in fp32 under
+    ``--bf16`` by default (``accumulate_allreduce_grads_in_fp32``), in bf16 with
+    ``--grad-reduce-in-bf16``; in fp16 under ``--fp16`` by default, in fp32 with
+    ``--accumulate-allreduce-grads-in-fp32``. bf16-pure and fp32 plans have none of their own."""
+    t = plan.train
+    value = str(t.grad_dtype)
+    fp32 = t.grad_dtype is GradDtype.FP32
+    if t.precision is Precision.FP16:
+        return Item("train.grad_dtype", value,
+                    (("accumulate_allreduce_grads_in_fp32", True),) if fp32 else (), Fit.EXACT,
+                    "gradients accumulated and reduced in " + value
+                    + ("" if fp32 else " (Megatron's default under --fp16)"))
+    if t.precision not in (Precision.BF16, Precision.FP8):
+        return Item("train.grad_dtype", f"{value} (unused)", (), Fit.EXACT,
+                    "read only under bf16, fp8 and fp16: see train.precision's row")
+    if not fp32:
+        return Item("train.grad_dtype", value, (("grad_reduce_in_bf16", True),), Fit.EXACT,
+                    "the gradient buffer accumulated and reduced in bf16")
+    return Item("train.grad_dtype", value, (), Fit.EXACT,
+                "Megatron-LM's default under --bf16: gradients accumulated and reduced in fp32")
 
 
 def _zero(plan: Plan) -> Item:
@@ -380,12 +406,10 @@ def _precision(plan: Plan) -> Item:
         return Item("train.precision", str(p),
                     (("fp16", True), ("initial_loss_scale", LOSS_SCALING["init_scale"]),
                      ("loss_scale_window", LOSS_SCALING["growth_interval"]),
-                     ("hysteresis", 1), ("accumulate_allreduce_grads_in_fp32", True)),
+                     ("hysteresis", 1)),
                     Fit.EXACT,
                     "dynamic loss scaling as autopar's engine runs it: from 2^16, halved at "
-                    "every overflow (the step skipped), doubled after 2000 clean steps; "
-                    "gradients accumulated and reduced in fp32 as autopar's engine reduces "
-                    "them (Megatron's fp16 default is fp16; under bf16 it is fp32 already)")
+                    "every overflow (the step skipped), doubled after 2000 clean steps")
     if p is Precision.FP32:
         return Item("train.precision", str(p), (), Fit.EXACT, "Megatron-LM's default")
     if p is Precision.FP8:

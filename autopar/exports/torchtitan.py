@@ -70,7 +70,8 @@ from dataclasses import dataclass, field
 from autopar.core.estimate import checkpoint_text
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
-from autopar.core.specs import ASYNC_TP, Checkpoint, Fp8Recipe, Optimizer, Precision, Schedule
+from autopar.core.specs import (ASYNC_TP, Checkpoint, Fp8Recipe, GradDtype, Optimizer, Precision,
+                                Schedule)
 from autopar.core.stages import stage_chunks
 from autopar.exports.mapping import Export, Fit, Row, plan_rows, refuse
 from autopar.models.shape import ModelShape, model_shape
@@ -267,6 +268,13 @@ def titan_config(plan: Plan) -> tuple[Titan, dict[str, Row]]:
         training.update(dtype="bfloat16")
         row("train.precision", p, "training.dtype = bfloat16", Fit.EXACT,
             "parameters, gradients and optimizer states in bf16, no fp32 copy")
+    if p in (Precision.BF16, Precision.FP8):
+        bf16_grads = t.grad_dtype is GradDtype.BF16
+        row("train.grad_dtype", t.grad_dtype, 'mixed_precision_reduce = "float32"',
+            Fit.CLOSE if bf16_grads else Fit.EXACT,
+            "torchtitan 0.3.0 reduces in float32 only (its config's only choice): the "
+            "gradient accumulators and their reduction take twice the bytes the plan priced"
+            if bf16_grads else "gradients reduced in fp32")
     optimizer = "AdamW" if t.optimizer is Optimizer.ADAMW else "Adam"
     row("train.optimizer", t.optimizer, f"optimizer_name = {optimizer!r}", Fit.EXACT,
         "set your learning rate (LR in the module)")

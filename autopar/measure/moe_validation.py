@@ -8,7 +8,20 @@ sequence, and its parallel layout as autopar expresses it (``run_config``):
   (Megatron-Core requires it with MoE under tp > 1): the experts' mesh then folds over the tp
   ranks, so ep 32 with tp 2 and dp 16 is expressible;
 * Megatron's distributed optimizer -> ZeRO 1, Megatron-FSDP -> ZeRO 3;
-* the virtual pipeline size -> the interleaved schedule with that many chunks per rank;
+* the gradients' dtype (``grad_dtype_of``): bf16 where the run states bf16 main gradients
+  (Megatron-LM's precision-aware optimizer, ``--grad-reduce-in-bf16``; NeMo 1's
+  ``distributed_fused_adam`` with ``grad_sync_dtype: bf16``, Apex's gradient buckets and their
+  reduction in that dtype) or runs Megatron-FSDP
+  (whose main gradients take the compute dtype unless set: ``megatron_fsdp_main_grads_dtype``
+  None in Megatron-Core 0.19's ``DistributedDataParallelConfig``), else fp32, Megatron-LM's
+  default under ``--bf16`` (``accumulate_allreduce_grads_in_fp32``). The precision-aware
+  optimizer's bf16 moments are priced as fp32 ones: autopar's engine has no such optimizer;
+* the virtual pipeline size -> the interleaved schedule with that many chunks per rank; the
+  stages cut as Megatron-LM cuts them, evenly (``validation.run_partition``), or as the run's
+  Megatron-Core layout places the layers where it states one (``train.pipeline_layout``,
+  ``core.stages.layout_stage_blocks``: DeepSeek-V3's ``Et|(tt|)*30mL``, the embedding and one
+  dense layer in the first chunk, the multi-token prediction layer and the loss in the last,
+  which autopar's model has not: its MTP layer is not priced);
 * recomputation: Megatron's ``full`` -> ``full``; its selective module ``moe`` (the whole MoE
   layer) -> ``moe``, the same policy; its other selective modules (``layernorm``,
   ``moe_act``, ``mla_up_proj``: a few element-wise ops and up-projections rerun) and none ->
@@ -40,12 +53,17 @@ import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autopar.core.errors import AutoparError
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import ParallelConfig, TrainSpec
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY, Efficiency
+
+if TYPE_CHECKING:
+    from autopar.analysis.graph import GraphIR
+    from autopar.costmodel.pipeline import StagePartition
 
 CLUSTER = {"H100-SXM-80GB": "hgx-h100-80g", "H100-80GB": "hgx-h100-80g",
            "H200-SXM-141GB": "hgx-h200", "B200-180GB": "dgx-b200", "B200-GB200": "gb200-nvl72"}
@@ -210,6 +228,19 @@ def run_fusions(run: dict) -> tuple[str, ...]:
     return tuple(out)
 
 
+BF16_GRADS = re.compile(r"bf16[^;]*main grad|main grads? (in )?bf16|grad[-_]reduce[-_]in[-_]bf16"
+                        r"|grad_sync_dtype bf16|megatron-fsdp", re.IGNORECASE)
+"""What in a run's optimizer notes (``train.zero``, ``train.other``) says its gradients are
+accumulated and reduced in bf16 (module docstring)."""
+
+
+def grad_dtype_of(run: dict) -> str:
+    """``TrainSpec.grad_dtype`` of ``run`` (module docstring)."""
+    t = run["train"]
+    text = f"{t.get('zero') or ''}; {t.get('other') or ''}"
+    return "bf16" if t["precision"] in ("bf16", "fp8") and BF16_GRADS.search(text) else "fp32"
+
+
 def recompute_policy(recompute: str) -> str:
     """autopar's checkpoint policy for a run's recomputation as its source states it
     (module docstring)."""
@@ -220,6 +251,24 @@ def recompute_policy(recompute: str) -> str:
         return "matmuls"
     modules = {m.strip(" ,;:()[]'\"") for m in text.replace(",", " ").split()}
     return "moe" if "moe" in modules else "selective"
+
+
+def run_stages(run: dict, config: ParallelConfig, graph: GraphIR) -> StagePartition | None:
+    """The run's blocks per pipeline rank (module docstring): its stated layout's, else
+    Megatron-LM's even cut."""
+    from autopar.core.stages import layout_chunks, layout_stage_blocks
+    from autopar.costmodel.pipeline import StagePartition
+    from autopar.measure.validation import run_partition
+
+    layout = run["train"].get("pipeline_layout")
+    if not layout or config.pp == 1:
+        return run_partition(config, graph)
+    chunks = len(layout_chunks(layout))
+    if chunks != config.pp * config.virtual_stages:
+        raise AutoparError(f"pipeline layout {layout!r}: {chunks} chunks for pp={config.pp} x "
+                           f"{config.virtual_stages} virtual stages", where="train.pipeline_layout",
+                           fix="give the run's layout as it ran")
+    return StagePartition(layout_stage_blocks(layout, config.pp, graph.num_blocks))
 
 
 def run_config(run: dict) -> ParallelConfig:
@@ -269,7 +318,6 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
     from autopar.analysis.admissibility import check, facts_of
     from autopar.analysis.tracing import trace
     from autopar.costmodel.step import check_world
-    from autopar.measure.validation import run_partition
     from autopar.search.planner import plan_config
 
     measured = measured_s(run)
@@ -286,7 +334,7 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
         train = TrainSpec(global_batch=int(t["global_batch"]), seq_len=int(t["seq_len"]),
                           precision=t["precision"],
                           fp8_recipe=fp8_recipe_of(str(t.get("fp8_recipe"))) if fp8
-                          else "tensorwise")
+                          else "tensorwise", grad_dtype=grad_dtype_of(run))
         config = run_config(run)
         spec = run_model_spec(run["model"], train.seq_len)
         key = (json.dumps(spec.overrides, sort_keys=True), spec.name, train.seq_len)
@@ -302,7 +350,7 @@ def check_moe_run(run: dict, *, efficiency: Efficiency = DEFAULT_EFFICIENCY,
         check(facts, config, train)
         est = plan_config(graph, facts, run["model"]["name"], cluster, train, config,
                           efficiency=efficiency, split_weights=False, spec=spec,
-                          partition=run_partition(config, graph)).estimate
+                          partition=run_stages(run, config, graph)).estimate
     except AutoparError as err:
         return MoERunCheck(run, measured, None, refused=str(err))
     gib = 2.0 ** 30

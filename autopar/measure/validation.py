@@ -92,13 +92,15 @@ class RunCheck:
 def megatron_inputs(row: dict, cluster_preset: str = "dgx-a100-80g"
                     ) -> tuple[nn.Module, ClusterSpec, TrainSpec]:
     """Model, cluster and training spec of a Megatron-LM Table 1 row, as the 2021 runs were:
-    GPT with eager attention and dropout 0.1, fp16 with Adam."""
+    GPT with eager attention and dropout 0.1, fp16 with Adam, the gradients all-reduced in
+    fp16 (Megatron-LM's default under ``--fp16``: ``--accumulate-allreduce-grads-in-fp32`` is
+    off unless given, and forced on only under ``--bf16``)."""
     model = models.build("gpt", num_layers=row["num_layers"], hidden_size=row["hidden_size"],
                          num_heads=row["attention_heads"], vocab_size=row["vocab_size"],
                          seq_len=row["seq_len"], attention="eager", dropout=0.1, device="meta")
     cluster = ClusterSpec.preset(cluster_preset, nodes=max(1, row["num_gpus"] // 8))
     train = TrainSpec(global_batch=row["global_batch_size"], seq_len=row["seq_len"],
-                      precision="fp16", optimizer="adam")
+                      precision="fp16", optimizer="adam", grad_dtype="fp16")
     return model, cluster, train
 
 

@@ -10,7 +10,7 @@ from autopar.core.fp8 import fp8_all_gather
 from autopar.core.estimate import checkpoint_text
 from autopar.core.specs import (ASYNC_TP, ENGINE_FUSIONS, MOE_FUSIONS, Checkpoint, ParallelConfig,
                                 Precision, TrainSpec)
-from autopar.costmodel.memory import dtype_bytes
+from autopar.costmodel.memory import dtype_bytes, grad_reduce_bytes
 
 ENGINE_ZERO = {
     0: "FSDP2 hybrid mode with shard groups of one (DDP): parameters, gradients and optimizer "
@@ -76,9 +76,10 @@ def zero_text(config: ParallelConfig) -> str:
 
 
 _PRECISION = {
-    Precision.BF16: "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): bf16 "
-                    "compute on fp32 master weights, gradients reduced in fp32",
-    Precision.FP16: "FSDP2 MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype=fp32), with "
+    Precision.BF16: "FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype={reduce}): bf16 "
+                    "compute on fp32 master weights, gradients accumulated and reduced in "
+                    "{reduce}",
+    Precision.FP16: "FSDP2 MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype={reduce}), with "
                     "dynamic loss scaling (torch's ShardedGradScaler: the loss scaled by 2^16 to "
                     "start, steps with inf/NaN gradients skipped on every rank and the scale "
                     "halved, doubled after 2000 clean steps)",
@@ -87,7 +88,8 @@ _PRECISION = {
     Precision.FP8: "as bf16, with the blocks' linear layers (weight dims multiples of 16, routers "
                    "excepted; the head and everything outside the blocks stay bf16) swapped for "
                    "torchao's Float8Linear: inputs, weights and output gradients cast to FP8 with "
-                   "dynamic {recipe} scales, products accumulated in fp32{gather}",
+                   "dynamic {recipe} scales, products accumulated in fp32{gather}; gradients "
+                   "accumulated and reduced in {reduce}",
 }
 
 _CHECKPOINT = {
@@ -109,9 +111,12 @@ def state_text(train: TrainSpec) -> str:
     """Bytes per parameter of the model states the memory model prices (``costmodel/peak.py``):
     this engine's, which need not be another framework's."""
     master, low, moments = dtype_bytes(train.precision, train.optimizer)
-    mixed = train.precision in (Precision.BF16, Precision.FP16, Precision.FP8)
+    mixed = train.precision.mixed
+    reduce = grad_reduce_bytes(train.precision, train.grad_dtype)
+    how = ("reduced and accumulated in the master dtype" if reduce == master else
+           f"accumulated and reduced in {reduce:g} B, the reduced shard in the master dtype")
     parts = [f"{master:g} B master", f"{moments:g} B optimizer moments",
-             f"{master:g} B gradient (reduced and accumulated in the master dtype)"]
+             f"{master:g} B gradient ({how})"]
     total = 2 * master + moments
     if mixed:
         parts.append(f"{low:g} B compute copy while gathered")
@@ -150,7 +155,7 @@ def execution_lines(config: ParallelConfig, train: TrainSpec, num_blocks: int
                                  f"{config.virtual_stages} stage(s) per rank"))
     rows.append(("checkpointing", checkpoint_line(config, num_blocks)))
     rows.append(("precision", _PRECISION[train.precision].format(
-        recipe=train.fp8_recipe.value,
+        recipe=train.fp8_recipe.value, reduce=train.grad_dtype.value,
         gather=("; FSDP all-gathers their weights in FP8" if fp8_all_gather(train)
                 and (config.zero >= 1 or config.dp * config.cp > 1) else ""))))
     rows.append(("model states", state_text(train)))

@@ -21,7 +21,7 @@ from autopar.core.errors import AutoparError
 from autopar.core.specs import Precision
 from autopar.core.model_spec import ModelSpec
 from autopar.models import prepare_training, set_aux_loss_grad_scale
-from autopar.passes.data_parallel import COMPUTE_DTYPE
+from autopar.passes.data_parallel import COMPUTE_DTYPE, REDUCE_DTYPE
 from autopar.passes.float8 import apply_float8
 from autopar.passes.program import model_blocks_of
 from autopar.core.plan import Plan
@@ -60,16 +60,19 @@ def _one_ulp_to_zero(model: torch.nn.Module) -> None:
             p.copy_(torch.nextafter(p, torch.zeros_like(p)))
 
 
-def _accumulate_fp32(model: torch.nn.Module, runner: torch.nn.Module, factor: float) -> None:
-    """Add the low-precision copy's gradients times ``factor``, in fp32, to the masters' and
-    clear them: what FSDP's ``MixedPrecisionPolicy(reduce_dtype=fp32)`` does with each
-    micro-batch's gradient (it reduces -- averages over dp -- in fp32, and accumulates in fp32
-    while gradient sync is off)."""
+def _accumulate(model: torch.nn.Module, runner: torch.nn.Module, factor: float,
+                dtype: torch.dtype) -> None:
+    """Add the low-precision copy's gradients times ``factor``, in ``dtype``, to the masters'
+    and clear them: what FSDP's ``MixedPrecisionPolicy(reduce_dtype=dtype)`` does with each
+    micro-batch's gradient (it reduces -- averages over dp -- in ``dtype``, and accumulates in
+    it while gradient sync is off; ``TrainSpec.grad_dtype``), the sum kept in fp32 once made
+    (FSDP casts the reduced shard to the master's dtype)."""
     for master, p in zip(model.parameters(), runner.parameters()):
         if p.grad is None:
             continue
-        grad = p.grad.float() * factor
-        master.grad = grad if master.grad is None else master.grad + grad
+        grad = p.grad.to(dtype) * factor
+        total = grad if master.grad is None else master.grad.to(dtype) + grad
+        master.grad = total.float()
         p.grad = None
 
 
@@ -159,7 +162,8 @@ def reference(spec: ModelSpec, plan: Plan, steps: int, seed: int,
             (scaled if scaler is None else scaler.scale(scaled)).backward()
             total += loss.item()
             if runner is not model:  # FSDP accumulates micro-batches in its reduce_dtype
-                _accumulate_fp32(model, runner, 1.0 / (len(chunks) * rank_scale))
+                _accumulate(model, runner, 1.0 / (len(chunks) * rank_scale),
+                            REDUCE_DTYPE[train.grad_dtype])
         if scaler is not None:
             scaler.unscale_(opt)
         losses.append(total / len(chunks))

@@ -221,6 +221,18 @@ def test_bf16_mixed_precision_with_zero2_matches_its_reference():
     assert result.passed, result.table()
 
 
+@pytest.mark.parametrize("fields", [dict(dp=2, zero=1, micro_batch=2),
+                                    dict(dp=2, ep=2, micro_batch=1)], ids=["zero1", "ep2"])
+def test_bf16_gradients_reduced_in_bf16_match_their_reference(fields):
+    """``grad_dtype='bf16'``: FSDP2 accumulates the micro-batches' gradients and reduces them
+    over dp (the experts' over their expert-dp ranks) in bf16; the reference accumulates in
+    bf16 as well (tolerance: 8 times the one-process bf16 error; measured: see the note)."""
+    spec = LLAMA if "ep" not in fields else MOE_DROPLESS
+    plan = process_plan(spec, fields, 8, precision="bf16", grad_dtype="bf16")
+    result = verify(spec, plan, steps=3)
+    assert result.passed, result.table()
+
+
 def test_bf16_expert_tensor_parallelism_matches_its_reference():
     """dp 2 x tp 2 + SP with ep 2 x etp 2 in bf16 (tolerance: 8 times the one-process bf16
     error; measured: loss 0.005, gradients 1.05, parameters 1.42 times)."""

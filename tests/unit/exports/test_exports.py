@@ -514,6 +514,26 @@ def test_megatron_carries_fp8_as_its_flags(llama_fp8, tmp_path):
     assert (b.fp8_recipe, b.fp8_param_gather) == ("blockwise", None)  # the nearest, said CLOSE
 
 
+def test_gradients_reduced_in_bf16_are_each_targets_switch(gpt175b, tmp_path, monkeypatch):
+    """``grad_dtype='bf16'``: Megatron-LM's --grad-reduce-in-bf16, Bridge's
+    grad_reduce_in_fp32 false, DeepSpeed's communication_data_type bf16 (read by their own
+    parsers); torchtitan 0.3.0 reduces in float32 only, said CLOSE. The default is fp32
+    everywhere (Megatron's under --bf16: no flag)."""
+    bf16 = dataclasses.replace(gpt175b, train=dataclasses.replace(gpt175b.train,
+                                                                  grad_dtype="bf16"))
+    assert _megatron_args(bf16, tmp_path / "bf16").grad_reduce_in_bf16
+    assert not _megatron_args(gpt175b, tmp_path / "fp32").grad_reduce_in_bf16
+    mixed = _overrides(bf16)["mixed_precision"]
+    assert "bf16:true" in mixed and "grad_reduce_in_fp32:false" in mixed
+    _, ds = _deepspeed_config(bf16, monkeypatch)
+    assert ds.communication_data_type == torch.bfloat16
+    rows = {t: {r.field: r for r in export_target(bf16, t).rows} for t in TARGETS}
+    assert rows["torchtitan"]["train.grad_dtype"].fit is Fit.CLOSE
+    assert all(rows[t]["train.grad_dtype"].fit is Fit.EXACT
+               for t in ("megatron", "bridge", "deepspeed"))
+    assert "grads:bf16" in bf16.summary() and "grads:" not in gpt175b.summary()
+
+
 def test_bridge_and_torchtitan_carry_fp8_and_deepspeed_refuses_it(llama_fp8):
     fp8 = _overrides(llama_fp8)["mixed_precision"]  # every layer, where Bridge's keeps 2 bf16
     assert "fp8:hybrid,fp8_recipe:tensorwise" in fp8 and "first_last_layers_bf16:false" in fp8

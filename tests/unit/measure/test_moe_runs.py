@@ -23,8 +23,12 @@ ALL = load_runs(RUNS)
 BY_ID = {r["id"]: r for r in ALL}
 USED = [r for r in ALL if used_for_validation(r)]
 
-MEAN_ERROR = 0.15
-"""Mean |error| over ``USED`` measured on 2026-11-28 (x86_64, torch 2.13: 0.145 over all 21
+MEAN_ERROR = 0.135
+"""Mean |error| over ``USED`` measured on 2026-11-28 (x86_64, torch 2.13: 0.1342 over all 21
+with DeepSeek-V3's stages cut as its stated layout cuts them, ``train.pipeline_layout``: that
+run +10.9 %, was +34.2 % with 8 blocks and the 3 dense layers on the first rank; 0.1452 with
+the runs' gradient dtype priced, ``moe_validation.grad_dtype_of``, and the engine's fp32
+gradient reduction priced at 4 bytes, was 2; 0.1454 before, 0.145 over all 21
 with the engines' fused norms and activations priced, ``moe_validation.ENGINE_KERNELS``; 0.148,
 from 0.179 before FSDP's gathers were priced as the engine runs them and the runs' pipeline
 stages cut as Megatron cuts them, evenly; the GB200 NVL72 run at -11.0 % and the pp32 x 3
@@ -41,13 +45,9 @@ MISSES = {
     "q235b-h100-deepep-ep8-tp4-pp8": "-39 %: the run is 47 % slower than the tp2 x ep32 one; "
     "the cost model has tp4 x ep8 faster (its all-to-alls inside a node); the cause is not "
     "found (the source's recompute column is blank)",
-    "q30b-h100-hybridep-noovl": "-16 %: a 2048-wide model's kernels are short; per-kernel "
-    "launch and Python overheads the cost model does not price",
     "q30b-h100-card-natural-routing": "-29 %: natural routing in the first 100 steps; the "
     "busiest rank's load is far above the default imbalance 1.1 (the forced-balance run of "
     "the same recipe takes 24.7 s, this one 30.3 s)",
-    "dsv3-h100-1024-bf16": "+34 %: MTP, the run's pipeline layout (embedding alone in the "
-    "first chunk, the shared experts overlapped with the dispatch) are not modelled",
     "gptoss120b-h100-64-bf16-2604.01": "-35 % (-43 % with the stages balanced by cost; "
     "Megatron split the 36 layers 9 a stage, the head and its 201k-word loss on the last): the "
     "run is at 16 % MFU; its attention with sinks runs in Megatron's unfused path (not found "
@@ -58,7 +58,9 @@ MISSES = {
     "a chunk each; priced at 17.7 s (compute 14.2, ep 1.5, pp 1.4), published 24.2 s; the "
     "cause is not found",
 }
-"""Runs outside ``BAND``, with the measured error and what is known of the cause."""
+"""Runs outside ``BAND``, with the measured error and what is known of the cause; a run that
+comes within it fails its test until it is taken off (q30b-h100-hybridep-noovl, -15.5 %, was
+listed at -16 % until 2026-11-28)."""
 
 REFUSED: dict[str, str] = {}
 """Runs autopar cannot express, with the reason (none since the embedding and the loss may
@@ -73,13 +75,15 @@ NOT_FITTING = {
     "q30b-h100-a2a-noovl": "74.5 of 72.2 GiB: without the fused permutation the zoo's "
     "dropless layer keeps more than Megatron's unfused one",
     "q30b-h100-a2a-ovl": "as the run without overlap",
-    "dsv3-h100-1024-bf16": "154.6 GiB: the run recomputes mla_up_proj and mlp, keeps bf16 "
-    "Adam moments and main gradients (the precision-aware optimizer) and puts the embedding "
-    "alone in its first chunk; priced without any of them",
+    "dsv3-h100-1024-bf16": "117.7 GiB on the first rank (149.9 before its bf16 main "
+    "gradients were priced, TrainSpec.grad_dtype, and its layout, 140.4 after the gradients): "
+    "the run recomputes mla_up_proj and mlp and keeps bf16 Adam moments (the precision-aware "
+    "optimizer), priced without either; autopar's first stage runs all 3 dense layers, where "
+    "the layout puts 2 of them on the second rank",
     "gptoss120b-h100-64-bf16-2511": "micro-batch 4 as printed (the config says 1)",
-    "moonlight16b-h100-16-ep8-card": "74.0 of 72.2 GiB usable: within the headroom autopar "
-    "keeps",
 }
+"""Runs predicted not to fit, with the predicted peak and what is known of the cause (the
+Moonlight card run fits since its bf16 main gradients are priced: 66.4 GiB, was 72.7)."""
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +109,13 @@ def test_every_run_is_expressible(run_id: str, checks) -> None:
 
 @pytest.mark.parametrize("run_id", [r["id"] for r in USED])
 def test_run_within_its_band(run_id: str, checks) -> None:
-    if run_id in MISSES or run_id in REFUSED:
-        pytest.xfail(MISSES.get(run_id) or REFUSED[run_id])
-    assert abs(checks[run_id].error) <= BAND, checks[run_id].error
+    if run_id in REFUSED:
+        pytest.xfail(REFUSED[run_id])
+    within = abs(checks[run_id].error) <= BAND
+    if run_id in MISSES:
+        assert not within, f"{run_id} is within the band now: take it off MISSES"
+        pytest.xfail(MISSES[run_id])
+    assert within, checks[run_id].error
 
 
 def test_mean_error_does_not_drift(checks) -> None:
@@ -117,9 +125,13 @@ def test_mean_error_does_not_drift(checks) -> None:
 
 @pytest.mark.parametrize("run_id", [r["id"] for r in ALL])
 def test_run_fits(run_id: str, checks) -> None:
-    if run_id in NOT_FITTING or run_id in REFUSED:
-        pytest.xfail(NOT_FITTING.get(run_id) or REFUSED[run_id])
-    assert checks[run_id].fits, (checks[run_id].peak_gib, checks[run_id].usable_gib)
+    if run_id in REFUSED:
+        pytest.xfail(REFUSED[run_id])
+    fits = checks[run_id].fits
+    if run_id in NOT_FITTING:
+        assert not fits, f"{run_id} fits now: take it off NOT_FITTING"
+        pytest.xfail(NOT_FITTING[run_id])
+    assert fits, (checks[run_id].peak_gib, checks[run_id].usable_gib)
 
 
 @pytest.mark.parametrize("slow, fast", [
