@@ -76,6 +76,12 @@ GRID = [
     Case("405b-pp4-cp2-interleaved-v1", "llama3-405b", "hgx-h100-80g", 8, 32, 8192,
          dict(dp=1, tp=8, pp=4, cp=2, zero=1, micro_batch=1, sequence_parallel=True,
               schedule="interleaved", virtual_stages=1, checkpoint="selective"), layers=8),
+    # 8 stages of 2 blocks, cp 4, tp 8 + SP, the interleaved schedule with one chunk a rank:
+    # 13 micro-batches in flight on pp1, each holding its stage output (torch's schedule) and
+    # its attention outputs' concatenation (cp), as llama3-405b's plan on 16384 GPUs does
+    Case("405b-pp8-cp4-tp8-in-flight", "llama3-405b", "hgx-h100-80g", 32, 16, 8192,
+         dict(dp=1, tp=8, pp=8, cp=4, zero=1, micro_batch=1, sequence_parallel=True,
+              schedule="interleaved", checkpoint="selective"), layers=16),
     Case("405b-pp4-cp2-1f1b", "llama3-405b", "hgx-h100-80g", 8, 32, 8192,
          dict(dp=1, tp=8, pp=4, cp=2, zero=1, micro_batch=1, sequence_parallel=True,
               schedule="1f1b", checkpoint="selective"), layers=8),

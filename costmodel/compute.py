@@ -63,6 +63,8 @@ class Split:
     """The casts as Transformer Engine runs them (``core.specs.FP8_FUSED_CASTS``)."""
     fp8_compiled_casts: bool = False
     """The casts as torch.compile runs torchao's (``core.specs.FP8_COMPILED_CASTS``)."""
+    mcore_activations: bool = False
+    """Activations as Megatron-Core keeps them (``core.specs.MCORE_ACTIVATIONS``)."""
 
     def divisor(self, shard: Shard) -> float:
         if shard is Shard.TP or (shard is Shard.SEQ and self.sequence_parallel):

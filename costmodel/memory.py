@@ -158,10 +158,30 @@ def saved_bytes(layer: LayerCost, split: Split, policy: Checkpoint) -> float:
         inside = ((lambda t: t.attention_core) if policy is Checkpoint.SELECTIVE
                   else (lambda t: t.moe_layer))
         return (_bytes(layer, split, lambda t: t.without_checkpoint and not inside(t))
-                + gathered_kv_bytes(layer, split))
+                + gathered_kv_bytes(layer, split) + cp_output_bytes(layer, split))
     kept = layer.held or layer.saved  # as the savers hold them, where the solve walked it
     return (_sized((t for t in kept if t.without_checkpoint), split, fp8_savers(layer, split))
-            + gathered_kv_bytes(layer, split))
+            + gathered_kv_bytes(layer, split) + cp_output_bytes(layer, split))
+
+
+def cp_output_bytes(layer: LayerCost, split: Split) -> float:
+    """What context parallelism adds to what follows an attention: the rank's two query
+    chunks attend apart and their outputs are concatenated (``passes/context_parallel.py``),
+    so the fused kernels keep the two chunk outputs and the output projection its input, the
+    concatenation -- one more copy of the attention's output than the traced model keeps,
+    where the projection reads the kernel's output as a view (the dry run of llama3-405b's
+    plan at cp 4 finds it in every block). Kept under ``none``, ``selective`` and ``moe``;
+    ``matmuls`` recomputes the concatenation, ``full`` keeps neither. Megatron-Core's engines
+    write the chunks into one tensor (``Split.mcore_activations``): no copy."""
+    if split.cp == 1 or split.mcore_activations:
+        return 0.0
+    saved = {t.name: t for t in layer.saved}
+    total = 0.0
+    for op in layer.ops:
+        out = saved.get(op.name) if op.kind is OpKind.ATTENTION and op.kv_elements > 0 else None
+        if out is not None:
+            total += _sized((out,), split)
+    return total
 
 
 def gathered_kv_bytes(layer: LayerCost, split: Split) -> float:

@@ -45,8 +45,9 @@ from .profile import recording
 from .pipeline import (StagePartition, even_partition, in_flight_microbatches,
                        loss_in_flight_microbatches, pipeline_s)
 from autopar.core.fp8 import fp8_all_gather, fp8_params
-from autopar.core.specs import (ASYNC_TP, FP8_COMPILED_CASTS, FP8_FUSED_CASTS, Checkpoint,
-                                Optimizer, ParallelConfig, Precision, Schedule, TrainSpec)
+from autopar.core.specs import (ASYNC_TP, FP8_COMPILED_CASTS, FP8_FUSED_CASTS, MCORE_ACTIVATIONS,
+                                Checkpoint, Optimizer, ParallelConfig, Precision, Schedule,
+                                TrainSpec)
 from .topology import MeshGroups, domain_notes, mesh_groups, placed_group
 from .workload import LayerCost, OpCost, OpKind, Phase, Shard, TPCollective, Workload
 
@@ -88,7 +89,8 @@ def split_of(config: ParallelConfig, train: TrainSpec, seq_len: int | None) -> S
                  seq_len=seq_len, ep=config.ep, etp=config.etp,
                  fp8=train.precision is Precision.FP8,
                  fp8_fused_casts=FP8_FUSED_CASTS in config.fusions,
-                 fp8_compiled_casts=FP8_COMPILED_CASTS in config.fusions)
+                 fp8_compiled_casts=FP8_COMPILED_CASTS in config.fusions,
+                 mcore_activations=MCORE_ACTIVATIONS in config.fusions)
 
 
 @dataclass(frozen=True)
@@ -868,6 +870,16 @@ def _stage_sizes(
     block_working, block_grads = walked if walked is not None else (0.0, block_grad_bytes)
     fp8_block = _fp8_gathered_params(workload, config, train)
     last = stage == config.pp - 1
+    if config.pp > 1 and not split.mcore_activations:
+        # torch's schedules keep each chunk's output of a micro-batch until that micro-batch's
+        # backward of the chunk (the stage's ``fwd_cache``): a block output per chunk and
+        # micro-batch in flight, in the layout the last block makes it (sequence-split under
+        # SP), which no op of the block saves; on the last stage not its last chunk's, the
+        # loss (``stage_output`` holds what the loss reads). Megatron-Core frees them
+        # (``core.specs.MCORE_ACTIVATIONS``)
+        v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
+        kept += ((v - 1 if last else v) * workload.block.output_elements * split.act_bytes
+                 * split.scale(Shard.SEQ))
     held: StageParams | ModelStates
     if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet
         held = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,

@@ -222,8 +222,9 @@ DEEPEP = "deepep"
 EP_A2A_OVERLAP = "ep_a2a_overlap"
 FP8_FUSED_CASTS = "fp8_fused_casts"
 FP8_COMPILED_CASTS = "fp8_compiled_casts"
+MCORE_ACTIVATIONS = "mcore_activations"
 MOE_FUSIONS: tuple[str, ...] = (MOE_PERMUTE, DEEPEP, EP_A2A_OVERLAP, FP8_FUSED_CASTS,
-                                FP8_COMPILED_CASTS)
+                                FP8_COMPILED_CASTS, MCORE_ACTIVATIONS)
 """What the MoE engines run that autopar's engine does not, priced so that a plan for them is
 priced as they run it (``costmodel/moe.py``, ``analysis/workload.py:moe_permutes``); the passes
 refuse to execute a plan naming them, and the exports carry them as the framework's flags:
@@ -246,7 +247,13 @@ refuse to execute a plan naming them, and the exports carry them as the framewor
   torchtitan runs them, under ``precision="fp8"``): Inductor's two kernels per cast, the amax
   reduction and the cast that writes the FP8 copy in the layout its GEMM reads, instead of the
   eager chain of six and the separate transposes (``costmodel/compute.py:fp8_cast_s``;
-  measured 1.6-9x slower than bf16 eager on an H200, bench/results/fp8_linear.md)."""
+  measured 1.6-9x slower than bf16 eager on an H200, bench/results/fp8_linear.md);
+* ``mcore_activations`` (not MoE: Megatron-Core's activations, as its engines keep them):
+  the pipeline frees each stage output's storage once it is sent, keeping only its autograd
+  node (``deallocate_pipeline_outputs``), where torch's schedules keep every chunk's output of
+  the micro-batches in flight; and context parallelism's attention (Transformer Engine's)
+  writes both query chunks' outputs into the one tensor the projection reads, where autopar's
+  concatenates them, a copy more (``costmodel/memory.py:cp_output_bytes``)."""
 FUSIONS: tuple[str, ...] = KERNEL_FUSIONS + PRICED_FUSIONS + ENGINE_FUSIONS + MOE_FUSIONS
 """Every fusion name autopar itself knows: the vocabulary ``check_fusions`` reads, with the
 patterns an op family registered later adds (``PRICED_LATER``)."""

@@ -205,7 +205,8 @@ def engine_of(run: dict) -> tuple[bool, bool]:
 def run_fusions(run: dict) -> tuple[str, ...]:
     """The priced fusions naming what the run's engine did that autopar's does not: the fused
     norm and activation (``ENGINE_KERNELS``) of Transformer Engine or of a compiled torchtitan
-    run; torch's micro-pipeline TP (``async TP`` in the run's notes) as ``async_tp``; FP8's
+    run; Megatron-Core's activations (``mcore_activations``: the pipeline outputs freed once
+    sent, the context-parallel attention's output in place) on every engine built on it; torch's micro-pipeline TP (``async TP`` in the run's notes) as ``async_tp``; FP8's
     casts as Transformer Engine fuses them (``fp8_fused_casts``) or as Inductor compiles
     torchao's (``fp8_compiled_casts``; eager: autopar's engine's, no fusion)."""
     train = run["train"]
@@ -215,6 +216,8 @@ def run_fusions(run: dict) -> tuple[str, ...]:
         out.append("moe_permute")
     if "async tp" in str(train.get("other") or "").lower() and int(train.get("tp") or 1) > 1:
         out.append("async_tp")
+    if not native:  # Megatron-Core's pipeline outputs and context-parallel attention
+        out.append("mcore_activations")
     if train.get("precision") == "fp8":
         if not native:
             out.append("fp8_fused_casts")  # Transformer Engine's FP8 (Megatron, NeMo, Bridge)
