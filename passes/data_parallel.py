@@ -20,7 +20,7 @@ same weights, other tokens of the sequences): ``passes/mesh.py:data_parallel_mes
 
 One departure from the papers: at rest (between steps) the engine keeps the parameters sharded
 for ZeRO-1/2 as well; ZeRO-1/2 hold them whole. The memory during the step, and the traffic, are
-the papers' (and the cost model's; ``costmodel/step.py:_dp_comm_s``).
+the papers' (and the cost model's; ``costmodel/dp_comm.py:dp_comm_s``).
 
 Under pipelining, ``torch.distributed.pipelining`` drives the micro-batches itself: for every
 ZeRO stage it turns gradient sync and resharding off until the last micro-batch, so gradients

@@ -210,9 +210,9 @@ def test_zero3_gathers_each_unit_twice_whatever_the_recomputation(fake_world, ch
     """dp 2, ZeRO-3 (FSDP2 on every block and on the stage): each unit's weights are
     all-gathered before its forward and before its backward, and its gradients
     reduce-scattered once; a checkpointed block recomputes on the weights its backward
-    gathered, so recomputation adds no gather (``costmodel.step.FSDP_GATHERS``, which the
+    gathered, so recomputation adds no gather (``costmodel.dp_comm.FSDP_GATHERS``, which the
     cost model prices per unit and micro-batch)."""
-    from autopar.costmodel.step import FSDP_GATHERS
+    from autopar.costmodel.dp_comm import FSDP_GATHERS
 
     spec = ModelSpec("tiny-llama", {"num_layers": 3})
     train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")

@@ -23,7 +23,8 @@ from autopar.core.errors import AutoparError
 from autopar.costmodel.memory import model_state_bytes, saved_bytes, state_bytes_per_param
 from autopar.costmodel.pipeline import bubble_fraction, even_partition, in_flight_microbatches
 from autopar.core.specs import Checkpoint, Optimizer, ParallelConfig, Precision, Schedule
-from autopar.costmodel.step import _cp_comm_s, _dp_comm_s, _fsdp_exposed_s
+from autopar.costmodel.dp_comm import _fsdp_exposed_s, dp_comm_s as _dp_comm_s
+from autopar.costmodel.step import _cp_comm_s
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import LayerCost, OpCost, OpKind, Shard
 
