@@ -5,12 +5,17 @@
     python bench/dry_run_405b.py --save F.json      # also write each role's figures
     python bench/dry_run_405b.py --compare F.json   # and check them against a saved run
     python bench/dry_run_405b.py --markdown         # the table for bench/results/dry_run_405b.md
+    python bench/dry_run_405b.py --plan F.json      # another plan (autopar plan --json F.json)
+    python bench/dry_run_405b.py --all-microbatches # every micro-batch of each role's step
 
 The plan is issue 12's: llama3-405b, hgx-h100-80g with 2048 nodes, tp8 pp16 dp128, ZeRO-1,
 sequence parallel, the interleaved schedule with 2 chunks per rank, micro-batch 1, global
 batch 2048 of 8192 tokens (16 micro-batches per rank). Target: every role within 60 s on a
-2-core CPU machine. Prints, per pipeline rank, the seconds the role took where it ran, its
-peak (GiB = 2^30 bytes) and the collectives it issued; then the dry run's wall time, the user
+2-core CPU machine. Issue 32's plan is the one ``autopar plan --model llama3-405b --cluster
+hgx-h100-80g --nodes 2048 --global-batch 2048 --seq-len 8192 --tp 8 --pp 16 --schedule
+interleaved --json F.json`` chooses (``--plan F.json``). Prints, per pipeline rank, the
+micro-batches its dry run ran of the step's (``autopar/dryrun/steady.py``), the seconds the
+role took where it ran, its peak (GiB = 2^30 bytes) and the collectives it issued; then the dry run's wall time, the user
 CPU seconds of this process and of the worker processes, and the load average over the run
 (other jobs on the machine share its cores: wall times are only comparable at equal load).
 """
@@ -75,9 +80,17 @@ class LoadSampler:
 
 
 def figures(run) -> dict[str, dict]:
-    """What the dry run measures, per pipeline rank: the peak, its kinds, the collectives."""
+    """What the dry run measures, per pipeline rank: the peak and its kinds (``--compare``
+    checks these), the micro-batches run and the collectives issued in them."""
     return {str(r.pp_rank): {"peak_bytes": r.peak_bytes, "peak_breakdown": r.peak_breakdown,
-                             "collectives": r.collectives} for r in run.roles}
+                             "microbatches": r.microbatches, "collectives": r.collectives}
+            for r in run.roles}
+
+
+def same_peaks(a: dict[str, dict], b: dict[str, dict]) -> bool:
+    keys = ("peak_bytes", "peak_breakdown")
+    return a.keys() == b.keys() and all({k: a[r][k] for k in keys} == {k: b[r][k] for k in keys}
+                                        for r in a)
 
 
 def main(argv: list[str]) -> int:
@@ -88,10 +101,13 @@ def main(argv: list[str]) -> int:
                    help="only this pipeline rank's role (repeatable)")
     p.add_argument("--save", metavar="F", help="write each role's figures as JSON")
     p.add_argument("--compare", metavar="F", help="check the figures against a --save file")
+    p.add_argument("--plan", metavar="F", help="dry-run this plan file instead of issue 12's")
+    p.add_argument("--all-microbatches", action="store_true",
+                   help="run every micro-batch of each role's step")
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args(argv)
 
-    plan = plan_405b()
+    plan = autopar.Plan.from_file(args.plan) if args.plan else plan_405b()
 
     def progress(done: int, total: int, what: str) -> None:
         print(f"  [{time.perf_counter() - began:6.1f} s] {done}/{total} roles; {what}",
@@ -102,7 +118,8 @@ def main(argv: list[str]) -> int:
     with LoadSampler() as load:
         cpu0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
         began = time.perf_counter()
-        run = dry_run(plan, workers=args.workers, pp_ranks=args.pp_rank, progress=progress)
+        run = dry_run(plan, workers=args.workers, pp_ranks=args.pp_rank, progress=progress,
+                      all_microbatches=args.all_microbatches)
         wall = time.perf_counter() - began
         cpu_self = resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu0
     cpu_workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
@@ -110,7 +127,7 @@ def main(argv: list[str]) -> int:
     same = None
     if args.compare:
         with open(args.compare, encoding="utf-8") as f:
-            same = json.load(f) == json.loads(json.dumps(got))
+            same = same_peaks(json.load(f), json.loads(json.dumps(got)))
     if args.save:
         with open(args.save, "w", encoding="utf-8") as f:
             json.dump(got, f, indent=1)
@@ -121,18 +138,22 @@ def main(argv: list[str]) -> int:
         print("\n".join(header))
         print(f"- Plan: {plan.summary()}, {plan.config.world_size} ranks, "
               f"{plan.config.microbatches(plan.train)} micro-batches per rank\n")
-    print("| pp rank | stages | blocks | s | peak GiB | collectives |")
-    print("|---|---|---|---|---|---|")
+    print("| pp rank | stages | blocks | micro-batches run | s | peak GiB | predicted error "
+          "| collectives in those |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in run.roles:
         comm = ", ".join(f"{k} {v}" for k, v in r.collectives.items() if k != "wait_tensor")
-        print(f"| {r.pp_rank} | {','.join(map(str, r.stages))} | {r.blocks} | {r.seconds:.1f} | "
-              f"{r.peak_bytes / GIB:.2f} | {comm} |")
+        err = "-" if r.error is None else f"{r.error:+.2%}"
+        print(f"| {r.pp_rank} | {','.join(map(str, r.stages))} | {r.blocks} | "
+              f"{r.microbatches} of {r.step_microbatches} | {r.seconds:.1f} | "
+              f"{r.peak_bytes / GIB:.2f} | {err} | {comm} |")
     print(f"\n{len(run.roles)} roles in {wall:.1f} s wall with {workers} process"
           f"{'es' if workers > 1 else ''} (target {TARGET_S:.0f} s: "
           f"{'met' if wall <= TARGET_S else 'NOT met'}); user CPU {cpu_self:.1f} s here, "
           f"{cpu_workers:.1f} s in worker processes; load average {load.summary()}.")
     if same is not None:
-        print(f"Figures against {args.compare}: {'identical' if same else 'DIFFERENT'}.")
+        print(f"Peaks and their kinds against {args.compare}: "
+              f"{'identical' if same else 'DIFFERENT'}.")
     return 0 if same is not False else 1
 
 

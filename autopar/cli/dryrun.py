@@ -39,6 +39,10 @@ def add_dryrun_parser(sub: argparse._SubParsersAction,
     p.add_argument("--pp-rank", type=int, action="append", default=None, metavar="R",
                    help="run only this pipeline rank's role (repeatable; default: every role)")
     add_workers_argument(p)
+    p.add_argument("--all-microbatches", action="store_true",
+                   help="run every micro-batch of the step (default: the fewest that reach "
+                        "every memory state of the step, which find the same peak; the "
+                        "collectives are counted in the micro-batches run)")
     p.add_argument("--json", default=None, metavar="F", help="also write the result as JSON")
     return p
 
@@ -71,7 +75,7 @@ def cmd_dryrun(args: argparse.Namespace, console: Console) -> int:
                   f"(fake process group, fake tensors)", highlight=False)
     with dry_run_progress() as progress:
         result = dry_run(plan, spec, progress=progress, pp_ranks=args.pp_rank,
-                         workers=args.workers)
+                         workers=args.workers, all_microbatches=args.all_microbatches)
     console.print(dry_run_table(result))
     console.print(f"peak {result.peak_bytes / GIB:.2f} GiB of {plan.estimate.usable_memory_bytes / GIB:.2f}"
                   f" GiB usable: {'fits' if result.fits else 'DOES NOT FIT'}; "

@@ -11,10 +11,14 @@ the processes it spawns to run roles side by side, ``workers``):
    dtypes and devices, no memory), then applies the plan with the passes the real run uses
    (``autopar.parallelize``: tensor parallelism, FSDP2, pipeline stages and schedule,
    checkpointing, fusions);
-3. runs one full training step -- every micro-batch of the rank's share of the global batch
-   through the plan's real schedule, backward, the optimizer step -- as any step after the
-   first runs it (the optimizer's states, which the first step makes, exist already), under
-   ``MemoryAccount`` (every byte by kind, and the peak) and counting the collectives issued.
+3. runs one full training step -- the rank's micro-batches through the plan's real schedule,
+   backward, the optimizer step -- as any step after the first runs it (the optimizer's
+   states, which the first step makes, exist already), under ``MemoryAccount`` (every byte by
+   kind, and the peak) and counting the collectives issued. A pipelined step of many
+   micro-batches is run as long as it takes to pass through every memory state of the whole
+   step (``autopar/dryrun/steady.py``: the first of llama3-405b's 16 stages runs 32 of its 64
+   micro-batches, the last 3), and what the others would hold all step is added back: the
+   peak is the whole step's, byte for byte (``tests/unit/dryrun/test_steady.py``).
 
 What a tensor account cannot see -- the CUDA context, NCCL's workspaces, the caching
 allocator's fragmentation -- is not in the dry run; the memory model names it
@@ -57,6 +61,7 @@ from autopar.core.plan import Plan
 from autopar.core.specs import Precision
 from autopar.dryrun.gpu_kernels import gpu_saved_tensors
 from autopar.dryrun.memory_account import KINDS, MemoryAccount
+from autopar.dryrun.steady import microbatches_to_run, shortened
 from autopar.models.init import tied_groups
 
 ProgressFn = Callable[[int, int, str], None]
@@ -74,11 +79,17 @@ class RoleRun:
     stages: tuple[int, ...]
     """The pipeline stages this role holds (several under the interleaved schedule)."""
     blocks: int
+    microbatches: int
+    """The micro-batches the role ran (``autopar/dryrun/steady.py``): fewer than the step's
+    where the rest repeat memory states already met; its peak is the whole step's."""
+    step_microbatches: int
+    """The micro-batches of the plan's step on one pipeline."""
     peak_bytes: float
     peak_breakdown: dict[str, float]
     """Bytes by kind (``memory_account.KINDS``) at the moment of the peak."""
     collectives: dict[str, int]
-    """Collectives issued in the step, by kind (``all_gather``, ``reduce_scatter``, ...)."""
+    """Collectives issued in the step, by kind (``all_gather``, ``reduce_scatter``, ...):
+    in the ``microbatches`` the role ran."""
     predicted: StageMemory | None
     """The plan's estimate for this pipeline rank."""
     seconds: float
@@ -95,7 +106,8 @@ class RoleRun:
 
     def to_dict(self) -> dict[str, object]:
         return {"pp_rank": self.pp_rank, "rank": self.rank, "stages": list(self.stages),
-                "blocks": self.blocks, "peak_bytes": self.peak_bytes,
+                "blocks": self.blocks, "microbatches": self.microbatches,
+                "step_microbatches": self.step_microbatches, "peak_bytes": self.peak_bytes,
                 "peak_breakdown": dict(self.peak_breakdown),
                 "collectives": dict(self.collectives),
                 "predicted_bytes": self.predicted_bytes, "error": self.error,
@@ -130,7 +142,8 @@ class DryRun:
 def dry_run(plan: Plan, model: ModelSpec | None = None, *,
             progress: ProgressFn | None = None,
             pp_ranks: Sequence[int] | None = None,
-            workers: int | None = None) -> DryRun:
+            workers: int | None = None,
+            all_microbatches: bool = False) -> DryRun:
     """Run one step of every rank role of ``plan`` on fake tensors (see the module docstring).
 
     ``model`` names the model when the plan does not record one (``Plan.spec_for``). Refuses
@@ -145,7 +158,13 @@ def dry_run(plan: Plan, model: ModelSpec | None = None, *,
     process's start (some seconds, to import torch) runs here before the others are up. A
     script that calls the dry run needs the ``if __name__ == "__main__":`` guard spawned
     processes need (``multiprocessing``); without it they fail to start, and this process
-    runs every role."""
+    runs every role.
+
+    A pipelined role runs the fewest of the step's micro-batches that take it through every
+    memory state the whole step does (``autopar/dryrun/steady.py``), and adds back what the
+    rest would hold for the whole step (their token ids, their losses): the same peak, byte
+    for byte, in a fraction of the time (``RoleRun.microbatches``); ``all_microbatches`` runs
+    every one of them, for the collectives of the whole step."""
     from autopar.passes.mesh import executable_spec
 
     check_dry_run_call(workers)
@@ -160,7 +179,7 @@ def dry_run(plan: Plan, model: ModelSpec | None = None, *,
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else os.cpu_count() or 1
     workers = min(workers, len(wanted))
-    runs = _RoleRuns(plan, spec, wanted, progress)
+    runs = _RoleRuns(plan, spec, wanted, progress, steady=not all_microbatches)
     with _old_objects_frozen():
         if workers == 1:
             runs.here()
@@ -198,8 +217,9 @@ class _RoleRuns:
     role."""
 
     def __init__(self, plan: Plan, spec: ModelSpec, wanted: list[int],
-                 progress: ProgressFn | None) -> None:
+                 progress: ProgressFn | None, steady: bool = True) -> None:
         self.plan, self.spec, self.wanted, self.progress = plan, spec, wanted, progress
+        self.steady = steady
         self.done: dict[int, RoleRun] = {}
         self.running: list[int] = []
         self.shapes: dict[str, torch.Tensor] = {}
@@ -216,7 +236,8 @@ class _RoleRuns:
     def _run_here(self, pp_rank: int) -> None:
         self.running.append(pp_rank)
         self._report()
-        self.done[pp_rank] = _run_role_after_shapes(self.plan, self.spec, pp_rank, self.shapes)
+        self.done[pp_rank] = _run_role_after_shapes(self.plan, self.spec, pp_rank, self.shapes,
+                                                    self.steady)
         self.running.remove(pp_rank)  # reported with what the others sent meanwhile
 
     def here(self) -> None:
@@ -233,7 +254,8 @@ class _RoleRuns:
         claimed = ctx.Value("i", 0)
         results = ctx.Queue()
         procs = [ctx.Process(target=_serve, daemon=True, name=f"autopar-dry-run-{i + 1}",
-                             args=(self.plan, self.spec, self.wanted, claimed, results))
+                             args=(self.plan, self.spec, self.wanted, claimed, results,
+                                   self.steady))
                  for i in range(helpers)]
         for proc in procs:
             proc.start()
@@ -298,7 +320,8 @@ def _claim(claimed, n: int) -> int | None:
         return i
 
 
-def _serve(plan: Plan, spec: ModelSpec, wanted: list[int], claimed, results) -> None:
+def _serve(plan: Plan, spec: ModelSpec, wanted: list[int], claimed, results,
+           steady: bool) -> None:
     """A spawned process of ``_RoleRuns.side_by_side``: roles until none is left."""
     import gc
     import pickle
@@ -310,7 +333,7 @@ def _serve(plan: Plan, spec: ModelSpec, wanted: list[int], claimed, results) -> 
         pp_rank = wanted[i]
         results.put(("start", pp_rank))
         try:
-            role = _run_role_after_shapes(plan, spec, pp_rank, shapes)
+            role = _run_role_after_shapes(plan, spec, pp_rank, shapes, steady)
         except BaseException as err:  # noqa: BLE001 -- the parent raises it
             try:
                 pickle.dumps(err)
@@ -322,13 +345,13 @@ def _serve(plan: Plan, spec: ModelSpec, wanted: list[int], claimed, results) -> 
 
 
 def _run_role_after_shapes(plan: Plan, spec: ModelSpec, pp_rank: int,
-                           shapes: dict[str, torch.Tensor]) -> RoleRun:
+                           shapes: dict[str, torch.Tensor], steady: bool = True) -> RoleRun:
     """``pp_rank``'s role; before a process's first role other than the first stage's, the
     stages' shapes from the first stage (``_shape_finder``), which ``shapes`` keeps for the
     process's later roles."""
     if plan.config.pp > 1 and pp_rank != 0 and "boundary" not in shapes:
         _run_role(plan, spec, 0, shapes, step=False)
-    return _run_role(plan, spec, pp_rank, shapes)  # type: ignore[return-value]
+    return _run_role(plan, spec, pp_rank, shapes, steady=steady)  # type: ignore[return-value]
 
 
 def role_rank(plan: Plan, pp_rank: int) -> int:
@@ -338,7 +361,7 @@ def role_rank(plan: Plan, pp_rank: int) -> int:
 
 
 def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch.Tensor],
-              step: bool = True) -> RoleRun | None:
+              step: bool = True, steady: bool = True) -> RoleRun | None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from autopar.passes import device_mesh, parallelize
     from autopar.models.feed import feed_of
@@ -348,6 +371,10 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
     began = time.perf_counter()
     c, train = plan.config, plan.train
     rank = role_rank(plan, pp_rank)
+    in_step = c.microbatches(train)
+    run = microbatches_to_run(c, train, pp_rank) if steady and step else in_step
+    whole = plan  # the estimate the role is held to
+    plan = shortened(plan, run) if run < in_step else plan
     with _fake_world(rank, c.world_size), _mesh_tensors_real():
         mesh = device_mesh(plan, "cpu")
         model = spec.build("meta")
@@ -366,8 +393,10 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
             _skip_pipeline_vote(program)
             opt = optimizer(program.parameters())
             _allocate_states(opt)
-            # the values do not matter on fake tensors, only the shapes (feed.py)
+            # the values do not matter on fake tensors, only the shapes (feed.py); the whole
+            # step's batch, of which the micro-batches run are the first
             tokens, targets = feed.example(train.global_batch // c.dp, train.seq_len, "cpu")
+            tokens, targets = tokens[:run * c.micro_batch], targets[:run * c.micro_batch]
             holders = _Holders(program, opt)
             account = MemoryAccount(holders)
 
@@ -382,21 +411,35 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
                     account.track((t for k, t in holders() if k == kind), kind)
                 account.track(_buffers(program), "parameters")
                 holders.states_settled = True
-                program.step(tokens, targets)
+                loss = program.step(tokens, targets)
                 if program.scaler is not None:  # fp16: see the module docstring
                     program.unscale_([opt])
                     program.scaler = None
                 program.optimizer_step([opt])
     stages = tuple(i for i, _ in program.stages)
-    predicted = (plan.estimate.stage_memory[pp_rank]
-                 if pp_rank < len(plan.estimate.stage_memory) else None)
+    peak_breakdown = {k: float(account.peak_breakdown[k]) for k in KINDS}
+    peak_breakdown["activations"] += (in_step - run) * _batch_bytes(c.cp, tokens, targets, run,
+                                                                    loss)
+    predicted = (whole.estimate.stage_memory[pp_rank]
+                 if pp_rank < len(whole.estimate.stage_memory) else None)
     return RoleRun(
         pp_rank=pp_rank, rank=rank, stages=stages,
         blocks=sum(held_blocks(m) for m in program.modules),
-        peak_bytes=float(account.peak),
-        peak_breakdown={k: float(account.peak_breakdown[k]) for k in KINDS},
+        microbatches=run, step_microbatches=in_step,
+        peak_bytes=sum(peak_breakdown.values()), peak_breakdown=peak_breakdown,
         collectives=_collectives(account.collectives), predicted=predicted,
         seconds=time.perf_counter() - began)
+
+
+def _batch_bytes(cp: int, tokens: torch.Tensor, targets: torch.Tensor, run: int,
+                 loss: torch.Tensor | None) -> float:
+    """What one more micro-batch of the step adds for the whole step beyond the states
+    (``autopar/dryrun/steady.py``): under context parallelism this cp rank's chunks of its
+    token ids and targets, which the step cuts from the whole batch at its start
+    (``passes/program.py``); on the last stage its loss, kept to average at the end. (The
+    batch itself is the whole step's: the micro-batches run are views of it.)"""
+    shards = (tokens.nbytes + targets.nbytes) / (run * cp) if cp > 1 else 0.0
+    return shards + (0.0 if loss is None else loss.element_size())
 
 
 def _to_empty(model: torch.nn.Module, device: str) -> None:

@@ -20,20 +20,23 @@ GIB = 2**30
 
 def dry_run_table(result: DryRun, title: str | None = None, detail: bool = True) -> Table:
     """Per pipeline rank: predicted and dry-run peak (GiB), the error, whether the dry run fits
-    the usable memory; with ``detail``, also the dry run's kinds at its peak and the
-    collectives."""
+    the usable memory; with ``detail``, also the micro-batches the role ran of the step's
+    (``autopar/dryrun/steady.py``), the dry run's kinds at its peak and the collectives issued
+    in those micro-batches."""
     usable = result.plan.estimate.usable_memory_bytes
     table = Table(title=title or "memory per rank role: predicted (plan) and dry run "
                                  "(emitted program)")
     # the kinds of bytes in the dry run's own order (``autopar.dryrun.memory_account.KINDS``)
     kinds = tuple(result.roles[0].peak_breakdown) if detail and result.roles else ()
-    for col in ("pp rank", "stages", "blocks", "predicted GiB", "dry run GiB", "error", "fits",
-                *kinds, *(("collectives",) if detail else ())):
+    for col in ("pp rank", "stages", "blocks", *(("micro-batches run",) if detail else ()),
+                "predicted GiB", "dry run GiB", "error", "fits", *kinds,
+                *(("collectives",) if detail else ())):
         table.add_column(col, justify="left" if col in ("stages", "collectives") else "right")
     for r in result.roles:
         pred = "-" if r.predicted_bytes is None else _gib(r.predicted_bytes)
         err = "-" if r.error is None else f"{r.error:+.1%}"
-        row = [str(r.pp_rank), ",".join(map(str, r.stages)), str(r.blocks), pred,
+        row = [str(r.pp_rank), ",".join(map(str, r.stages)), str(r.blocks),
+               *((f"{r.microbatches} of {r.step_microbatches}",) if detail else ()), pred,
                _gib(r.peak_bytes), err, "yes" if r.peak_bytes <= usable else "NO",
                *(_gib(r.peak_breakdown[k]) for k in kinds)]
         if detail:
