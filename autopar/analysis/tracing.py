@@ -33,8 +33,14 @@ family owns (llama3-405b at seq 8192: see ``bench/results/trace_time.md``).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import dis
+import functools
+import inspect
 import re
+import sys
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -57,6 +63,7 @@ from autopar.models.feed import (
     no_token_input_error,
 )
 from autopar.analysis.graph import GraphIR, NodeInfo, TensorMeta
+from autopar.analysis.propagate import propagate
 from autopar.models.blocks import find_block_group
 from autopar.models.family import trace_experts
 from autopar.analysis.tracing_blocks import assign_blocks
@@ -232,7 +239,7 @@ def _trace_fx(
     args = [by_name.get(n.target) for n in placeholders if n.target in by_name]
     if len(args) != len(by_name):
         raise RuntimeError("symbolic_trace lost an input or target placeholder")
-    _propagate(gm, args)
+    propagate(gm, args)
     return _Traced(gm=gm, method="fx")
 
 
@@ -247,6 +254,34 @@ class _RegistryLeaves(torch.fx.Tracer):
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return (super().is_leaf_module(m, module_qualified_name)
                 and type(m).__name__ in OP_NAMES)
+
+    def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
+        return _UnpackingProxy(node, self)
+
+
+class _UnpackingProxy(torch.fx.Proxy):
+    """fx's ``Proxy``, whose unpacking (``b, s, _ = x.shape``) reads the calling code's
+    instructions once per code object: fx's own disassembles the whole calling function at
+    every unpacking (~0.7 ms each; a 126-block Llama unpacks 505 times)."""
+
+    def __iter__(self) -> Iterator[torch.fx.Proxy]:
+        frame = inspect.currentframe()
+        calling = frame.f_back if frame is not None else None
+        if calling is None:
+            return super().__iter__()
+        offsets, instructions = _instructions(calling.f_code)
+        at = (bisect.bisect_left(offsets, calling.f_lasti) if sys.version_info >= (3, 11)
+              else calling.f_lasti // 2)  # as fx finds the instruction
+        opname, argval = instructions[at]
+        if opname == "UNPACK_SEQUENCE":
+            return (self[i] for i in range(argval))  # type: ignore[index]
+        return self.tracer.iter(self)
+
+
+@functools.lru_cache(maxsize=4096)
+def _instructions(code: types.CodeType) -> tuple[list[int], list[tuple[str, object]]]:
+    found = list(dis.get_instructions(code))
+    return [i.offset for i in found], [(i.opname, i.argval) for i in found]
 
 
 def _drop_concrete_arg_checks(gm: torch.fx.GraphModule, fed: set[str | None]) -> None:
@@ -264,29 +299,6 @@ def _drop_concrete_arg_checks(gm: torch.fx.GraphModule, fed: set[str | None]) ->
         if name in ("_assert", "_assert_is_none") or reads_fixed:
             gm.graph.erase_node(node)
     gm.recompile()
-
-
-class _ValRecorder(torch.fx.Interpreter):
-    """Runs the graph and stores each node's result in ``node.meta["val"]``."""
-
-    def run_node(self, n: torch.fx.Node) -> object:
-        result = super().run_node(n)
-        n.meta["val"] = result
-        return result
-
-
-def _propagate(gm: torch.fx.GraphModule, args: list[torch.Tensor]) -> None:
-    """Shapes for every node: a meta-tensor run, under ``FakeTensorMode`` if weights are real."""
-    on_meta = all(t.device.type == "meta" for t in (*gm.parameters(), *gm.buffers(), *args))
-    if on_meta:
-        with torch.no_grad():
-            _ValRecorder(gm).run(*args)
-        return
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode, torch.no_grad():
-        _ValRecorder(gm).run(*[mode.from_tensor(a) for a in args])
 
 
 @contextlib.contextmanager
