@@ -1,4 +1,4 @@
-"""The trace's shape propagation runs each distinct call once (``autopar/analysis/propagate.py``)
+"""The trace's shape propagation runs each distinct call once (``autopar/analysis/propagate.py``),
 and its tuple unpacking reads a function's instructions once (``tracing._UnpackingProxy``):
 the graphs are those of a run that calls every node, and only calls whose result is a function
 of their key are run once."""
@@ -104,3 +104,14 @@ def test_unpacking_a_traced_shape_still_unpacks() -> None:
     assert [n.target for n in graph.nodes if n.op == "call_method"] == ["view"]
     assert [n.target.__name__ for n in graph.nodes if n.op == "call_function"] == [
         "getattr", "getitem", "getitem", "getitem", "mul"]
+
+
+@pytest.mark.parametrize("name", ["tiny-moe", "tiny-deepseek"])
+def test_parameters_read_in_forward_are_the_nodes_fx_makes(name: str, monkeypatch) -> None:
+    # the tracer finds a parameter read in forward (a MoE's expert weights: 8 reads here)
+    # by a map made once per trace; fx's own walks the root's parameters at each read
+    from autopar.analysis.tracing import _RegistryLeaves
+
+    ours = _graph(name)
+    monkeypatch.setattr(_RegistryLeaves, "getattr", torch.fx.Tracer.getattr)
+    assert _graph(name) == ours
