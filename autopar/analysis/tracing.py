@@ -292,6 +292,13 @@ class _UnpackingProxy(torch.fx.Proxy):
             return (self[i] for i in range(argval))  # type: ignore[index]
         return self.tracer.iter(self)
 
+    def __getattr__(self, k: str) -> torch.fx.proxy.Attribute:
+        return _UnpackingAttribute(self, k)  # ``x.shape`` is one: it is what is unpacked
+
+
+class _UnpackingAttribute(_UnpackingProxy, torch.fx.proxy.Attribute):
+    """fx's ``Attribute`` (``x.shape`` before it is used), unpacked as ``_UnpackingProxy``."""
+
 
 @functools.lru_cache(maxsize=4096)
 def _instructions(code: types.CodeType) -> tuple[list[int], list[tuple[str, object]]]:
