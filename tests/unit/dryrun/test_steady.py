@@ -56,8 +56,8 @@ def test_a_plan_without_pipelining_runs_its_whole_step() -> None:
     assert microbatches_to_run(c, TrainSpec(global_batch=16, seq_len=32), 0) == 8
 
 
-def _plan(batch: int, **config):
-    spec = ModelSpec(name="tiny-llama", overrides={"num_layers": 8, "seq_len": 64})
+def _plan(batch: int, model: str = "tiny-llama", **config):
+    spec = ModelSpec(name=model, overrides={"num_layers": 8, "seq_len": 64})
     c = ParallelConfig(**{"dp": 2, "pp": 4, "micro_batch": 1, "zero": 1, **config})
     cluster = autopar.ClusterSpec.preset("hgx-h100-80g", nodes=1)
     return autopar.plan_for(spec.build("meta"), cluster,
@@ -68,13 +68,15 @@ def _plan(batch: int, **config):
 # every kind too, in 35-75 % of the whole step's time; before the receives posted ahead were
 # states, interleaved v=1's middle ranks read 8 KiB low (one receive buffer), and before the
 # batch's bytes were added back the last stage read 4 bytes low per micro-batch not run (its
-# loss) and under cp 2 every rank 512 bytes (its chunks of the token ids and targets)
+# loss) and under cp 2 every rank 512 bytes (its chunks of the token ids and targets); the MoE
+# case (experts over ep 2 under ZeRO-3) equal as well
 CASES = {
     "1f1b-zero3": dict(schedule="1f1b", zero=3),
     "1f1b-cp2": dict(schedule="1f1b", dp=1, cp=2),
     "interleaved-v1": dict(schedule="interleaved", virtual_stages=1),
     "interleaved-v2-tp2-sp": dict(schedule="interleaved", virtual_stages=2, dp=1, tp=2,
                                   sequence_parallel=True),
+    "moe-ep2-zero3": dict(model="tiny-moe", schedule="1f1b", pp=2, dp=4, ep=2, zero=3),
 }
 
 
