@@ -9,8 +9,9 @@ Steps, each a function below:
    transformers model.
 2. ``_trace_fx``: ``torch.fx`` symbolic tracing (other defaulted arguments fixed through
    ``concrete_args``), a ``torch.nn`` module kept as one node only where the op registry knows
-   its class and traced into otherwise (``_RegistryLeaves``), then shapes by running the graph
-   on meta tensors (``FakeTensorMode`` when the weights are real). ``_trace_export``: if fx
+   its class and traced into otherwise (``fx_tracer.RegistryLeaves``), then shapes by running
+   the graph on meta tensors (``FakeTensorMode`` when the weights are real; each distinct call
+   once, ``propagate.py``). ``_trace_export``: if fx
    fails, ``torch.export.export(strict=False)``, whose nodes carry ``meta["val"]``; higher-order
    ops (``wrap_with_set_grad_enabled`` around transformers' rotary embedding) are inlined with
    ``run_decompositions({})``. transformers MoE models set to the data-dependent "eager" experts
@@ -33,14 +34,8 @@ family owns (llama3-405b at seq 8192: see ``bench/results/trace_time.md``).
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import dis
-import functools
-import inspect
 import re
-import sys
-import types
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -64,6 +59,7 @@ from autopar.models.feed import (
 )
 from autopar.analysis.graph import GraphIR, NodeInfo, TensorMeta
 from autopar.analysis.propagate import propagate
+from autopar.analysis.fx_tracer import RegistryLeaves
 from autopar.models.blocks import find_block_group
 from autopar.models.family import trace_experts
 from autopar.analysis.tracing_blocks import assign_blocks
@@ -229,7 +225,7 @@ def _trace_fx(
     model: nn.Module, feed: Feed, inputs: torch.Tensor, targets: torch.Tensor
 ) -> _Traced:
     """Symbolic tracing plus meta/fake shape propagation; raises on any failure."""
-    tracer = _RegistryLeaves()
+    tracer = RegistryLeaves()
     graph = tracer.trace(model, concrete_args=dict(feed.fixed) or None)
     gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
     if feed.fixed:
@@ -241,69 +237,6 @@ def _trace_fx(
         raise RuntimeError("symbolic_trace lost an input or target placeholder")
     propagate(gm, args)
     return _Traced(gm=gm, method="fx")
-
-
-class _RegistryLeaves(torch.fx.Tracer):
-    """``symbolic_trace``'s tracer, with a ``torch.nn`` module kept as one node only where the op
-    registry knows its class (``nn.Linear``, ``nn.LayerNorm``, ``nn.Embedding``...). Any other
-    (``nn.TransformerEncoderLayer``, ``nn.MultiheadAttention``) is traced into, as fx traces
-    the user's own modules, so that its GEMMs and attention are seen and priced; where fx cannot
-    follow its Python (the fast-path checks on tensor values), the trace falls back to
-    torch.export, which sees every module down to ATen."""
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return (super().is_leaf_module(m, module_qualified_name)
-                and type(m).__name__ in OP_NAMES)
-
-    def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
-        return _UnpackingProxy(node, self)
-
-    def getattr(self, attr: str, attr_val: object, parameter_proxy_cache: dict) -> object:
-        """fx's, a parameter found by a map of the root's parameters made once per trace:
-        fx's walks ``named_parameters()`` at each read of one (a MoE reading its experts' weights
-        in forward: 160,000 steps for DeepSeek-V3's 232 reads)."""
-        if isinstance(attr_val, nn.Parameter) and not self.param_shapes_constant:
-            root = self.root
-            if getattr(self, "_names_of", (None,))[0] is not root:
-                self._names_of = (root, {id(p): n for n, p in root.named_parameters()})
-            name = self._names_of[1].get(id(attr_val))
-            if name is not None:
-                if name not in parameter_proxy_cache:
-                    parameter_proxy_cache[name] = self.create_proxy("get_attr", name, (), {})
-                return parameter_proxy_cache[name]
-        return super().getattr(attr, attr_val, parameter_proxy_cache)
-
-
-class _UnpackingProxy(torch.fx.Proxy):
-    """fx's ``Proxy``, whose unpacking (``b, s, _ = x.shape``) reads the calling code's
-    instructions once per code object: fx's own disassembles the whole calling function at
-    every unpacking (~0.7 ms each; a 126-block Llama unpacks 505 times)."""
-
-    def __iter__(self) -> Iterator[torch.fx.Proxy]:
-        frame = inspect.currentframe()
-        calling = frame.f_back if frame is not None else None
-        if calling is None:
-            return super().__iter__()
-        offsets, instructions = _instructions(calling.f_code)
-        at = (bisect.bisect_left(offsets, calling.f_lasti) if sys.version_info >= (3, 11)
-              else calling.f_lasti // 2)  # as fx finds the instruction
-        opname, argval = instructions[at]
-        if opname == "UNPACK_SEQUENCE":
-            return (self[i] for i in range(argval))  # type: ignore[index]
-        return self.tracer.iter(self)
-
-    def __getattr__(self, k: str) -> torch.fx.proxy.Attribute:
-        return _UnpackingAttribute(self, k)  # ``x.shape`` is one: it is what is unpacked
-
-
-class _UnpackingAttribute(_UnpackingProxy, torch.fx.proxy.Attribute):
-    """fx's ``Attribute`` (``x.shape`` before it is used), unpacked as ``_UnpackingProxy``."""
-
-
-@functools.lru_cache(maxsize=4096)
-def _instructions(code: types.CodeType) -> tuple[list[int], list[tuple[str, object]]]:
-    found = list(dis.get_instructions(code))
-    return [i.offset for i in found], [(i.opname, i.argval) for i in found]
 
 
 def _drop_concrete_arg_checks(gm: torch.fx.GraphModule, fed: set[str | None]) -> None:

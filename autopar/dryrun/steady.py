@@ -8,7 +8,9 @@ schedule -- its *memory state*:
 
 * forward or backward, and of which of the rank's stages;
 * how many micro-batches each of the rank's stages holds in flight (forward run, backward
-  not yet) when the action starts;
+  not yet) when the action starts, and how many receives it has posted ahead (torch's
+  interleaved runtime posts a stage's next receive before the backward it runs; the buffer
+  exists from then on);
 * which of its stages have run a backward already (their gradients exist: FSDP2's
   accumulated gradients, the ZeRO-1/2 gradient buffers);
 * whether it is the stage's first forward (buffers made once) or last backward (the
@@ -25,7 +27,7 @@ and the last stage's per-micro-batch losses -- is added back by the dry run
 micro-batch adds a state, and its dry run runs them all.
 
 ``tests/unit/dryrun/test_steady.py`` holds the shorter runs' peaks, byte for byte, to the full
-ones' on 1F1B, interleaved (1 and 2 chunks per rank), context-parallel and ZeRO-3 plans.
+ones' on 1F1B, interleaved (1 and 2 chunks per rank), context-parallel, ZeRO-3 and MoE plans.
 """
 
 from __future__ import annotations

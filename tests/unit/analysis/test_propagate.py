@@ -1,5 +1,5 @@
 """The trace's shape propagation runs each distinct call once (``autopar/analysis/propagate.py``),
-and its tuple unpacking reads a function's instructions once (``tracing._UnpackingProxy``):
+and its tuple unpacking reads a function's instructions once (``fx_tracer._UnpackingProxy``):
 the graphs are those of a run that calls every node, and only calls whose result is a function
 of their key are run once."""
 
@@ -98,9 +98,9 @@ def test_unpacking_a_traced_shape_still_unpacks() -> None:
             b, s, h = x.shape
             return x.view(b * s, h)
 
-    from autopar.analysis.tracing import _RegistryLeaves
+    from autopar.analysis.fx_tracer import RegistryLeaves
 
-    graph = _RegistryLeaves().trace(Unpack())  # no token input: fx's tracer itself
+    graph = RegistryLeaves().trace(Unpack())  # no token input: fx's tracer itself
     assert [n.target for n in graph.nodes if n.op == "call_method"] == ["view"]
     assert [n.target.__name__ for n in graph.nodes if n.op == "call_function"] == [
         "getattr", "getitem", "getitem", "getitem", "mul"]
@@ -110,8 +110,8 @@ def test_unpacking_a_traced_shape_still_unpacks() -> None:
 def test_parameters_read_in_forward_are_the_nodes_fx_makes(name: str, monkeypatch) -> None:
     # the tracer finds a parameter read in forward (a MoE's expert weights: 8 reads here)
     # by a map made once per trace; fx's own walks the root's parameters at each read
-    from autopar.analysis.tracing import _RegistryLeaves
+    from autopar.analysis.fx_tracer import RegistryLeaves
 
     ours = _graph(name)
-    monkeypatch.setattr(_RegistryLeaves, "getattr", torch.fx.Tracer.getattr)
+    monkeypatch.setattr(RegistryLeaves, "getattr", torch.fx.Tracer.getattr)
     assert _graph(name) == ours
