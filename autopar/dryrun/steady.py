@@ -12,7 +12,8 @@ schedule -- its *memory state*:
   interleaved runtime posts a stage's next receive before the backward it runs; the buffer
   exists from then on);
 * which of its stages have run a backward already (their gradients exist: FSDP2's
-  accumulated gradients, the ZeRO-1/2 gradient buffers);
+  accumulated gradients, the ZeRO-1/2 gradient buffers), and which have run their last one
+  (their gradients reduced, their gathered parameters let go);
 * whether it is the stage's first forward (buffers made once) or last backward (the
   gradient reduction of the step, FSDP2's ``last_backward``).
 
@@ -107,7 +108,8 @@ def memory_states(actions: list[Action], chunks: int) -> frozenset[tuple]:
         first = kind == "F" and forwards[stage] == 0
         last = kind == "B" and backwards[stage] == total[stage] - 1
         states.add((kind, stage, tuple(in_flight), tuple(received), tuple(grads_received),
-                    tuple(b > 0 for b in backwards), first, last))
+                    tuple(b > 0 for b in backwards), tuple(b == t for b, t in zip(backwards, total)),
+                    first, last))
         if kind == "F":
             in_flight[stage] += 1
             forwards[stage] += 1
