@@ -14,6 +14,8 @@ schedule -- its *memory state*:
 * which of its stages have run a backward already (their gradients exist: FSDP2's
   accumulated gradients, the ZeRO-1/2 gradient buffers), and which have run their last one
   (their gradients reduced, their gathered parameters let go);
+* which of its stages hold their parameters gathered (the interleaved runtime keeps at most
+  three stages' FSDP parameters gathered, and lets the others' go between their uses);
 * whether it is the stage's first forward (buffers made once) or last backward (the
   gradient reduction of the step, FSDP2's ``last_backward``).
 
@@ -41,7 +43,9 @@ from autopar.core.specs import ParallelConfig, Schedule, TrainSpec
 
 Action = tuple[str, int, int]
 """(kind, the stage's index among the rank's stages, micro-batch): kind "F" or "B" (forward,
-backward), "RECV_F" or "RECV_B" (a receive posted: its buffer exists from then on)."""
+backward), "RECV_F" or "RECV_B" (a receive posted: its buffer exists from then on), "UNSHARD"
+or "RESHARD" (the interleaved runtime gathers a stage's FSDP parameters before its use and lets
+them go when it is not among the next three stages to compute: ``_add_unshard_reshard``)."""
 
 
 def schedule_actions(schedule: Schedule, pp: int, chunks: int, rank: int,
@@ -83,7 +87,7 @@ def _interleaved(pp: int, chunks: int, n: int) -> tuple[tuple[Action, ...], ...]
                for r in range(pp)}
     lowered = schedules._add_send_recv(lowered, stage_to_rank=lambda s: s % pp,
                                        num_stages=pp * chunks)
-    kept = ("F", "B", "RECV_F", "RECV_B")
+    kept = ("F", "B", "RECV_F", "RECV_B", "UNSHARD", "RESHARD")
     return tuple(tuple((a.computation_type.value, a.stage_index // pp, a.microbatch_index)
                        for a in lowered[r] if a.computation_type.value in kept)
                  for r in range(pp))
@@ -95,6 +99,7 @@ def memory_states(actions: list[Action], chunks: int) -> frozenset[tuple]:
     stage lets its buffer go (``passes/pipeline.py:InFlightStage``)."""
     in_flight, received, grads_received = [0] * chunks, [0] * chunks, [0] * chunks
     forwards, backwards, total = [0] * chunks, [0] * chunks, [0] * chunks
+    unsharded = [False] * chunks
     for kind, stage, _ in actions:
         total[stage] += kind == "B"
     states = set()
@@ -105,11 +110,14 @@ def memory_states(actions: list[Action], chunks: int) -> frozenset[tuple]:
         if kind == "RECV_B":
             grads_received[stage] += 1
             continue
+        if kind in ("UNSHARD", "RESHARD"):
+            unsharded[stage] = kind == "UNSHARD"
+            continue
         first = kind == "F" and forwards[stage] == 0
         last = kind == "B" and backwards[stage] == total[stage] - 1
         states.add((kind, stage, tuple(in_flight), tuple(received), tuple(grads_received),
                     tuple(b > 0 for b in backwards), tuple(b == t for b, t in zip(backwards, total)),
-                    first, last))
+                    tuple(unsharded), first, last))
         if kind == "F":
             in_flight[stage] += 1
             forwards[stage] += 1

@@ -77,6 +77,8 @@ CASES = {
     "interleaved-v2-tp2-sp": dict(schedule="interleaved", virtual_stages=2, dp=1, tp=2,
                                   sequence_parallel=True),
     "moe-ep2-zero3": dict(model="tiny-moe", schedule="1f1b", pp=2, dp=4, ep=2, zero=3),
+    # four chunks a rank: the runtime lets a chunk's gathered parameters go between its uses
+    "interleaved-v4-reshard": dict(schedule="interleaved", virtual_stages=4, pp=2, dp=4),
 }
 
 
