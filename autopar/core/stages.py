@@ -100,3 +100,17 @@ def layout_stage_blocks(layout: str, pp: int, num_blocks: int) -> tuple[int, ...
         lead -= skipped
         blocks.append(layers - skipped)
     return tuple(sum(blocks[r::pp]) for r in range(pp))
+
+
+TORCH_ACTIVE_STAGES = 3
+"""How many of a rank's stages torch's interleaved runtime keeps gathered at a time
+(``_add_unshard_reshard(max_active_stages=3)`` in ``pipelining/schedules.py``)."""
+
+
+def gathered_stages(zero: int, chunks: int) -> int:
+    """How many of a rank's ``chunks`` stages keep their FSDP parameters gathered at once under
+    the interleaved schedule (``passes/pipeline.py:InterleavedSchedule`` lowers torch's with
+    it): all of them under ZeRO 0-2, which gather them once a step and hold them
+    (``passes/data_parallel.py``, priced so by ``costmodel/dp_comm.py``); torch's three under
+    ZeRO-3, which lets them go after every forward and backward anyway."""
+    return chunks if zero < 3 else min(chunks, TORCH_ACTIVE_STAGES)

@@ -14,8 +14,9 @@ schedule -- its *memory state*:
 * which of its stages have run a backward already (their gradients exist: FSDP2's
   accumulated gradients, the ZeRO-1/2 gradient buffers), and which have run their last one
   (their gradients reduced, their gathered parameters let go);
-* which of its stages hold their parameters gathered (the interleaved runtime keeps at most
-  three stages' FSDP parameters gathered, and lets the others' go between their uses);
+* which of its stages hold their parameters gathered (under ZeRO-3 the interleaved runtime
+  keeps at most three stages' FSDP parameters gathered, and lets the others' go between their
+  uses: ``core/stages.py:gathered_stages``);
 * whether it is the stage's first forward (buffers made once) or last backward (the
   gradient reduction of the step, FSDP2's ``last_backward``).
 
@@ -40,18 +41,21 @@ from functools import lru_cache
 
 from autopar.core.plan import Plan
 from autopar.core.specs import ParallelConfig, Schedule, TrainSpec
+from autopar.core.stages import gathered_stages
 
 Action = tuple[str, int, int]
 """(kind, the stage's index among the rank's stages, micro-batch): kind "F" or "B" (forward,
 backward), "RECV_F" or "RECV_B" (a receive posted: its buffer exists from then on), "UNSHARD"
 or "RESHARD" (the interleaved runtime gathers a stage's FSDP parameters before its use and lets
-them go when it is not among the next three stages to compute: ``_add_unshard_reshard``)."""
+them go when it is not among the next stages to compute: ``_add_unshard_reshard``)."""
 
 
 def schedule_actions(schedule: Schedule, pp: int, chunks: int, rank: int,
-                     n: int) -> list[Action]:
+                     n: int, gathered: int | None = None) -> list[Action]:
     """What pipeline rank ``rank`` runs in a step of ``n`` micro-batches, in the order torch's
-    schedule runs it (``chunks`` stages per rank under the interleaved schedule). The
+    schedule runs it (``chunks`` stages per rank under the interleaved schedule, ``gathered`` of
+    them with their parameters gathered at once, all by default:
+    ``core/stages.py:gathered_stages``). The
     single-stage schedules post a receive just before the forward or backward that reads it,
     so their receives are left out; the interleaved schedule posts some ahead, and they are
     in."""
@@ -69,13 +73,15 @@ def schedule_actions(schedule: Schedule, pp: int, chunks: int, rank: int,
                 out.append(("F", 0, f))
                 f += 1
         return out
-    return list(_interleaved(pp, chunks, n)[rank])
+    return list(_interleaved(pp, chunks, n, chunks if gathered is None else gathered)[rank])
 
 
 @lru_cache(maxsize=64)
-def _interleaved(pp: int, chunks: int, n: int) -> tuple[tuple[Action, ...], ...]:
+def _interleaved(pp: int, chunks: int, n: int, gathered: int) -> tuple[tuple[Action, ...], ...]:
     """Every rank's actions under ``ScheduleInterleaved1F1B``, as its constructor lowers its
-    compute order with the communication (``_prepare_schedule_with_comms``), without stages."""
+    compute order with the communication (``_prepare_schedule_with_comms``, with ``gathered``
+    stages gathered at once as ``passes/pipeline.py:InterleavedSchedule`` lowers it), without
+    stages."""
     from torch.distributed.pipelining import schedules
 
     order = schedules.ScheduleInterleaved1F1B.__new__(schedules.ScheduleInterleaved1F1B)
@@ -83,8 +89,9 @@ def _interleaved(pp: int, chunks: int, n: int) -> tuple[tuple[Action, ...], ...]
     order.number_of_rounds = max(1, n // pp)
     order.microbatches_per_round = n // order.number_of_rounds
     compute = {r: order._calculate_single_rank_operations(r) for r in range(pp)}
-    lowered = {r: schedules._add_reduce_grad(schedules._add_unshard_reshard(compute[r]), n)
-               for r in range(pp)}
+    lowered = {r: schedules._add_reduce_grad(
+        schedules._add_unshard_reshard(compute[r], max_active_stages=gathered), n)
+        for r in range(pp)}
     lowered = schedules._add_send_recv(lowered, stage_to_rank=lambda s: s % pp,
                                        num_stages=pp * chunks)
     kept = ("F", "B", "RECV_F", "RECV_B", "UNSHARD", "RESHARD")
@@ -139,7 +146,9 @@ def microbatches_to_run(c: ParallelConfig, train: TrainSpec, pp_rank: int) -> in
     if c.pp == 1:
         return n
     chunks = c.virtual_stages if c.schedule is Schedule.INTERLEAVED else 1
-    wanted = memory_states(schedule_actions(c.schedule, c.pp, chunks, pp_rank, n), chunks)
+    gathered = gathered_stages(c.zero, chunks)
+    wanted = memory_states(schedule_actions(c.schedule, c.pp, chunks, pp_rank, n, gathered),
+                           chunks)
     # a stage holding k micro-batches in flight needs k of them, and one more to start the
     # forward it holds them at
     fewest = max(max(state[2]) + (state[0] == "F") for state in wanted)
@@ -147,7 +156,7 @@ def microbatches_to_run(c: ParallelConfig, train: TrainSpec, pp_rank: int) -> in
         fewer = replace(train, global_batch=c.dp * c.micro_batch * m)
         if microbatch_problem(replace(c, num_microbatches=None), fewer) is not None:
             continue
-        if memory_states(schedule_actions(c.schedule, c.pp, chunks, pp_rank, m),
+        if memory_states(schedule_actions(c.schedule, c.pp, chunks, pp_rank, m, gathered),
                          chunks) == wanted:
             return m
     return n

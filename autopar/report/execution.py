@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from autopar.core.fp8 import fp8_all_gather
 from autopar.core.estimate import checkpoint_text
+from autopar.core.stages import TORCH_ACTIVE_STAGES
 from autopar.core.specs import (ASYNC_TP, ENGINE_FUSIONS, MOE_FUSIONS, Checkpoint, ParallelConfig,
                                 Precision, TrainSpec)
 from autopar.costmodel.memory import dtype_bytes, grad_reduce_bytes
@@ -55,11 +56,6 @@ micro-batch's backward its stages call ``set_requires_gradient_sync(False)`` and
 after the last (``PipelineStage.perform_reduce_grad``); ``reshard_after_forward`` is left as
 ``passes/data_parallel.py`` set it."""
 
-INTERLEAVED_ACTIVE_STAGES = 3
-"""``ScheduleInterleaved1F1B`` keeps this many of a rank's stages gathered at a time
-(``_add_unshard_reshard(max_active_stages=3)`` in torch's ``pipelining/schedules.py``)."""
-
-
 def zero_text(config: ParallelConfig) -> str:
     """What the engine runs for the data-parallel axis at ``config``'s ZeRO stage: without
     pipelining as the caller accumulates micro-batches, with it as the schedule drives FSDP."""
@@ -67,11 +63,10 @@ def zero_text(config: ParallelConfig) -> str:
         return ENGINE_ZERO[config.zero]
     text = ENGINE_ZERO_PIPELINED[config.zero]
     v = config.virtual_stages
-    if config.zero >= 1 and config.schedule.value == "interleaved" \
-            and v > INTERLEAVED_ACTIVE_STAGES:
-        text += (f"; ScheduleInterleaved1F1B holds the gathered parameters of at most "
-                 f"{INTERLEAVED_ACTIVE_STAGES} of the rank's {v} stages at a time, freeing one "
-                 "and gathering it again when it comes back")
+    if config.zero < 3 and config.schedule.value == "interleaved" and v > TORCH_ACTIVE_STAGES:
+        text += (f"; the interleaved schedule keeps all {v} of the rank's stages gathered "
+                 f"through the step (torch's lowering would keep {TORCH_ACTIVE_STAGES} and "
+                 "gather the others again at each use: passes/pipeline.py:InterleavedSchedule)")
     return text
 
 

@@ -77,8 +77,9 @@ CASES = {
     "interleaved-v2-tp2-sp": dict(schedule="interleaved", virtual_stages=2, dp=1, tp=2,
                                   sequence_parallel=True),
     "moe-ep2-zero3": dict(model="tiny-moe", schedule="1f1b", pp=2, dp=4, ep=2, zero=3),
-    # four chunks a rank: the runtime lets a chunk's gathered parameters go between its uses
-    "interleaved-v4-reshard": dict(schedule="interleaved", virtual_stages=4, pp=2, dp=4),
+    # four chunks a rank under ZeRO-3: the runtime keeps three gathered and lets the others'
+    # go between their uses (core/stages.py:gathered_stages)
+    "interleaved-v4-zero3": dict(schedule="interleaved", virtual_stages=4, pp=2, dp=4, zero=3),
 }
 
 
@@ -94,3 +95,15 @@ def test_the_shorter_step_finds_the_whole_steps_peak(name: str) -> None:
         assert b.peak_breakdown == a.peak_breakdown, a.pp_rank
         assert dataclasses.replace(b, seconds=0, microbatches=16, collectives={}) == \
             dataclasses.replace(a, seconds=0, collectives={})
+
+
+def test_zero1_gathers_every_chunk_once_a_step_however_many_chunks() -> None:
+    # torch's lowering keeps three chunks gathered and gathers the others again at each use:
+    # the all-gathers would grow with the micro-batches; the engine's keeps every chunk's
+    # (passes/pipeline.py:InterleavedSchedule), as ZeRO-1 is priced
+    gathers = []
+    for batch in (8, 16):
+        plan = _plan(batch, schedule="interleaved", virtual_stages=4, pp=2, dp=4)
+        run = autopar.dry_run(plan, workers=1, pp_ranks=[0], all_microbatches=True)
+        gathers.append(run.roles[0].collectives["all-gather"])
+    assert gathers[0] == gathers[1] > 0
