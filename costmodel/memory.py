@@ -47,7 +47,7 @@ the logits' (8 bytes per logit, ``transient_bytes``), the fused one a chunk of l
 Under context parallelism an attention also keeps the whole sequence's K and V
 (``gathered_kv_bytes``) and the concatenation of its two query chunks' outputs
 (``cp_output_bytes``); under pipelining the stage keeps each chunk's output of every micro-batch
-in flight (``costmodel/step.py:_stage_sizes``) -- neither on Megatron-Core's engines
+in flight (``costmodel/stage_memory.py:_stage_sizes``) -- neither on Megatron-Core's engines
 (``core.specs.MCORE_ACTIVATIONS``).
 
 ``tests/unit/analysis/test_saved_activations.py`` holds these, fused or not, against the bytes the

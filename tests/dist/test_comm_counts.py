@@ -125,7 +125,7 @@ def test_ep_all_to_alls_match_the_plan(fake_world, checkpoint):
     the cost model's ``ep_alltoalls`` per MoE layer times the blocks (``full`` and ``moe``
     recompute the MoE layers, their dispatch and combine again)."""
     from autopar.core.specs import Checkpoint
-    from autopar.costmodel.step import ep_alltoalls
+    from autopar.costmodel.moe import ep_alltoalls
 
     spec = ModelSpec("tiny-moe")
     train = TrainSpec(global_batch=2, seq_len=32, precision="fp32")

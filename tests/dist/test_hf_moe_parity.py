@@ -165,7 +165,7 @@ def test_moe_all_to_alls_match_the_plan(tmp_path, checkpoint, model):
     from autopar.analysis.admissibility import facts_of
     from autopar.core.specs import Checkpoint
     from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
-    from autopar.costmodel.step import ep_alltoalls
+    from autopar.costmodel.moe import ep_alltoalls
     from autopar.search.planner import strategies_of
 
     spec = {"qwen2-moe": QWEN2_MOE, "nanomoe": NANOMOE}[model]

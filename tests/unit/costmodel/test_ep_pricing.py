@@ -13,7 +13,8 @@ from autopar import ParallelConfig, TrainSpec
 from autopar.core.specs import Checkpoint
 from autopar.costmodel.cluster import ClusterSpec
 from autopar.costmodel.efficiency import DEFAULT_EFFICIENCY
-from autopar.costmodel.step import ep_alltoalls, estimate_step
+from autopar.costmodel.moe import ep_alltoalls
+from autopar.costmodel.step import estimate_step
 from autopar.models.training import ModelSpec
 
 TRAIN = TrainSpec(global_batch=64, seq_len=32)

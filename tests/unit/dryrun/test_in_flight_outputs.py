@@ -2,7 +2,7 @@
 to the dry run of the emitted program: torch's schedule keeps each chunk's output until the
 micro-batch's backward, and context parallelism's attention keeps the concatenation of its two
 query chunks' outputs beside the chunks' own (``costmodel/memory.py:cp_output_bytes``,
-``costmodel/step.py:_stage_sizes``). Without them the model read 2-4 % under llama3-405b's plan
+``costmodel/stage_memory.py:_stage_sizes``). Without them the model read 2-4 % under llama3-405b's plan
 on every stage (``bench/results/memory_grid.md``); with them, within 0.2 %."""
 
 from __future__ import annotations
