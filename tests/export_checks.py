@@ -73,6 +73,70 @@ def llama_fp8():
                 dp=16, zero=3, checkpoint="full")
 
 
+A100 = "dgx-a100-80g"
+
+ISSUE_KINDS = {
+    # issue 33's eight kinds: (model, cluster, nodes, TrainSpec fields, ParallelConfig fields)
+    "llama3-8b-tp2-pp2-selective": ("llama3-8b", H100, 1, dict(global_batch=64, seq_len=4096),
+                                    dict(dp=2, tp=2, pp=2, micro_batch=1, zero=1,
+                                         sequence_parallel=True, checkpoint="selective")),
+    "llama3-70b-cp2-zero3-offload": ("llama3-70b", H100, 4, dict(global_batch=64, seq_len=8192),
+                                     dict(dp=16, cp=2, zero=3, micro_batch=1, offload=True,
+                                          checkpoint="full")),
+    "mixtral-ep8-zero3": ("mixtral-8x7b", H100, 2, dict(global_batch=64, seq_len=4096),
+                          dict(dp=16, ep=8, zero=3, micro_batch=1, checkpoint="full")),
+    "gpt-175b-tp4-pp8-interleaved": ("gpt-175b", A100, 16, dict(global_batch=256,
+                                                                seq_len=2048),
+                                     dict(dp=4, tp=4, pp=8, micro_batch=1, zero=1,
+                                          schedule="interleaved", virtual_stages=3,
+                                          sequence_parallel=True, checkpoint="full")),
+    "llama3-8b-cp2-tp2-zero3": ("llama3-8b", H100, 1, dict(global_batch=16, seq_len=8192),
+                                dict(dp=2, cp=2, tp=2, zero=3, micro_batch=1,
+                                     sequence_parallel=True, checkpoint="selective")),
+    "gpt-18b-fp16-pp2": ("gpt-18b", A100, 1, dict(global_batch=32, seq_len=2048,
+                                                    precision="fp16"),
+                         dict(dp=4, pp=2, micro_batch=1, zero=1, checkpoint="full")),
+    "llama3-70b-tp2-zero3-offload": ("llama3-70b", H100, 2, dict(global_batch=32, seq_len=4096),
+                                     dict(dp=8, tp=2, zero=3, micro_batch=1, offload=True,
+                                          sequence_parallel=True, checkpoint="full")),
+    "gpt-7.5b-zero0-uneven-pp8": ("gpt-7.5b", A100, 1, dict(global_batch=32, seq_len=2048),
+                                  dict(dp=1, pp=8, micro_batch=1, zero=0,
+                                       checkpoint="none")),
+    # the wave's MoE and FP8 plans
+    "qwen3-30b-fold-tp2-ep8": ("qwen3-30b-a3b", H100, 2, dict(global_batch=32, seq_len=4096),
+                               dict(dp=8, tp=2, ep=8, zero=1, micro_batch=1,
+                                    sequence_parallel=True, checkpoint="moe")),
+    "llama3-8b-fp8-tp2": ("llama3-8b", H100, 1, dict(global_batch=32, seq_len=4096,
+                                                     precision="fp8"),
+                          dict(dp=4, tp=2, zero=1, micro_batch=1, sequence_parallel=True)),
+    # DeepSeek-V3's latent attention, shared expert and dense first layers
+    "deepseek-v3-pp4-ep8": ("deepseek-v3", H100, 4, dict(global_batch=32, seq_len=4096),
+                            dict(dp=8, pp=4, ep=8, zero=1, micro_batch=1)),
+    # GPT-OSS's sinks, window and biases
+    "gpt-oss-20b-ep4": ("gpt-oss-20b", H100, 1, dict(global_batch=16, seq_len=4096),
+                        dict(dp=8, ep=4, zero=1, micro_batch=1)),
+}
+"""Issue 33's plan kinds (its eight, and the MoE and FP8 plans of its wave), which every
+target's run test takes: each (kind, target) pair is run by the framework's own code and read
+back, or refused by ``autopar export`` (``REFUSED``)."""
+
+REFUSED = {
+    ("llama3-70b-cp2-zero3-offload", "deepspeed"): "Ulysses",
+    ("llama3-8b-cp2-tp2-zero3", "deepspeed"): "Ulysses",
+    ("llama3-8b-fp8-tp2", "deepspeed"): "no FP8 switch",
+    ("gpt-18b-fp16-pp2", "torchtitan"): "precision fp16",
+    ("gpt-oss-20b-ep4", "megatron"): "attention sinks",
+    ("gpt-oss-20b-ep4", "bridge"): "attention sinks",
+}
+"""The (kind, target) pairs ``autopar export`` refuses, and a word of the reason it gives."""
+
+
+def issue_plan(kind: str):
+    """The plan of one of ``ISSUE_KINDS``."""
+    model, cluster, nodes, train, config = ISSUE_KINDS[kind]
+    return plan(model, cluster, nodes, TrainSpec(**train), **config)
+
+
 FIXTURES = {"gpt175b": gpt175b, "llama_zero3_offload": llama_zero3_offload,
             "llama_uneven_blocks": llama_uneven_blocks, "mixtral_ep8": mixtral_ep8,
             "llama_fp8": llama_fp8}

@@ -7,7 +7,8 @@ Names and checks read from NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb
 that parser accepts are in ``tests/data/megatron_lm_args.json``, which the tests parse the
 script with; ``tests/unit/exports/test_megatron_validate.py`` runs the ``parse_args`` and
 ``validate_args`` of megatron-core 0.19.2 (PyPI, the release users install) on each plan kind's
-script as its README launches it, and reads back what Megatron derives.
+script as its README launches it, and reads back what Megatron derives: every flag of every row
+marked exact holds, in the argument Megatron's parser stores it into, the value written.
 
 The mapping, field by field (``megatron_items`` builds it; Megatron-Bridge reuses it, since its
 overrides are the same config fields):
@@ -196,8 +197,7 @@ def _zero(plan: Plan) -> Item:
                     "the distributed optimizer: fp32 main weights and optimizer states sharded "
                     "over the data-parallel ranks, gradients reduce-scattered")
     strategy = "optim_grads" if z == 2 else "optim_grads_params"
-    return Item("config.zero", value, (("use_distributed_optimizer", False),
-                                       ("use_megatron_fsdp", True),
+    return Item("config.zero", value, (("use_megatron_fsdp", True),
                                        ("data_parallel_sharding_strategy", strategy),
                                        ("ckpt_format", "fsdp_dtensor")),
                 Fit.EXACT, "Megatron-FSDP (version 1 turns the distributed optimizer on; it "

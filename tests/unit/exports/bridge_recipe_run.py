@@ -175,6 +175,19 @@ OPTIMIZER = ("optimizer", "use_distributed_optimizer", "optimizer_cpu_offload",
              "loss_scale_window", "hysteresis")
 
 
+def _resolve(cfg, key: str) -> object:
+    """The value at a dotted override key (``model.num_layers``) of the config container."""
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _named(value: object) -> object:
+    """A value for the test: a function (an activation) by its name, else ``_plain``."""
+    return value.__name__ if callable(value) and hasattr(value, "__name__") else _plain(value)
+
+
 def _derived(cfg) -> dict[str, object]:
     """What Bridge derived, section by section."""
     from megatron.core import num_microbatches_calculator as nmc
@@ -251,6 +264,9 @@ def main() -> None:
             os.environ.update(WORLD_SIZE=str(case["world_size"]), RANK="0", LOCAL_RANK="0")
             runtime_config_update(config)
             result["derived"] = _derived(config)
+            # every key the overrides set, as the config holds it after the runtime update
+            result["overridden"] = {key: _named(_resolve(config, key)) for key in
+                                    (o.partition("=")[0] for o in case["overrides"])}
         except Exception as err:  # noqa: BLE001 -- Bridge's verdict, reported to the test
             result["refused"] = f"{type(err).__name__}: {err}"
         print(json.dumps(result), flush=True)

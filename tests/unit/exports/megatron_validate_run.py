@@ -71,6 +71,16 @@ def _layers_per_rank(parsed) -> list[int] | None:
     return [sum(chunk.count(LayerType.decoder) for chunk in rank) for rank in layout]
 
 
+def _dests() -> dict[str, str]:
+    """Each option string of Megatron's parser -> the argument it stores into."""
+    import argparse
+
+    from megatron.training.arguments import add_megatron_arguments
+
+    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    return {flag: action.dest for action in parser._actions for flag in action.option_strings}
+
+
 def _plain(value: object) -> object:
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
@@ -113,6 +123,9 @@ def main() -> None:
             result["refused"] = f"{type(err).__name__}: {err}"
         else:
             result["args"] = {k: _plain(getattr(parsed, k, None)) for k in READ_BACK}
+            dests = _dests()  # each flag the export wrote, read from where Megatron keeps it
+            result["flags"] = {f: _plain(getattr(parsed, dests[f], None)) if f in dests
+                               else "<not an option>" for f in case.get("read", ())}
             result["layers_per_rank"] = _layers_per_rank(parsed)
         print(json.dumps(result), flush=True)
 

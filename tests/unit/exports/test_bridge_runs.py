@@ -31,16 +31,19 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
+import yaml
 
 import export_checks as checks
-from autopar import TrainSpec
+from autopar import AutoparError, TrainSpec
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import ASYNC_TP, Checkpoint
 from autopar.core.stages import stage_chunks
-from autopar.exports import export_formats
+from autopar.exports import export_formats, export_target
+from autopar.exports.mapping import Fit
 from autopar.exports.bridge import OVERRIDES, recipe_for
 from autopar.models.shape import model_shape
 
@@ -77,7 +80,12 @@ CASES = {
     "gpt_7.5b_tp4_async_tp": lambda: checks.plan(
         "gpt-7.5b", A100, 1, TrainSpec(global_batch=16, seq_len=2048),
         dp=2, tp=4, sequence_parallel=True, zero=1, micro_batch=1, fusions=("async_tp",)),
+    # issue 33's plan kinds (export_checks.ISSUE_KINDS), each run or refused
+    **{kind: partial(checks.issue_plan, kind) for kind in checks.ISSUE_KINDS},
 }
+
+REFUSED = {kind: word for (kind, target), word in checks.REFUSED.items() if target == "bridge"}
+"""The cases ``autopar export`` refuses for Bridge, and a word of the reason it gives."""
 
 
 def _hub(root: Path) -> Path:
@@ -104,6 +112,10 @@ def _bridge_verdicts(tmp: Path) -> dict[str, tuple[object, str, dict]]:
     plans, cases = {}, []
     for name, make in CASES.items():
         plan = make()
+        if name in REFUSED:  # refused by autopar with the reason, before anything is written
+            with pytest.raises(AutoparError, match=REFUSED[name]):
+                export_formats(plan, tmp / name, "bridge")
+            continue
         folder = export_formats(plan, tmp / name, "bridge")["bridge"]
         plans[name] = (plan, (folder / "README.md").read_text())
         cases.append({"name": name, "recipe": recipe_for(plan)[0],
@@ -123,8 +135,38 @@ def _bridge_verdicts(tmp: Path) -> dict[str, tuple[object, str, dict]]:
         if line.startswith("{"):
             result = json.loads(line)
             out[result["name"]] = (*plans[result["name"]], result)
-    assert set(out) == set(CASES)
+    assert set(out) == set(CASES) - set(REFUSED)
     return out
+
+
+FIELD_BY_FIELD = {"mixed_precision"}
+"""Overrides naming a config object (Bridge's mixed-precision recipe, or its fields as a
+``_target_`` mapping) rather than a value: what the object sets is read back field by field
+in ``_check`` (params and pipeline dtypes, fp16/bf16/fp8, the gradients' reduction dtype, loss
+scaling)."""
+
+
+def _check_exact_rows(plan, overridden: dict[str, object]) -> None:
+    """Every override of every row the export's README calls exact holds, after Bridge applied
+    the overrides and its runtime update, the value written (parsed as OmegaConf parses an
+    override's value)."""
+    wrong = {}
+    for row in export_target(plan, "bridge").rows:
+        if row.fit is not Fit.EXACT:
+            continue
+        for override in row.target.split():
+            key, _, text = override.partition("=")
+            if key in FIELD_BY_FIELD:
+                continue
+            written = yaml.safe_load(text)
+            if isinstance(written, str):  # OmegaConf reads 1e-05 as a float, YAML 1.1 not
+                try:
+                    written = float(text)
+                except ValueError:
+                    pass
+            if overridden[key] != written:
+                wrong[key] = (text, overridden[key])
+    assert not wrong, f"written -> derived: {wrong}"
 
 
 def _policies(plan, dense: int) -> list[Checkpoint]:
@@ -169,6 +211,7 @@ def test_bridge_062_takes_each_export_and_derives_the_plan(tmp_path: Path) -> No
 def _check(plan, readme: str, verdict: dict) -> None:
     """What Bridge derived against the plan, field by field."""
     assert "refused" not in verdict, verdict.get("refused")
+    _check_exact_rows(plan, verdict["overridden"])
     d, c, t = verdict["derived"], plan.config, plan.train
     s = model_shape(plan.model_spec or ModelSpec.zoo(plan.model))
     recipe, _ = recipe_for(plan)

@@ -289,6 +289,43 @@ def test_deepspeed_refuses_context_parallel_and_zero3_pipelines(llama_interleave
         export_target(pp_zero3, "deepspeed")
 
 
+@pytest.mark.parametrize("kind", list(checks.ISSUE_KINDS))
+def test_deepspeed_parses_each_issue_kind_at_its_world_size(kind, monkeypatch):
+    """Each of issue 33's plan kinds (``export_checks.ISSUE_KINDS``) in DeepSpeed's own parser
+    on the plan's whole world, as ``deepspeed.initialize`` builds it (``_deepspeed_config``;
+    ``tests/dist/test_deepspeed_initialize.py`` runs the engine itself on 2-GPU plans): its
+    batch check passes and what it derives is the plan's, or the export refuses with the
+    reason (``export_checks.REFUSED``)."""
+    plan, word = checks.issue_plan(kind), checks.REFUSED.get((kind, "deepspeed"))
+    if word is not None:
+        with pytest.raises(AutoparError, match=word):
+            export_target(plan, "deepspeed")
+        return
+    c, t = plan.config, plan.train
+    raw, ds = _deepspeed_config(plan, monkeypatch)
+    # DeepSpeed's data-parallel count: the world (AutoTP's tp ranks, which read the same
+    # micro-batches, counted apart), or a PipelineModule grid's world / pp
+    assert ds.world_size == c.dp * c.tp
+    assert (ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == \
+        (c.micro_batch, plan.estimate.num_microbatches)
+    assert ds.train_batch_size == t.global_batch * c.tp  # the plan's sequences, tp times over
+    assert ds.zero_optimization_stage == c.zero
+    assert (ds.zero_config.offload_optimizer is not None) == c.offload
+    if c.offload:
+        assert ds.zero_config.offload_optimizer.device == "cpu"
+    precision = t.precision.value
+    assert (ds.bfloat16_config.enabled, ds.float16_config.enabled) == \
+        (precision == "bf16", precision == "fp16")
+    reduced = t.grad_dtype.value if t.grad_dtype.value == "fp32" else precision
+    assert ds.communication_data_type == {"fp32": torch.float32, "bf16": torch.bfloat16,
+                                          "fp16": torch.float16}[reduced]
+    assert ds.tensor_parallel_config.autotp_size == (c.tp if c.tp > 1 else 0)
+    ep = ds.expert_parallel_config  # AutoEP, as DeepSpeed parsed it
+    assert (ep.enabled, ep.autoep_size) == (c.ep > 1, c.ep)
+    if c.pp > 1 and c.checkpoint == "full":
+        assert ds.pipeline["activation_checkpoint_interval"] == 1
+
+
 # ----- torchtitan -----
 
 TITAN = json.loads((DATA / "torchtitan_config_fields.json").read_text())

@@ -21,6 +21,9 @@ import pytest
 import autopar
 from autopar import AutoparError, TrainSpec
 from autopar.exports import export_formats
+from autopar.exports.mapping import Fit
+from autopar.exports.megatron import FLAG_OF, megatron_items
+import export_checks as checks
 from export_checks import megatron_dir, plan as _plan
 
 H100, A100 = "hgx-h100-80g", "dgx-a100-80g"
@@ -29,50 +32,10 @@ CAPABILITY = {H100: (9, 0), A100: (8, 0)}
 8.0), which the driver's stand-in CUDA device reports to Megatron."""
 
 
-PLANS = {
-    # the issue's eight kinds
-    "llama3-8b-tp2-pp2-selective": ("llama3-8b", H100, 1, dict(global_batch=64, seq_len=4096),
-                                    dict(dp=2, tp=2, pp=2, micro_batch=1, zero=1,
-                                         sequence_parallel=True, checkpoint="selective")),
-    "llama3-70b-cp2-zero3-offload": ("llama3-70b", H100, 4, dict(global_batch=64, seq_len=8192),
-                                     dict(dp=16, cp=2, zero=3, micro_batch=1, offload=True,
-                                          checkpoint="full")),
-    "mixtral-ep8-zero3": ("mixtral-8x7b", H100, 2, dict(global_batch=64, seq_len=4096),
-                          dict(dp=16, ep=8, zero=3, micro_batch=1, checkpoint="full")),
-    "gpt-175b-tp4-pp8-interleaved": ("gpt-175b", A100, 16, dict(global_batch=256,
-                                                                seq_len=2048),
-                                     dict(dp=4, tp=4, pp=8, micro_batch=1, zero=1,
-                                          schedule="interleaved", virtual_stages=3,
-                                          sequence_parallel=True, checkpoint="full")),
-    "llama3-8b-cp2-tp2-zero3": ("llama3-8b", H100, 1, dict(global_batch=16, seq_len=8192),
-                                dict(dp=2, cp=2, tp=2, zero=3, micro_batch=1,
-                                     sequence_parallel=True, checkpoint="selective")),
-    "gpt-18b-fp16-pp2": ("gpt-18b", A100, 1, dict(global_batch=32, seq_len=2048,
-                                                    precision="fp16"),
-                         dict(dp=4, pp=2, micro_batch=1, zero=1, checkpoint="full")),
-    "llama3-70b-tp2-zero3-offload": ("llama3-70b", H100, 2, dict(global_batch=32, seq_len=4096),
-                                     dict(dp=8, tp=2, zero=3, micro_batch=1, offload=True,
-                                          sequence_parallel=True, checkpoint="full")),
-    "gpt-7.5b-zero0-uneven-pp8": ("gpt-7.5b", A100, 1, dict(global_batch=32, seq_len=2048),
-                                  dict(dp=1, pp=8, micro_batch=1, zero=0,
-                                       checkpoint="none")),
-    # the wave's MoE and FP8 plans
-    "qwen3-30b-fold-tp2-ep8": ("qwen3-30b-a3b", H100, 2, dict(global_batch=32, seq_len=4096),
-                               dict(dp=8, tp=2, ep=8, zero=1, micro_batch=1,
-                                    sequence_parallel=True, checkpoint="moe")),
-    "llama3-8b-fp8-tp2": ("llama3-8b", H100, 1, dict(global_batch=32, seq_len=4096,
-                                                     precision="fp8"),
-                          dict(dp=4, tp=2, zero=1, micro_batch=1, sequence_parallel=True)),
-    # DeepSeek-V3's latent attention, shared expert and dense first layers
-    "deepseek-v3-pp4-ep8": ("deepseek-v3", H100, 4, dict(global_batch=32, seq_len=4096),
-                            dict(dp=8, pp=4, ep=8, zero=1, micro_batch=1)),
-    # GPT-OSS's sinks, window and biases: refused by autopar before anything is written
-    "gpt-oss-20b-ep4": ("gpt-oss-20b", H100, 1, dict(global_batch=16, seq_len=4096),
-                        dict(dp=8, ep=4, zero=1, micro_batch=1)),
-}
+PLANS = checks.ISSUE_KINDS
+"""Issue 33's plan kinds, as every target's run test takes them."""
 
-
-REFUSED = {"gpt-oss-20b-ep4": "attention sinks"}
+REFUSED = {kind: word for (kind, target), word in checks.REFUSED.items() if target == "megatron"}
 """Plan kinds the export refuses, and a word of the reason it gives."""
 
 
@@ -93,7 +56,9 @@ def validated(tmp_path_factory) -> dict[str, tuple[object, dict]]:
             continue
         cases.append({"name": name, "script": str(folder / "megatron_args.sh"),
                       "world_size": plan.config.world_size,
-                      "capability": CAPABILITY[cluster]})
+                      "capability": CAPABILITY[cluster],
+                      "read": sorted({FLAG_OF.get(n, "--" + n.replace("_", "-"))
+                                      for n, _ in exact_settings(plan)})})
     (tmp / "cases.json").write_text(json.dumps(cases))
     done = subprocess.run([sys.executable, str(Path(__file__).with_name(
         "megatron_validate_run.py")), str(megatron), str(tmp / "cases.json")],
@@ -106,12 +71,47 @@ def validated(tmp_path_factory) -> dict[str, tuple[object, dict]]:
     return out
 
 
+def exact_settings(plan) -> list[tuple[str, object]]:
+    """The Megatron arguments the export's rows marked exact set, with their values
+    (``megatron_items``: each row's settings, as ``flags`` writes them)."""
+    return [(name, value) for item in megatron_items(plan) if item.fit is Fit.EXACT
+            for name, value in item.settings if value is not None]
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_megatron_parses_every_exact_row_as_written(name: str, validated) -> None:
+    """Every setting of every row the export's README calls exact is, after Megatron's
+    ``parse_args`` and ``validate_args``, the value the export wrote."""
+    plan, verdict = validated[name]
+    if "export refused" in verdict:
+        return
+    derived = verdict["flags"]
+    wrong = {}
+    for name, value in exact_settings(plan):
+        flag = FLAG_OF.get(name, "--" + name.replace("_", "-"))
+        if _as_parsed(name, value) != derived[flag]:
+            wrong[flag] = (value, derived[flag])
+    assert not wrong, f"written -> derived: {wrong}"
+
+
+def _as_parsed(name: str, value: object) -> object:
+    """A setting as Megatron's parser stores it (and the driver writes it back,
+    ``megatron_validate_run._plain``): a layer pattern's expression as its list (Megatron's
+    ``moe_freq_type`` evaluates it)."""
+    if name == "moe_layer_freq" and isinstance(value, str):
+        return eval(value, {"__builtins__": {}})  # noqa: S307 - the export's own pattern
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
 @pytest.mark.parametrize("name", list(PLANS))
 def test_megatron_accepts_the_export_and_derives_the_plan(name: str, validated) -> None:
     plan, verdict = validated[name]
     if "export refused" in verdict:  # refused by autopar with the reason, before writing
         assert name in REFUSED and REFUSED[name] in verdict["export refused"]
         return
+    assert name not in REFUSED, "the export wrote what it should refuse"
     assert "refused" not in verdict, verdict.get("refused")
     a, c, t = verdict["args"], plan.config, plan.train
     assert (a["world_size"], a["data_parallel_size"]) == (c.world_size, c.dp)

@@ -29,6 +29,7 @@ import importlib.util
 import json
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -55,7 +56,13 @@ CASES = {
     "mixtral_tp2_sp_ep4": lambda: checks.plan(
         "mixtral-8x7b", checks.H100, 2, TrainSpec(global_batch=64, seq_len=4096),
         dp=8, tp=2, sequence_parallel=True, ep=4, zero=1, micro_batch=1),
+    # issue 33's plan kinds (export_checks.ISSUE_KINDS), each run or refused
+    **{kind: partial(checks.issue_plan, kind) for kind in checks.ISSUE_KINDS},
 }
+
+REFUSED = {kind: word for (kind, target), word in checks.REFUSED.items()
+           if target == "torchtitan"}
+"""The cases ``autopar export`` refuses for torchtitan, and a word of the reason it gives."""
 
 CUDA_CAPABILITY = {"A100": (8, 0), "H100": (9, 0), "H200": (9, 0), "H800": (9, 0),
                    "B200": (10, 0)}
@@ -170,6 +177,10 @@ def test_torchtitan_030_runs_each_export_and_derives_the_plan(case, tmp_path, mo
 
     plan = CASES[case]()
     c, world = plan.config, plan.nodes * plan.gpus_per_node
+    if case in REFUSED:  # refused by autopar with the reason, before anything is written
+        with pytest.raises(AutoparError, match=REFUSED[case]):
+            export_target(plan, "torchtitan")
+        return
     files = export_target(plan, "torchtitan").files
     module = _exported_module(plan, files, tmp_path, monkeypatch)
     if module.MODEL_SPEC is None:
