@@ -316,6 +316,11 @@ def test_deepspeed_parses_each_issue_kind_at_its_world_size(kind, monkeypatch):
     precision = t.precision.value
     assert (ds.bfloat16_config.enabled, ds.float16_config.enabled) == \
         (precision == "bf16", precision == "fp16")
+    if precision == "fp16":  # autopar's loss scaling (models/training.py LOSS_SCALING)
+        f16 = ds.float16_config
+        assert (f16.loss_scale, f16.initial_scale_power, f16.loss_scale_window,
+                f16.hysteresis) == (0, 16, 2000, 1)
+    assert ds.optimizer_name == t.optimizer.value
     reduced = t.grad_dtype.value if t.grad_dtype.value == "fp32" else precision
     assert ds.communication_data_type == {"fp32": torch.float32, "bf16": torch.bfloat16,
                                           "fp16": torch.float16}[reduced]
