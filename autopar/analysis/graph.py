@@ -104,8 +104,10 @@ class GraphIR:
     """Sequence length the graph was traced at."""
     method: str
     """``"fx"`` (torch.fx.symbolic_trace) or ``"export"`` (torch.export)."""
-    gm: torch.fx.GraphModule | None = field(default=None, repr=False)
-    """The traced graph module (on the meta device)."""
+    fx: tuple[torch.nn.Module, torch.fx.Graph] | None = field(default=None, repr=False,
+                                                               compare=False)
+    """The traced fx graph and the module its ``get_attr`` and ``call_module`` nodes name (on
+    the meta device); None where the graph was read from the trace cache."""
     model_name: str = ""
     """Class name of the traced model, for reports."""
     layers: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
@@ -125,6 +127,20 @@ class GraphIR:
     routing is group-limited (a module's ``router_groups``/``router_group_topk``:
     ``models.routing.limit_groups``): how many nodes a token's rows cross to
     (``costmodel/moe.py``)."""
+
+
+    @property
+    def gm(self) -> torch.fx.GraphModule | None:
+        """The traced graph as a ``GraphModule`` (None where the graph was read from the trace
+        cache): made on first use, since making one generates its Python code, which the
+        analysis never runs (an export trace is one already)."""
+        if self.fx is None:
+            return None
+        root, graph = self.fx
+        if not (isinstance(root, torch.fx.GraphModule) and root.graph is graph):
+            root = torch.fx.GraphModule(root, graph, self.model_name or "Traced")
+            self.fx = (root, graph)
+        return root
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}

@@ -39,8 +39,8 @@ _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.
 class ShapeRecorder(torch.fx.Interpreter):
     """Runs the graph and stores each node's result in ``node.meta["val"]``."""
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
-        super().__init__(gm)
+    def __init__(self, root: nn.Module, graph: torch.fx.Graph) -> None:
+        super().__init__(root, graph=graph)
         self._seen: dict[tuple, Any] = {}
 
     def run_node(self, n: torch.fx.Node) -> Any:
@@ -68,19 +68,21 @@ class ShapeRecorder(torch.fx.Interpreter):
         return result
 
 
-def propagate(gm: torch.fx.GraphModule, args: list[torch.Tensor]) -> None:
-    """``node.meta["val"]`` for every node: a meta-tensor run, under ``FakeTensorMode`` if
+def propagate(root: nn.Module, graph: torch.fx.Graph, args: list[torch.Tensor]) -> None:
+    """``node.meta["val"]`` for every node of ``graph`` (whose ``get_attr`` and
+    ``call_module`` nodes name ``root``'s): a meta-tensor run, under ``FakeTensorMode`` if
     weights are real."""
-    on_meta = all(t.device.type == "meta" for t in (*gm.parameters(), *gm.buffers(), *args))
+    on_meta = all(t.device.type == "meta"
+                  for t in (*root.parameters(), *root.buffers(), *args))
     if on_meta:
         with torch.no_grad():
-            ShapeRecorder(gm).run(*args)
+            ShapeRecorder(root, graph).run(*args)
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode, torch.no_grad():
-        ShapeRecorder(gm).run(*[mode.from_tensor(a) for a in args])
+        ShapeRecorder(root, graph).run(*[mode.from_tensor(a) for a in args])
 
 
 def _keyable(value: Any) -> Any:

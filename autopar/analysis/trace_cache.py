@@ -163,7 +163,7 @@ def traced(model: nn.Module | GraphIR, train: TrainSpec | None = None, *, cache:
             TypeError, ValueError):
         pass  # not there, or unreadable: traced again below
     graph = trace(model, train, batch=batch)
-    _store(path, dataclasses.replace(graph, gm=None))
+    _store(path, dataclasses.replace(graph, fx=None))
     return graph
 
 

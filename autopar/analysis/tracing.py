@@ -91,7 +91,9 @@ scalars: a fused attention's causal mask (``ops.attention.is_causal``)."""
 class _Traced:
     """A traced graph with ``meta["val"]`` on every node, and what its placeholders are."""
 
-    gm: torch.fx.GraphModule
+    root: nn.Module
+    """The module the graph's ``get_attr`` and ``call_module`` nodes name."""
+    graph: torch.fx.Graph
     method: str
     params: dict[str, str] = field(default_factory=dict)
     """Placeholder name -> parameter FQN (export's lifted parameters)."""
@@ -134,7 +136,7 @@ def trace(
     }
     return GraphIR(
         nodes=nodes, params=params, blocks=group, batch=batch, seq_len=seq,
-        method=traced.method, gm=traced.gm, model_name=type(model).__name__,
+        method=traced.method, fx=(traced.root, traced.graph), model_name=type(model).__name__,
         layers=layers_of(model), expert_params=experts, moe_modules=moe,
         moe_groups=moe_groups_of(model, moe),
     )
@@ -227,33 +229,33 @@ def _trace_fx(
     """Symbolic tracing plus meta/fake shape propagation; raises on any failure."""
     tracer = RegistryLeaves()
     graph = tracer.trace(model, concrete_args=dict(feed.fixed) or None)
-    gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+    # no GraphModule: making one generates the graph's Python code, which nothing here runs
+    # (``GraphIR.gm`` makes it where asked for)
     if feed.fixed:
-        _drop_concrete_arg_checks(gm, set(feed.fed))
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        _drop_concrete_arg_checks(graph, set(feed.fed))
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     by_name = {k: v for k, v in feed.kwargs(inputs, targets).items() if k in feed.fed}
     args = [by_name.get(n.target) for n in placeholders if n.target in by_name]
     if len(args) != len(by_name):
         raise RuntimeError("symbolic_trace lost an input or target placeholder")
-    propagate(gm, args)
-    return _Traced(gm=gm, method="fx")
+    propagate(tracer.root, graph, args)
+    return _Traced(root=tracer.root, graph=graph, method="fx")
 
 
-def _drop_concrete_arg_checks(gm: torch.fx.GraphModule, fed: set[str | None]) -> None:
+def _drop_concrete_arg_checks(graph: torch.fx.Graph, fed: set[str | None]) -> None:
     """Erase the checks symbolic_trace adds for ``concrete_args`` (``mask is None``, ``s == 1``).
 
     They assert that a fixed argument keeps its value; they compute nothing of the model.
     ``fed`` are the argument names that receive tensors; every other placeholder is fixed.
     """
-    fixed_ph = {n for n in gm.graph.nodes if n.op == "placeholder" and n.target not in fed}
-    for node in reversed(list(gm.graph.nodes)):
+    fixed_ph = {n for n in graph.nodes if n.op == "placeholder" and n.target not in fed}
+    for node in reversed(list(graph.nodes)):
         if node.op not in ("call_function", "call_method") or node.users:
             continue
         name = getattr(node.target, "__name__", str(node.target))
         reads_fixed = node.all_input_nodes and all(a in fixed_ph for a in node.all_input_nodes)
         if name in ("_assert", "_assert_is_none") or reads_fixed:
-            gm.graph.erase_node(node)
-    gm.recompile()
+            graph.erase_node(node)
 
 
 @contextlib.contextmanager
@@ -301,7 +303,7 @@ def _trace_export(
         with warnings.catch_warnings():  # a LeafSpec FutureWarning from torch's own deepcopy
             warnings.simplefilter("ignore", FutureWarning)
             ep = ep.run_decompositions({})  # inline set_grad/autocast regions; keeps linear, sdpa
-    traced = _Traced(gm=ep.graph_module, method="export")
+    traced = _Traced(root=ep.graph_module, graph=ep.graph_module.graph, method="export")
     for spec in ep.graph_signature.input_specs:
         name = getattr(spec.arg, "name", None)
         if name is None:
@@ -347,7 +349,7 @@ def _tensor_metas(value: object) -> tuple[TensorMeta, ...]:
     )
 
 
-def _raw_name(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, str]:
+def _raw_name(node: torch.fx.Node, gm: nn.Module) -> tuple[str, str]:
     """(raw op name for ``OP_NAMES``, printable target) of a call node."""
     target = node.target
     if node.op == "call_module":
@@ -378,14 +380,14 @@ def _scalar(value: object) -> object:
 
 def _build_nodes(model: nn.Module, traced: _Traced) -> list[NodeInfo]:
     """One ``NodeInfo`` per computing node (see the module docstring, step 3)."""
-    gm = traced.gm
+    root = traced.root
     canon = {id(p): name for name, p in model.named_parameters()}
     param_nbytes = {name: p.numel() * p.element_size() for name, p in model.named_parameters()}
     # Non-activation values: node name -> parameter names they carry (() for buffers/consts).
     const: dict[str, tuple[str, ...]] = {}
     inputs_ph: set[str] = set()
     nodes: list[NodeInfo] = []
-    for node in gm.graph.nodes:
+    for node in traced.graph.nodes:
         if node.op == "placeholder":
             if node.name in traced.params:
                 fqn = traced.params[node.name]
@@ -396,7 +398,7 @@ def _build_nodes(model: nn.Module, traced: _Traced) -> list[NodeInfo]:
                 inputs_ph.add(node.name)
             continue
         if node.op == "get_attr":
-            obj = _fetch_attr(gm, str(node.target))
+            obj = _fetch_attr(root, str(node.target))
             if isinstance(obj, nn.Parameter):
                 const[node.name] = (canon.get(id(obj), str(node.target)),)
                 node.meta.setdefault("val", obj)
@@ -408,7 +410,7 @@ def _build_nodes(model: nn.Module, traced: _Traced) -> list[NodeInfo]:
         if node.op == "output":
             continue
         try:
-            info = _node_info(node, gm, canon, param_nbytes, const, inputs_ph)
+            info = _node_info(node, root, canon, param_nbytes, const, inputs_ph)
         except Exception as err:
             # sympy's module, imported where a trace runs, not when a cached graph is read
             from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -433,7 +435,7 @@ def _data_dependent(node: torch.fx.Node) -> AutoparError:
     return data_dependent_shape_error(_module_path(node), target, _user_line(node))
 
 
-def _opaque_flop(node: torch.fx.Node, gm: torch.fx.GraphModule, op: str,
+def _opaque_flop(node: torch.fx.Node, gm: nn.Module, op: str,
                  params: tuple[str, ...]) -> float:
     """Forward FLOPs of an op the registry does not know: torch's count of it
     (``autopar.analysis.ops.opaque``, which argues the rule); an ``AutoparError`` when torch counts
@@ -457,7 +459,7 @@ def _opaque_flop(node: torch.fx.Node, gm: torch.fx.GraphModule, op: str,
     return flop
 
 
-def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> object:
+def _fetch_attr(gm: nn.Module, target: str) -> object:
     obj: object = gm
     for part in target.split("."):
         obj = getattr(obj, part)
@@ -465,7 +467,7 @@ def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> object:
 
 
 def _node_info(
-    node: torch.fx.Node, gm: torch.fx.GraphModule, canon: dict[int, str],
+    node: torch.fx.Node, gm: nn.Module, canon: dict[int, str],
     param_nbytes: dict[str, int], const: dict[str, tuple[str, ...]], inputs_ph: set[str],
 ) -> NodeInfo | None:
     """The ``NodeInfo`` of one call node, or None (an assertion, or a view of a parameter)."""

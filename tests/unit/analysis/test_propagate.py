@@ -25,7 +25,7 @@ def every_call(monkeypatch):
 
 def _graph(name: str, device: str = "meta"):
     g = trace(models.build(name, device=device), TRAIN, batch=2)
-    return dataclasses.replace(g, gm=None)  # the GraphModule object itself is a new one
+    return dataclasses.replace(g, fx=None)  # the fx graph object itself is a new one
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt", "tiny-llama", "tiny-moe", "tiny-deepseek",
@@ -54,7 +54,7 @@ def test_a_repeated_call_is_run_once_and_answered_with_new_tensors() -> None:
 
     gm = torch.fx.symbolic_trace(Twice().to("meta"))
     runs = []
-    recorder = propagate.ShapeRecorder(gm)
+    recorder = propagate.ShapeRecorder(gm, gm.graph)
     real = torch.fx.Interpreter.call_module
 
     def counting(self, target, args, kwargs):
