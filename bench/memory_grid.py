@@ -127,6 +127,12 @@ GRID = [
               checkpoint="moe"), layers=4),
     Case("dsv3-pp2-ep8", "deepseek-v3", "hgx-h100-80g", 2, 16, 4096,
          dict(dp=8, pp=2, ep=8, zero=1, micro_batch=1), layers=5),
+    # the interleaved schedule with the dense layers and the embedding in the first rank's first
+    # chunk, which holds more micro-batches than its second (costmodel/schedule_slots.py:
+    # weighted_in_flight)
+    Case("dsv3-pp2-v2-ep8", "deepseek-v3", "hgx-h100-80g", 2, 64, 4096,
+         dict(dp=8, pp=2, ep=8, zero=1, micro_batch=1, schedule="interleaved",
+              virtual_stages=2), layers=7),
     Case("mixtral-ep8-etp2-zero1", "mixtral-8x7b", "hgx-h100-80g", 2, 32, 4096,
          dict(dp=8, tp=2, ep=8, etp=2, zero=1, micro_batch=1, sequence_parallel=True),
          layers=2),

@@ -3,7 +3,10 @@ stage (what the HTML report draws as a Gantt chart).
 
 The cost model prices a schedule by two numbers of ``costmodel/pipeline.py``: the micro-batches a
 stage holds in flight (``in_flight_microbatches``) and the bubble (``bubble_fraction``); it keeps
-no slot-by-slot timeline. This module is the one place that lays one out, from those same rules:
+no slot-by-slot timeline, but where a stage's model chunks keep different amounts (the first
+rank's first chunk holds the embedding) it reads what each chunk holds at each backward start
+from the order laid out here (``in_flight_states``, ``weighted_in_flight``). This module is the
+one place that lays the schedule out, from those same rules:
 
 * rank ``r`` runs ``in_flight_microbatches(...) * v`` chunk forwards before its first backward
   (all ``m`` under GPipe, ``min(pp - r, m)`` under 1F1B, torch's ``_get_warmup_ops`` + 1 under
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Schedule
@@ -68,6 +72,41 @@ def rank_order(schedule: Schedule, stage: int, pp: int, m: int, v: int
             order.append(nth(f, False))
             f += 1
     return order
+
+
+@lru_cache(maxsize=4096)
+def in_flight_states(schedule: Schedule, stage: int, pp: int, m: int, v: int
+                     ) -> tuple[tuple[int, ...], ...]:
+    """The micro-batches each of rank ``stage``'s model chunks holds at the start of each of
+    its backwards (``rank_order``), first chunk first: the distinct counts that no other
+    moment's exceed chunk by chunk (so the largest of any weighting of the chunks is among
+    them). Under the interleaved schedule the first chunk fills up while the last drains:
+    torch's pp 2, v 2, 8 micro-batches holds 3 and 2, then 4 and 1 on rank 0 at its first
+    backwards -- 2.5 micro-batches of the whole rank either way, but 4 of its first chunk."""
+    counts = [0] * (v if schedule is Schedule.INTERLEAVED else 1)
+    seen: set[tuple[int, ...]] = set()
+    for backward, chunk, _ in rank_order(schedule, stage, pp, m, v):
+        if backward:
+            seen.add(tuple(counts))
+            counts[chunk] -= 1
+        else:
+            counts[chunk] += 1
+    return tuple(sorted(state for state in seen if not any(
+        other != state and all(o >= s for o, s in zip(other, state)) for other in seen)))
+
+
+def weighted_in_flight(schedule: Schedule, stage: int, pp: int, m: int, v: int,
+                       chunk_bytes: Sequence[float]) -> float:
+    """Micro-batches rank ``stage`` holds in flight at its largest backward start, in units of
+    all its chunks' activations of one micro-batch, when its chunks keep ``chunk_bytes`` each
+    for one micro-batch (first chunk first): ``in_flight_microbatches`` where the chunks are
+    alike, more where one holds more (the first rank's first chunk, which holds the
+    embedding and any layers before the blocks, DeepSeek's dense layers)."""
+    total = float(sum(chunk_bytes))
+    if total <= 0.0:
+        return in_flight_microbatches(schedule, stage, pp, m, v)
+    return max(sum(n * b for n, b in zip(state, chunk_bytes))
+               for state in in_flight_states(schedule, stage, pp, m, v)) / total
 
 
 RankSeconds = float | Sequence[float | Sequence[float]]

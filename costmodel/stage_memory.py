@@ -16,6 +16,8 @@ from .memory import (ModelStates, StateBytes, backward_peak, dtype_bytes, model_
                      recompute_working_bytes, saved_bytes, stage_output_bytes, transient_bytes)
 from .peak import StageActivations, StageParams, stage_peak
 from .pipeline import StagePartition, in_flight_microbatches, loss_in_flight_microbatches
+from .schedule_slots import weighted_in_flight
+from autopar.core.stages import stage_chunks
 from autopar.core.fp8 import fp8_all_gather, fp8_params
 from autopar.core.specs import FP8_FUSED_CASTS, Checkpoint, ParallelConfig, Schedule, TrainSpec
 from .topology import MeshGroups
@@ -127,6 +129,11 @@ class _StageSizes:
     fp8_copies: float
     """Bytes of Transformer Engine's FP8 weight copies (0 without them)."""
     stage_output: float
+    chunk_kept: tuple[float, ...] = ()
+    """Under the interleaved schedule, what each of the stage's model chunks keeps for one
+    micro-batch (first chunk first; the loss's part apart, ``loss_kept``), where the chunks
+    differ: the first stage's first chunk holds the embedding and the layers before the blocks
+    too (``_chunk_kept``); empty where they are alike."""
 
 
 def _stage_sizes(
@@ -138,15 +145,19 @@ def _stage_sizes(
     the micro-batches it holds in flight."""
     kept = 0.0
     working = 0.0
+    cached = cache = 0.0  # a chunk's output of one micro-batch, torch's schedules' cache
     block_grad_bytes = sum(_layer_params(workload.block, config)) * \
         dtype_bytes(train.precision, train.optimizer)[1]
     walked: tuple[float, float] | None = None  # (activations, gradients) of a block's backward
     loss_kept = 0.0  # of ``kept``: what the loss layer (final norm, head, loss) keeps
+    pre_kept = 0.0  # of ``kept``: what the layers before the blocks keep (the first chunk's)
     for layer, policy, n in groups:
         saved, layer_working, peak = _layer_bytes(layer, split, policy, block_grad_bytes)
         kept += n * saved
         if layer is workload.post:
             loss_kept = n * saved
+        elif layer is workload.pre:
+            pre_kept = n * saved
         working = max(working, layer_working)
         if layer is workload.block and (walked is None or sum(peak) > sum(walked)):
             walked = peak
@@ -161,8 +172,9 @@ def _stage_sizes(
         # loss (``stage_output`` holds what the loss reads). Megatron-Core frees them
         # (``core.specs.MCORE_ACTIVATIONS``)
         v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
-        kept += ((v - 1 if last else v) * workload.block.output_elements * split.act_bytes
-                 * split.scale(Shard.SEQ))
+        cached = workload.block.output_elements * split.act_bytes * split.scale(Shard.SEQ)
+        cache = (v - 1 if last else v) * cached
+        kept += cache
     held: StageParams | ModelStates
     if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet
         held = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
@@ -193,7 +205,32 @@ def _stage_sizes(
         stage, part.blocks[stage], kept, loss_kept, working, block_working,
         block_grads / block_grad_bytes if block_grad_bytes else 1.0, held,
         (part.blocks[stage] * fp8_block, fp8_block), copies,
-        stage_output_bytes(workload.post, split) if last and config.pp > 1 else 0.0)
+        stage_output_bytes(workload.post, split) if last and config.pp > 1 else 0.0,
+        _chunk_kept(part, stage, config, pre_kept, cached,
+                    kept - loss_kept - pre_kept - cache))
+
+
+def _chunk_kept(part: StagePartition, stage: int, config: ParallelConfig, pre_kept: float,
+                cached: float, blocks_kept: float) -> tuple[float, ...]:
+    """What each of the stage's model chunks keeps for one micro-batch under the interleaved
+    schedule (``_StageSizes.chunk_kept``): the blocks' ``blocks_kept`` shared by the chunk's
+    blocks (the engine's cut, ``core.stages.stage_chunks``; evenly where a stated layout cuts
+    otherwise), the layers before the blocks' ``pre_kept`` in the first stage's first chunk,
+    and each chunk's output ``cached`` by torch's schedule (not the last stage's last, whose
+    output is the loss's). Empty where every chunk keeps the same, or without interleaving."""
+    v = config.virtual_stages
+    if config.schedule is not Schedule.INTERLEAVED or v == 1:
+        return ()
+    try:
+        chunks = stage_chunks(part.blocks, v)[stage::config.pp]
+    except ValueError:
+        chunks = [part.blocks[stage] / v] * v
+    blocks = sum(chunks)
+    kept = [blocks_kept * (c / blocks if blocks else 1.0 / v) + cached for c in chunks]
+    kept[0] += pre_kept
+    if stage == config.pp - 1:
+        kept[-1] -= cached
+    return () if max(kept) - min(kept) <= 1e-9 * max(kept) else tuple(kept)
 
 
 def _stage_memory(sizes: _StageSizes, stage: int, config: ParallelConfig, m: int, v: int,
@@ -201,6 +238,14 @@ def _stage_memory(sizes: _StageSizes, stage: int, config: ParallelConfig, m: int
     """The memory of stage ``stage`` of ``sizes`` (its signature's), with the micro-batches it
     holds in flight."""
     in_flight = in_flight_microbatches(config.schedule, stage, config.pp, m, v)
+    if sizes.chunk_kept:
+        # chunks that keep different amounts: the largest backward start's bytes by chunk, where
+        # a heavy first chunk (the embedding, DeepSeek's dense layers) is held by more
+        # micro-batches than the even count gives; never less than the even count, which
+        # bounds the stage's other moments (the embedding's backward, a block's), whose chunk
+        # states are not followed one by one
+        in_flight = max(in_flight, weighted_in_flight(config.schedule, stage, config.pp, m, v,
+                                                      sizes.chunk_kept))
     if isinstance(sizes.held, ModelStates):
         states = sizes.held
         breakdown = {"params": states.params, "grads": states.grads,

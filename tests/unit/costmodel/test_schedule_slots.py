@@ -9,8 +9,9 @@ import pytest
 
 from autopar.core.errors import AutoparError
 from autopar.core.specs import Schedule
-from autopar.costmodel.pipeline import bubble_fraction, pipeline_s
-from autopar.costmodel.schedule_slots import makespan_s, rank_order, schedule_slots
+from autopar.costmodel.pipeline import bubble_fraction, in_flight_microbatches, pipeline_s
+from autopar.costmodel.schedule_slots import (in_flight_states, makespan_s, rank_order,
+                                              schedule_slots, weighted_in_flight)
 
 CASES = [(Schedule.GPIPE, 4, 8, 1), (Schedule.ONE_F_ONE_B, 4, 8, 1),
          (Schedule.ONE_F_ONE_B, 4, 2, 1), (Schedule.ONE_F_ONE_B, 1, 3, 1),
@@ -162,3 +163,42 @@ def test_a_head_in_the_last_chunk_only_costs_the_last_rank_once_per_micro_batch(
 def test_chunk_times_of_the_wrong_length_are_refused() -> None:
     with pytest.raises(AutoparError, match="chunk times"):
         schedule_slots(Schedule.INTERLEAVED, 2, 4, 2, [[1.0, 1.0], [1.0]], 2.0)
+
+
+def _states_of(order: list[tuple[bool, int, int]], chunks: int) -> set[tuple[int, ...]]:
+    counts, seen = [0] * chunks, set()
+    for backward, chunk, _ in order:
+        if backward:
+            seen.add(tuple(counts))
+            counts[chunk] -= 1
+        else:
+            counts[chunk] += 1
+    return seen
+
+
+@pytest.mark.parametrize("schedule,pp,m,v", CASES)
+def test_in_flight_states_are_torchs_per_chunk_counts(schedule, pp, m, v):
+    """The micro-batches each chunk holds at each backward start, walked from torch's own order,
+    are those ``in_flight_states`` keeps (it drops only the states another exceeds chunk by
+    chunk); with chunks alike, ``weighted_in_flight`` is ``in_flight_microbatches``."""
+    chunks = v if schedule is Schedule.INTERLEAVED else 1
+    for rank in range(pp):
+        theirs = _states_of(_torch_order(schedule, rank, pp, m, v), chunks)
+        ours = set(in_flight_states(schedule, rank, pp, m, v))
+        assert ours <= theirs
+        assert all(any(all(o >= t for o, t in zip(state, other)) for state in ours)
+                   for other in theirs)
+        assert weighted_in_flight(schedule, rank, pp, m, v, [1.0] * chunks) == \
+            pytest.approx(in_flight_microbatches(schedule, rank, pp, m, v))
+
+
+def test_a_heavier_first_chunk_is_held_by_more_microbatches():
+    """torch's interleaved schedule, pp 2, v 2, 8 micro-batches: rank 0 fills its first chunk
+    while it drains its second (4 and 1 at one backward start, 2.5 rank-micro-batches either
+    way), so a first chunk keeping three times the second's is held as 3.25 micro-batches of
+    the rank's, not 2.5 (the first rank's first chunk holds the embedding and DeepSeek's dense
+    layers)."""
+    assert in_flight_states(Schedule.INTERLEAVED, 0, 2, 8, 2) == ((3, 2), (4, 1))
+    assert weighted_in_flight(Schedule.INTERLEAVED, 0, 2, 8, 2, [3.0, 1.0]) == \
+        pytest.approx((4 * 3.0 + 1 * 1.0) / 4.0)
+    assert in_flight_microbatches(Schedule.INTERLEAVED, 0, 2, 8, 2) == 2.5
