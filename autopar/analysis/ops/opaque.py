@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils.flop_counter import FlopCounterMode
 
 __all__ = ["counted_flop"]
 
@@ -51,6 +50,9 @@ def counted_flop(fn: Callable[..., object], args: Sequence[object],
     mode). 0.0 when torch counts none, or when the op cannot run without data (``.item()``, a
     data-dependent size): torch then knows no FLOPs for it either."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    # here, not at import: torch's flop counter imports triton (about 0.1 s of every command's
+    # start), and only a model with an op the registry does not know asks for it
+    from torch.utils.flop_counter import FlopCounterMode
 
     meta_args, meta_kwargs = pytree.tree_map(_on_meta, (tuple(args), dict(kwargs)))
     counter = FlopCounterMode(display=False)
