@@ -217,7 +217,9 @@ def _chunk_kept(part: StagePartition, stage: int, config: ParallelConfig, pre_ke
     blocks (the engine's cut, ``core.stages.stage_chunks``; evenly where a stated layout cuts
     otherwise), the layers before the blocks' ``pre_kept`` in the first stage's first chunk,
     and each chunk's output ``cached`` by torch's schedule (not the last stage's last, whose
-    output is the loss's). Empty where every chunk keeps the same, or without interleaving."""
+    output is the loss's). Empty where every chunk keeps the same, or without interleaving.
+    Middle stages of one signature share their first's split (``_StageSizes``): where the
+    engine's cut gives them chunks of different sizes, the others are priced with its."""
     v = config.virtual_stages
     if config.schedule is not Schedule.INTERLEAVED or v == 1:
         return ()

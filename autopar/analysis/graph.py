@@ -128,7 +128,6 @@ class GraphIR:
     ``models.routing.limit_groups``): how many nodes a token's rows cross to
     (``costmodel/moe.py``)."""
 
-
     @property
     def gm(self) -> torch.fx.GraphModule | None:
         """The traced graph as a ``GraphModule`` (None where the graph was read from the trace

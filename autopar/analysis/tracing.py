@@ -349,11 +349,11 @@ def _tensor_metas(value: object) -> tuple[TensorMeta, ...]:
     )
 
 
-def _raw_name(node: torch.fx.Node, gm: nn.Module) -> tuple[str, str]:
+def _raw_name(node: torch.fx.Node, root: nn.Module) -> tuple[str, str]:
     """(raw op name for ``OP_NAMES``, printable target) of a call node."""
     target = node.target
     if node.op == "call_module":
-        return type(gm.get_submodule(str(target))).__name__, str(target)
+        return type(root.get_submodule(str(target))).__name__, str(target)
     if node.op == "call_method":
         return str(target), str(target)
     if isinstance(target, torch._ops.OpOverload):
@@ -435,7 +435,7 @@ def _data_dependent(node: torch.fx.Node) -> AutoparError:
     return data_dependent_shape_error(_module_path(node), target, _user_line(node))
 
 
-def _opaque_flop(node: torch.fx.Node, gm: nn.Module, op: str,
+def _opaque_flop(node: torch.fx.Node, root: nn.Module, op: str,
                  params: tuple[str, ...]) -> float:
     """Forward FLOPs of an op the registry does not know: torch's count of it
     (``autopar.analysis.ops.opaque``, which argues the rule); an ``AutoparError`` when torch counts
@@ -444,7 +444,7 @@ def _opaque_flop(node: torch.fx.Node, gm: nn.Module, op: str,
                                          lambda a: a.meta.get("val"))
     fn: Callable[..., object]
     if node.op == "call_module":
-        module = gm.get_submodule(str(node.target))
+        module = root.get_submodule(str(node.target))
         state = dict(module.named_parameters()) | dict(module.named_buffers())
         args = (state, *args)
         fn = lambda state, *a, **k: torch.func.functional_call(module, state, a, k)  # noqa: E731
@@ -454,24 +454,24 @@ def _opaque_flop(node: torch.fx.Node, gm: nn.Module, op: str,
         fn = node.target  # type: ignore[assignment]
     flop = counted_flop(fn, args, kwargs)
     if flop == 0.0 and params:
-        raise opaque_op_error(op, _raw_name(node, gm)[1], _module_path(node), _user_line(node),
+        raise opaque_op_error(op, _raw_name(node, root)[1], _module_path(node), _user_line(node),
                               params)
     return flop
 
 
-def _fetch_attr(gm: nn.Module, target: str) -> object:
-    obj: object = gm
+def _fetch_attr(root: nn.Module, target: str) -> object:
+    obj: object = root
     for part in target.split("."):
         obj = getattr(obj, part)
     return obj
 
 
 def _node_info(
-    node: torch.fx.Node, gm: nn.Module, canon: dict[int, str],
+    node: torch.fx.Node, root: nn.Module, canon: dict[int, str],
     param_nbytes: dict[str, int], const: dict[str, tuple[str, ...]], inputs_ph: set[str],
 ) -> NodeInfo | None:
     """The ``NodeInfo`` of one call node, or None (an assertion, or a view of a parameter)."""
-    raw, target = _raw_name(node, gm)
+    raw, target = _raw_name(node, root)
     if is_skipped(raw):
         return None
     flat_args: list[object] = []
@@ -513,7 +513,7 @@ def _node_info(
         elif leaf.name not in inputs_ph and leaf.name not in inputs:
             inputs.append(leaf.name)
     if node.op == "call_module":
-        module = gm.get_submodule(str(node.target))
+        module = root.get_submodule(str(node.target))
         for p in module.parameters():
             name = canon.get(id(p), f"{node.target}.?")
             if name not in params:
@@ -534,7 +534,7 @@ def _node_info(
     param_bytes = sum(param_nbytes.get(name, 0) for name in params)
     flop = forward_flop(op, raw, operands, outputs, scalars)
     if outputs and not is_known(op):
-        flop = _opaque_flop(node, gm, op, tuple(params))
+        flop = _opaque_flop(node, root, op, tuple(params))
     return NodeInfo(
         name=node.name, op=op, target=target, inputs=tuple(inputs), outputs=outputs,
         fwd_flop=flop,
