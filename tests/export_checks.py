@@ -131,6 +131,12 @@ REFUSED = {
 """The (kind, target) pairs ``autopar export`` refuses, and a word of the reason it gives."""
 
 
+def refused_for(target: str) -> dict[str, str]:
+    """The kinds ``autopar export`` refuses for ``target`` (``REFUSED``), and a word of the
+    reason."""
+    return {kind: word for (kind, to), word in REFUSED.items() if to == target}
+
+
 def issue_plan(kind: str):
     """The plan of one of ``ISSUE_KINDS``."""
     model, cluster, nodes, train, config = ISSUE_KINDS[kind]

@@ -574,6 +574,12 @@ def _shape_items(shape: ModelShape | None, tp: int, allow_approximate: bool = Fa
     return items
 
 
+def flag_of(name: str) -> str:
+    """The command-line flag that sets Megatron config field ``name`` (``FLAG_OF``, else the
+    name with dashes)."""
+    return FLAG_OF.get(name, "--" + name.replace("_", "-"))
+
+
 def flags(settings: Iterable[Setting]) -> list[str]:
     """Command-line words of Megatron config settings: a switch off or a field unset (``None``)
     is Megatron's default, and writes no word (but for the negative flags of ``FLAG_OF``)."""
@@ -581,7 +587,7 @@ def flags(settings: Iterable[Setting]) -> list[str]:
     for name, value in settings:
         if value is None:
             continue
-        flag = FLAG_OF.get(name, "--" + name.replace("_", "-"))
+        flag = flag_of(name)
         if isinstance(value, bool):
             if value or name in FLAG_OF:
                 out.append(flag)

@@ -194,7 +194,7 @@ def _derived(cfg) -> dict[str, object]:
 
     model = cfg.model
     out = {f"model.{k}": _plain(getattr(model, k, None)) for k in MODEL}
-    out["model.activation_func"] = getattr(model.activation_func, "__name__", None)
+    out["model.activation_func"] = _named(model.activation_func)
     out.update({f"ddp.{k}": _plain(getattr(cfg.ddp, k)) for k in DDP})
     out.update({f"optimizer.{k}": _plain(getattr(cfg.optimizer, k)) for k in OPTIMIZER})
     out.update({"data_parallel_size": cfg.data_parallel_size,

@@ -102,6 +102,7 @@ def main() -> None:
     import torch
     from types import SimpleNamespace
 
+    dests = _dests()
     for case in cases:
         major, minor = case["capability"]  # the stand-in GPU named in the docstring
         torch.cuda.get_device_capability = lambda *_, m=(major, minor): m
@@ -123,7 +124,7 @@ def main() -> None:
             result["refused"] = f"{type(err).__name__}: {err}"
         else:
             result["args"] = {k: _plain(getattr(parsed, k, None)) for k in READ_BACK}
-            dests = _dests()  # each flag the export wrote, read from where Megatron keeps it
+            # each flag the export wrote, read from where Megatron keeps it
             result["flags"] = {f: _plain(getattr(parsed, dests[f], None)) if f in dests
                                else "<not an option>" for f in case.get("read", ())}
             result["layers_per_rank"] = _layers_per_rank(parsed)

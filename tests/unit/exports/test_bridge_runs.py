@@ -48,7 +48,6 @@ from autopar.exports.bridge import OVERRIDES, recipe_for
 from autopar.models.shape import model_shape
 
 DATA = Path(__file__).resolve().parents[2] / "data"
-A100 = "dgx-a100-80g"
 
 CASES = {
     # gpt175b (tp 8, pp 8 interleaved v 3) on the GPT-3 recipe, whose vp 6, TP overlap and
@@ -57,34 +56,24 @@ CASES = {
     **checks.FIXTURES,
     # fp16: autopar's loss scaling and fp32 gradient reduction, not fp16_mixed's
     "llama_interleaved_fp16": lambda: checks.llama_interleaved("fp16"),
-    # the experts folded over tp; Qwen3's heads 128 wide over hidden 2048 / 32 heads
-    "qwen3_tp2_ep8_moe_recompute": lambda: checks.plan(
-        "qwen3-30b-a3b", checks.H100, 2, TrainSpec(global_batch=32, seq_len=4096),
-        dp=8, tp=2, ep=8, zero=1, micro_batch=1, sequence_parallel=True, checkpoint="moe"),
     # latent attention, shared expert, 3 dense layers, uneven stages: the recipe's layout and
     # multi-token prediction must not survive; the gradients reduced in bf16
     "deepseek_v3_pp4_ep8": lambda: checks.plan(
         "deepseek-v3", checks.H100, 4, TrainSpec(global_batch=32, seq_len=4096,
                                                  grad_dtype="bf16"),
         dp=8, pp=4, ep=8, zero=1, micro_batch=1),
-    # tp 2 on the 70B recipe, whose TP overlap (user buffers) and vp 5 must not survive
-    "llama3_70b_tp2_zero3_offload": lambda: checks.plan(
-        "llama3-70b", checks.H100, 2, TrainSpec(global_batch=32, seq_len=4096),
-        dp=8, tp=2, zero=3, micro_batch=1, offload=True, sequence_parallel=True,
-        checkpoint="full"),
-    # ZeRO-0 (the recipe's distributed optimizer must go), uneven stages of a GPT
-    "gpt_7.5b_zero0_uneven_pp8": lambda: checks.plan(
-        "gpt-7.5b", A100, 1, TrainSpec(global_batch=32, seq_len=2048),
-        dp=1, pp=8, micro_batch=1, zero=0, checkpoint="none"),
     # async TP: Bridge's TP communication overlap on, by the CommOverlapConfig written
     "gpt_7.5b_tp4_async_tp": lambda: checks.plan(
-        "gpt-7.5b", A100, 1, TrainSpec(global_batch=16, seq_len=2048),
+        "gpt-7.5b", checks.A100, 1, TrainSpec(global_batch=16, seq_len=2048),
         dp=2, tp=4, sequence_parallel=True, zero=1, micro_batch=1, fusions=("async_tp",)),
-    # issue 33's plan kinds (export_checks.ISSUE_KINDS), each run or refused
+    # issue 33's plan kinds (export_checks.ISSUE_KINDS), each run or refused; among them the
+    # experts folded over tp (Qwen3's heads 128 wide over hidden 2048 / 32 heads), tp 2 on the
+    # 70B recipe (whose TP overlap and vp 5 must not survive), ZeRO-0 (the recipe's distributed
+    # optimizer must go) over uneven stages of a GPT
     **{kind: partial(checks.issue_plan, kind) for kind in checks.ISSUE_KINDS},
 }
 
-REFUSED = {kind: word for (kind, target), word in checks.REFUSED.items() if target == "bridge"}
+REFUSED = checks.refused_for("bridge")
 """The cases ``autopar export`` refuses for Bridge, and a word of the reason it gives."""
 
 

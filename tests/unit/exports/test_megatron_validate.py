@@ -22,11 +22,10 @@ import autopar
 from autopar import AutoparError, TrainSpec
 from autopar.exports import export_formats
 from autopar.exports.mapping import Fit
-from autopar.exports.megatron import FLAG_OF, megatron_items
+from autopar.exports.megatron import flag_of, megatron_items
 import export_checks as checks
-from export_checks import megatron_dir, plan as _plan
+from export_checks import A100, H100, megatron_dir, plan as _plan
 
-H100, A100 = "hgx-h100-80g", "dgx-a100-80g"
 CAPABILITY = {H100: (9, 0), A100: (8, 0)}
 """The compute capability of each cluster's GPU (NVIDIA's CUDA GPUs list: H100 9.0, A100
 8.0), which the driver's stand-in CUDA device reports to Megatron."""
@@ -35,7 +34,7 @@ CAPABILITY = {H100: (9, 0), A100: (8, 0)}
 PLANS = checks.ISSUE_KINDS
 """Issue 33's plan kinds, as every target's run test takes them."""
 
-REFUSED = {kind: word for (kind, target), word in checks.REFUSED.items() if target == "megatron"}
+REFUSED = checks.refused_for("megatron")
 """Plan kinds the export refuses, and a word of the reason it gives."""
 
 
@@ -57,8 +56,7 @@ def validated(tmp_path_factory) -> dict[str, tuple[object, dict]]:
         cases.append({"name": name, "script": str(folder / "megatron_args.sh"),
                       "world_size": plan.config.world_size,
                       "capability": CAPABILITY[cluster],
-                      "read": sorted({FLAG_OF.get(n, "--" + n.replace("_", "-"))
-                                      for n, _ in exact_settings(plan)})})
+                      "read": sorted({flag_of(n) for n, _ in exact_settings(plan)})})
     (tmp / "cases.json").write_text(json.dumps(cases))
     done = subprocess.run([sys.executable, str(Path(__file__).with_name(
         "megatron_validate_run.py")), str(megatron), str(tmp / "cases.json")],
@@ -88,7 +86,7 @@ def test_megatron_parses_every_exact_row_as_written(name: str, validated) -> Non
     derived = verdict["flags"]
     wrong = {}
     for name, value in exact_settings(plan):
-        flag = FLAG_OF.get(name, "--" + name.replace("_", "-"))
+        flag = flag_of(name)
         if _as_parsed(name, value) != derived[flag]:
             wrong[flag] = (value, derived[flag])
     assert not wrong, f"written -> derived: {wrong}"

@@ -60,8 +60,7 @@ CASES = {
     **{kind: partial(checks.issue_plan, kind) for kind in checks.ISSUE_KINDS},
 }
 
-REFUSED = {kind: word for (kind, target), word in checks.REFUSED.items()
-           if target == "torchtitan"}
+REFUSED = checks.refused_for("torchtitan")
 """The cases ``autopar export`` refuses for torchtitan, and a word of the reason it gives."""
 
 CUDA_CAPABILITY = {"A100": (8, 0), "H100": (9, 0), "H200": (9, 0), "H800": (9, 0),
