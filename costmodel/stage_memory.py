@@ -145,7 +145,7 @@ def _stage_sizes(
     the micro-batches it holds in flight."""
     kept = 0.0
     working = 0.0
-    cached = cache = 0.0  # a chunk's output of one micro-batch, torch's schedules' cache
+    chunk_output = outputs = 0.0  # a chunk's output of one micro-batch, and the stage's, cached
     block_grad_bytes = sum(_layer_params(workload.block, config)) * \
         dtype_bytes(train.precision, train.optimizer)[1]
     walked: tuple[float, float] | None = None  # (activations, gradients) of a block's backward
@@ -172,9 +172,9 @@ def _stage_sizes(
         # loss (``stage_output`` holds what the loss reads). Megatron-Core frees them
         # (``core.specs.MCORE_ACTIVATIONS``)
         v = config.virtual_stages if config.schedule is Schedule.INTERLEAVED else 1
-        cached = workload.block.output_elements * split.act_bytes * split.scale(Shard.SEQ)
-        cache = (v - 1 if last else v) * cached
-        kept += cache
+        chunk_output = workload.block.output_elements * split.act_bytes * split.scale(Shard.SEQ)
+        outputs = (v - 1 if last else v) * chunk_output
+        kept += outputs
     held: StageParams | ModelStates
     if config.offload:  # sized by ZeRO's rule: the dry run does not hold offload to it yet
         held = model_state_bytes(dense, expert, sb, zero=config.zero, dp=g.dp_cp.size,
@@ -206,18 +206,19 @@ def _stage_sizes(
         block_grads / block_grad_bytes if block_grad_bytes else 1.0, held,
         (part.blocks[stage] * fp8_block, fp8_block), copies,
         stage_output_bytes(workload.post, split) if last and config.pp > 1 else 0.0,
-        _chunk_kept(part, stage, config, pre_kept, cached,
-                    kept - loss_kept - pre_kept - cache))
+        _chunk_kept(part, stage, config, pre_kept, chunk_output,
+                    kept - loss_kept - pre_kept - outputs))
 
 
 def _chunk_kept(part: StagePartition, stage: int, config: ParallelConfig, pre_kept: float,
-                cached: float, blocks_kept: float) -> tuple[float, ...]:
+                chunk_output: float, blocks_kept: float) -> tuple[float, ...]:
     """What each of the stage's model chunks keeps for one micro-batch under the interleaved
     schedule (``_StageSizes.chunk_kept``): the blocks' ``blocks_kept`` shared by the chunk's
     blocks (the engine's cut, ``core.stages.stage_chunks``; evenly where a stated layout cuts
     otherwise), the layers before the blocks' ``pre_kept`` in the first stage's first chunk,
-    and each chunk's output ``cached`` by torch's schedule (not the last stage's last, whose
-    output is the loss's). Empty where every chunk keeps the same, or without interleaving.
+    and each chunk's ``chunk_output``, which torch's schedule caches (not the last stage's
+    last chunk's, whose output is the loss's). Empty where every chunk keeps the same, or
+    without interleaving.
     Middle stages of one signature share their first's split (``_StageSizes``): where the
     engine's cut gives them chunks of different sizes, the others are priced with its."""
     v = config.virtual_stages
@@ -228,10 +229,10 @@ def _chunk_kept(part: StagePartition, stage: int, config: ParallelConfig, pre_ke
     except ValueError:
         chunks = [part.blocks[stage] / v] * v
     blocks = sum(chunks)
-    kept = [blocks_kept * (c / blocks if blocks else 1.0 / v) + cached for c in chunks]
+    kept = [blocks_kept * (c / blocks if blocks else 1.0 / v) + chunk_output for c in chunks]
     kept[0] += pre_kept
     if stage == config.pp - 1:
-        kept[-1] -= cached
+        kept[-1] -= chunk_output
     return () if max(kept) - min(kept) <= 1e-9 * max(kept) else tuple(kept)
 
 
