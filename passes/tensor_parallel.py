@@ -247,15 +247,19 @@ def _inside(name: str, modules: frozenset[str]) -> bool:
     return any(name == m or name.startswith(m + ".") for m in modules)
 
 
-def _stream(name: str, plan: Plan, token_modules: frozenset[str]) -> Shard | Replicate:
+def _stream(name: str, plan: Plan, token_modules: frozenset[str],
+            whole: tuple[str, ...] = ()) -> Shard | Replicate:
     """The layout of the activations a module of ``name`` reads and writes: the rank's
-    sequence shard (dim 1 of (b, s, h)) under sequence parallelism, else the whole sequence;
-    inside a MoE layer that runs on the rank's own tokens under the experts' fold
-    (``token_modules``), the rank's rows of the (b * s, h) tokens its family flattens them to
-    (dim 0), whether the blocks run sequence-parallel or not (``passes/expert_parallel.py``:
-    ``TokenShards``)."""
+    sequence shard (dim 1 of (b, s, h)) under sequence parallelism, else the whole sequence --
+    also inside the modules of ``whole``, the embedding and finish steps of a family that runs
+    them whole (DeepSeek's dense first layers: ``ModelParts.embedding_in_shards``); inside a
+    MoE layer that runs on the rank's own tokens under the experts' fold (``token_modules``),
+    the rank's rows of the (b * s, h) tokens its family flattens them to (dim 0), whether the
+    blocks run sequence-parallel or not (``passes/expert_parallel.py``: ``TokenShards``)."""
     if _inside(name, token_modules):
         return Shard(0)
+    if _inside(name, frozenset(whole)):
+        return Replicate()
     return Shard(1) if sequence_parallel(plan) else Replicate()
 
 
@@ -273,8 +277,8 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
     # a family whose embedding and finish steps run whole under sequence parallelism: the
     # modules of those steps keep no sequence style (their input is the whole sequence)
     whole_ends = sequence_parallel(plan) and not parts.embedding_in_shards
+    ends = (*parts.first, *parts.last) if whole_ends else ()
     if whole_ends:
-        ends = (*parts.first, *parts.last)
         styles = {k: v for k, v in styles.items() if not (
             v == Style.SEQUENCE and any(k == e or k.startswith(e + ".") for e in ends))}
     tied = _tied_pairs(stage)
@@ -294,7 +298,7 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         if style in (Style.SEQUENCE, Style.WIDTH) and _inside(name, token_modules):
             style = None  # already on the rank's tokens, its weights' gradients summed there
         if style is not None:
-            seq = _stream(name, plan, token_modules)
+            seq = _stream(name, plan, token_modules, ends)
             chosen = _style(name, style, plan, parts, sections.get(name, 1), whole_ends, seq)
             if chosen is not None:
                 layout[name] = chosen

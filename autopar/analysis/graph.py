@@ -127,6 +127,12 @@ class GraphIR:
     routing is group-limited (a module's ``router_groups``/``router_group_topk``:
     ``models.routing.limit_groups``): how many nodes a token's rows cross to
     (``costmodel/moe.py``)."""
+    outer_layers: frozenset[str] = frozenset()
+    """Module paths of whole layers outside the repeated blocks that the engine splits over the
+    tp ranks as it splits a block's modules: the layers of a built-in model's other block lists
+    (``stacks()``: DeepSeek-V3's dense first layers, run with the embedding). Their attention
+    and MLP take column and row splits (``ops.gemm.weight_gemm_rule``); a model read by the
+    generic family has none (its code outside the blocks is not rewritten for local heads)."""
 
     @property
     def gm(self) -> torch.fx.GraphModule | None:

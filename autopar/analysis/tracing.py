@@ -138,8 +138,21 @@ def trace(
         nodes=nodes, params=params, blocks=group, batch=batch, seq_len=seq,
         method=traced.method, fx=(traced.root, traced.graph), model_name=type(model).__name__,
         layers=layers_of(model), expert_params=experts, moe_modules=moe,
-        moe_groups=moe_groups_of(model, moe),
+        moe_groups=moe_groups_of(model, moe), outer_layers=outer_layers_of(model),
     )
+
+
+def outer_layers_of(model: nn.Module) -> frozenset[str]:
+    """``GraphIR.outer_layers``: the layers of a built-in decoder's block lists
+    (``DecoderLM.stacks``) but the last, the repeated blocks (``models/llama/model.py``)."""
+    from autopar.models.llama.model import DecoderLM
+
+    if not isinstance(model, DecoderLM):
+        return frozenset()
+    path = {id(m): name for name, m in model.named_modules()}
+    lists = model.stacks()
+    return frozenset(f"{path[id(stack)]}.{key}" for stack in lists[:-1] if id(stack) in path
+                     for key, _ in stack.named_children())
 
 
 def moe_groups_of(model: nn.Module, moe: frozenset[str]) -> dict[str, tuple[int, int]]:

@@ -13,14 +13,15 @@ among the split strategies the rules offer; there is no other classification.
 
 A router (a linear whose output feeds a top-k over every expert) is never forced: each rank
 needs every expert's score. Nor is a module outside the repeated blocks whose split would need
-a row split, which the engine runs inside the blocks only.
+a row split, which the engine runs inside the blocks only -- and in the layers it splits alike
+(``GraphIR.outer_layers``: DeepSeek's dense first layers).
 """
 
 from __future__ import annotations
 
 from autopar.core.layout import Style, splittable
 from autopar.analysis.graph import GraphIR, NodeInfo
-from autopar.analysis.ops import is_weight_gemm
+from autopar.analysis.ops import is_weight_gemm, outer_region
 
 ROUTER_DEPTH = 3
 """How many ops after a linear a top-k makes it a router (the softmax and a view between)."""
@@ -62,11 +63,11 @@ def forced_splits(graph: GraphIR, nodes: list[NodeInfo], tp: int) -> frozenset[s
     for members in by_module.values():
         names = {n.name for n in members}
         kinds = [Style.ROW if upstream[n.name] & names else Style.COLUMN for n in members]
-        # a row split runs inside the repeated blocks only (ops/gemm.py): a module outside
-        # them that needs one (DeepSeek's dense first layers, run before the blocks) is left
-        # to the solve, which keeps it whole
+        # a row split runs inside the repeated blocks and the layers the engine splits alike
+        # (ops/gemm.py: DeepSeek's dense first layers): a module elsewhere that needs one is
+        # left to the solve, which keeps it whole
         if all(splittable(*graph.layers[n.module_path], kind, tp)
-               and (kind is Style.COLUMN or n.block is not None)
+               and (kind is Style.COLUMN or n.block is not None or outer_region(n, graph)[0])
                for n, kind in zip(members, kinds)):
             forced.update(names)
     return frozenset(forced)

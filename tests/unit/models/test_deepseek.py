@@ -74,6 +74,28 @@ def test_trace_groups_the_moe_layers_and_leaves_the_dense_ones_before_them():
     assert workload.pre.params > 256 * 64  # the embedding and the dense layer
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_dense_layers_split_over_tp_as_the_blocks_attention_and_mlp(sequence_parallel):
+    """The dense first layers are layers the engine splits as a block's
+    (``GraphIR.outer_layers``): at tp 2 their attention and MLP take column splits closed by
+    row splits, as Megatron-LM runs them, where they were whole on every tp rank -- their
+    activations and compute priced twice over (``tests/dist/test_parity.py``'s deepseek tp
+    cases run them split); a Llama has no such layers."""
+    spec = ModelSpec("tiny-deepseek")
+    train = TrainSpec(global_batch=8, seq_len=32)
+    graph = autopar.trace(spec.build("meta"), train)
+    assert graph.outer_layers == frozenset({"dense_layers.0"})
+    assert not autopar.trace(ModelSpec("tiny-llama").build("meta"), train).outer_layers
+    config = autopar.ParallelConfig(dp=4, tp=2, sequence_parallel=sequence_parallel)
+    plan = autopar.plan_for(spec.build("meta"), "hgx-h100-80g", train, config, model_spec=spec)
+    styles = {name: str(style) for name, style in plan.module_strategies
+              if name.startswith("dense_layers.0.")}
+    split = {f"dense_layers.0.{m}": s for m, s in (
+        ("attn.q_b_proj", "column"), ("attn.kv_b_proj", "column"), ("attn.o_proj", "row"),
+        ("mlp.gate_proj", "column"), ("mlp.up_proj", "column"), ("mlp.down_proj", "row"))}
+    assert {k: styles[k] for k in split} == split
+
+
 def test_dropless_equals_a_capacity_that_drops_nothing():
     tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
     dropless = ModelSpec("tiny-deepseek").build("cpu", 0)
