@@ -133,6 +133,11 @@ GRID = [
     Case("dsv3-pp2-v2-ep8", "deepseek-v3", "hgx-h100-80g", 2, 64, 4096,
          dict(dp=8, pp=2, ep=8, zero=1, micro_batch=1, schedule="interleaved",
               virtual_stages=2), layers=7),
+    # the dense first layers split over tp as the blocks' attention and MLP, on the whole
+    # sequence under SP (GraphIR.outer_layers)
+    Case("dsv3-tp2-sp-ep8", "deepseek-v3", "hgx-h100-80g", 2, 16, 4096,
+         dict(dp=4, tp=2, pp=2, ep=8, zero=1, micro_batch=1, sequence_parallel=True),
+         layers=5),
     Case("mixtral-ep8-etp2-zero1", "mixtral-8x7b", "hgx-h100-80g", 2, 32, 4096,
          dict(dp=8, tp=2, ep=8, etp=2, zero=1, micro_batch=1, sequence_parallel=True),
          layers=2),

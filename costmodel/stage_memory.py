@@ -189,7 +189,7 @@ def _stage_sizes(
             block=sum(_layer_params(workload.block, config)),
             head=sum(_layer_params(workload.post, config)) + workload.tied_params / config.tp
             if last else 0.0,
-            embedding_extra=workload.pre.params_tp * (1.0 - 1.0 / config.tp))
+            embedding_extra=workload.pre.params_vocab * (1.0 - 1.0 / config.tp))
     copies = 0.0
     if split.fp8 and split.fp8_fused_casts:
         # Transformer Engine keeps each FP8 linear's weight transposed in FP8 (its GEMMs read

@@ -165,6 +165,10 @@ class LayerCost:
     """Parameters of the layer, all of them."""
     params_tp: int
     """Of which divided by tp."""
+    params_vocab: int = 0
+    """Of ``params_tp``, the embedding tables split by vocabulary rows, whose gradient DTensor's
+    backward makes whole on every tp rank (``costmodel/peak.py``: ``embedding_extra``); the
+    linears split with them (DeepSeek's dense first layers) have sharded gradients."""
     params_expert: int = 0
     """Of which expert weights (divided by ep)."""
     tp_collectives: tuple[TPCollective, ...] = ()

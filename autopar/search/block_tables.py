@@ -317,7 +317,10 @@ def solved_layer(graph: GraphIR, sg: StrategyGraph, layer: LayerCost, choice: tu
                     and len(graph.params[p].shape) != 3}
     params_tp = min(sum(graph.params[p].numel for p in split_params),
                     layer.params - layer.params_expert)
+    vocab = {p for op, s in zip(sg.ops, chosen) if op.node is not None and s.name is Style.VOCAB
+             for p in op.node.params if p in split_params}
     solved = replace(layer, ops=ops, saved=saved, params_tp=params_tp,
+                     params_vocab=sum(graph.params[p].numel for p in vocab),
                      tp_collectives=tuple(collectives))
     if walk_backward:
         share = {op.node.name: sum(graph.params[p].numel / (tp if p in split_params else 1)

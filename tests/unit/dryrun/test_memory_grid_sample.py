@@ -23,6 +23,8 @@ SAMPLE = ("8b-fsdp-full", "8b-zero1-matmuls", "8b-ddp-fp32", "8b-tp4-nosp-pure",
           # mixtures of experts: the experts' fold over tp, the moe policy, DeepSeek-V3's MLA
           # and dense first layers under pp, a capacity with ZeRO-3
           "qwen3-30b-ep8", "qwen3-30b-fold-tp2-ep8", "qwen3-30b-ep8-moe-ckpt", "dsv3-pp2-ep8",
+          # the dense first layers split over tp (their embedding's whole gradient apart)
+          "dsv3-tp2-sp-ep8",
           "mixtral-ep2-zero3", "mixtral-ep8-etp2-zero1",
           # context parallelism: the gathered K/V and the query chunks' causal attention, with
           # tp + SP and under pp
