@@ -55,9 +55,14 @@ def mesh_groups(config: ParallelConfig, cluster: ClusterSpec) -> MeshGroups:
     """The groups of ``config`` on ``cluster``, placed by the mesh's strides
     (``autopar.core.mesh``): a group whose ranks fit inside an NVLink domain (a node, or a
     multi-node domain: ``ClusterSpec.domain_gpus``) talks over NVLink; a group's ``per_node``
-    counts its ranks in one domain."""
+    counts its ranks in one domain. Remembered by config: the search asks for the groups of
+    one candidate many times."""
+    return _groups(config, cluster.domain_gpus)
+
+
+@lru_cache(maxsize=4096)
+def _groups(config: ParallelConfig, gpn: int) -> MeshGroups:
     stride = mesh_strides(config)
-    gpn = cluster.domain_gpus
     tp = placed_group(config.tp, stride[MeshAxis.TP], gpn)
     cp = placed_group(config.cp, stride[MeshAxis.CP], gpn)
     dp = placed_group(config.dp, stride[MeshAxis.DP_SHARD], gpn)  # dp_shard inside dp_replicate

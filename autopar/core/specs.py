@@ -188,6 +188,8 @@ def check_field(name: str, value: object) -> object:
     elif name == "checkpoint":
         if isinstance(value, (str, StrEnum)):
             return _choice(Checkpoint, value, "checkpoint")
+        if isinstance(value, tuple) and value and all(type(c) is Checkpoint for c in value):
+            return value  # already normalised: the search makes thousands of configs
         policies = tuple(_choice(Checkpoint, c, "checkpoint") for c in value)  # type: ignore[attr-defined]
         if not policies:
             raise AutoparError("checkpoint is an empty list", where="checkpoint",
