@@ -314,16 +314,19 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
         if not parts.embedding_in_shards:
             # the embedding step runs whole; the first block's input is sliced to the shards
             held = [int(k) for k, _ in stage.get_submodule(parts.blocks).named_children()]
-            if info is not None and info.first and 0 in info.block_ids:
+            if info is not None and 0 in info.block_ids:
                 # whole on every tp rank -> the rank's sequence shard: a slice, no collective
-                # (at block 0: the container's modules before it run whole, as priced)
+                # (at block 0: the container's modules before it run whole, as priced; on the
+                # stage that holds it, which under the interleaved schedule need not be the
+                # embedding's: a first chunk may hold the embedding step alone)
                 extra[f"{parts.blocks}.{info.lead}"] = PrepareBlockInput(
                     Replicate(), desired=Shard(1), use_local_output=True)
-            if info is not None and info.last and held:
+            last_block = info.lead + sum(plan.stage_blocks) - 1 if info is not None else -1
+            if info is not None and held and (info.last or last_block in held):
                 # and back after the container's last module: the finish runs on the whole
                 # sequence (a one-block stage's block takes both, so this one is applied on
-                # its own below)
-                gathered = f"{parts.blocks}.{max(held)}"
+                # its own below) -- after the last block where another chunk runs the finish
+                gathered = f"{parts.blocks}.{max(held) if info.last else last_block}"
         elif styles.get(parts.embedding, Style.REPLICATED) == Style.REPLICATED:
             # a whole table's output is sliced to the blocks' sequence shards (no collective)
             extra[parts.embedding] = PrepareModuleOutput(output_layouts=Replicate(),
