@@ -486,6 +486,29 @@ def moe_problem(facts: ModelFacts, config: ParallelConfig) -> Problem | None:
     return None
 
 
+def matmuls_problem(facts: ModelFacts, config: ParallelConfig) -> Problem | None:
+    """The ``matmuls`` policy (a selective checkpoint, ``passes/checkpointing.py``) of a block
+    holding mixture-of-experts layers under the experts' fold over tp, pipelined by the GPipe
+    or the interleaved schedule: the experts are an FSDP unit of their own inside the block,
+    and under those schedules (two micro-batches' forwards before a backward) the block's
+    recomputation gathers their weights where its forward did not -- torch's selective
+    checkpoint stops at the op it did not record ("aten.copy_.default encountered during
+    backward but not found in storage"; ``autopar verify --model tiny-moe --tp 2 --pp 2
+    --schedule gpipe --sequence-parallel --checkpoint matmuls``, 2026-11-29). 1F1B runs it."""
+    policies = config.checkpoint if isinstance(config.checkpoint, tuple) else (config.checkpoint,)
+    if (Checkpoint.MATMULS not in policies or not facts.num_experts
+            or not config.experts_fold_tp or config.pp == 1
+            or config.schedule is Schedule.ONE_F_ONE_B):
+        return None
+    return Problem(
+        f"checkpoint='matmuls' with the {config.schedule.value} schedule and the experts' mesh "
+        "folded over tp (sequence parallelism): the engine's recomputation of a block gathers "
+        "its experts' weights where the forward did not, and torch's selective checkpoint "
+        "refuses it", "checkpoint",
+        "use schedule='1f1b', or checkpoint 'selective', 'moe' or 'full', or leave the policy "
+        "to the search")
+
+
 def batch_problem(global_batch: int, dp: int) -> Problem | None:
     """Each data-parallel replica reads an equal share of the global batch."""
     if global_batch % dp:
@@ -522,6 +545,7 @@ def problems(facts: ModelFacts, config: ParallelConfig, train: TrainSpec) -> lis
              microbatch_problem(config, train), positions_problem(facts, train.seq_len),
              experts_problem(facts, config.ep), fold_problem(facts, config),
              etp_problem(facts, config), moe_problem(facts, config),
+             matmuls_problem(facts, config),
              context_parallel_problem(facts, train.seq_len, config.cp)]
     if config.sequence_parallel:
         found.append(sequence_parallel_problem(train.seq_len, config.tp, config.cp))

@@ -83,19 +83,24 @@ from autopar.costmodel.step import (estimate_step, exceeds_memory, floor_terms_s
                                     stage_recompute_s, tp_comm_s, tp_gemm_s)
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
-from autopar.analysis.admissibility import ModelFacts
+from autopar.analysis.admissibility import ModelFacts, matmuls_problem
 from autopar.search.space import SpaceStats, outer_candidates
 
 POLICIES = (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS, Checkpoint.MOE,
             Checkpoint.FULL)
 
 
-def partial_policies(facts: ModelFacts) -> tuple[Checkpoint, ...]:
+def partial_policies(facts: ModelFacts, config: ParallelConfig | None = None
+                     ) -> tuple[Checkpoint, ...]:
     """The policies between ``none`` and ``full`` the search tries for the model of ``facts``:
     selective and matmuls, and moe where it has MoE layers the engine can checkpoint
-    (``admissibility.moe_problem``)."""
+    (``admissibility.moe_problem``); of a candidate ``config``, not matmuls where the engine
+    cannot run it there (``admissibility.matmuls_problem``)."""
     moe = bool(facts.num_experts) and facts.moe_modules_refused is None
-    return (Checkpoint.SELECTIVE, Checkpoint.MATMULS) + ((Checkpoint.MOE,) if moe else ())
+    matmuls = config is None or matmuls_problem(
+        facts, config.with_(checkpoint=Checkpoint.MATMULS)) is None
+    return ((Checkpoint.SELECTIVE,) + ((Checkpoint.MATMULS,) if matmuls else ())
+            + ((Checkpoint.MOE,) if moe else ()))
 
 
 @dataclass(frozen=True)
@@ -482,7 +487,6 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
     best: list[Estimate] = []
     smallest: Estimate | None = None
     fixed_ckpt = "checkpoint" in constraints
-    partials = partial_policies(facts)
     priced = 0
     timed_out = False
     for tier in (near, far):
@@ -510,7 +514,8 @@ def search(work: Workload | WorkloadFor, facts: ModelFacts, cluster: ClusterSpec
             slowest = (best[keep - 1].step_time_s * (1.0 + BOUND_MARGIN) if len(best) >= keep
                        else None)
             fit, small = _candidate(w, config, part, cluster, train, efficiency, stage_s, stats,
-                                    fixed_ckpt, partials, "offload" not in constraints,
+                                    fixed_ckpt, partial_policies(facts, config),
+                                    "offload" not in constraints,
                                     bool(best), slowest)
             if small is None:
                 continue  # nothing priced

@@ -18,6 +18,7 @@ from autopar.analysis.admissibility import (
     plan_problems,
     problems,
 )
+from autopar.core.specs import Checkpoint
 from autopar.costmodel.cluster import process_cluster
 
 TRAIN = TrainSpec(global_batch=8, seq_len=32, precision="fp32")
@@ -233,6 +234,27 @@ def test_the_moe_policy_is_refused_without_moe_layers_the_passes_can_checkpoint(
         moe_facts = facts_of(ModelSpec(name).build("meta"))
         assert moe_facts.moe_modules_refused is None
         assert _what(moe_facts, dp=2, ep=2, checkpoint="moe") == []
+
+
+def test_matmuls_is_refused_for_folded_experts_under_gpipe_and_interleaved(facts):
+    """The ``matmuls`` policy of MoE blocks under the experts' fold, pipelined by GPipe or the
+    interleaved schedule, stops torch's selective checkpoint (``matmuls_problem``: measured on
+    tiny-moe and tiny-deepseek, tp 2 pp 2 SP, 2026-11-29); 1F1B, no fold, and a dense model
+    run it, and the search leaves matmuls out of such a candidate's policies."""
+    from autopar.models.training import ModelSpec
+    from autopar.search.optimize import partial_policies
+
+    moe = facts_of(ModelSpec("tiny-moe").build("meta"))
+    fold = dict(tp=2, pp=2, micro_batch=1, sequence_parallel=True, checkpoint="matmuls")
+    for schedule in ("gpipe", "interleaved"):
+        found = problems(moe, ParallelConfig(schedule=schedule, **fold), TRAIN)
+        assert [p.where for p in found] == ["checkpoint"] and "1f1b" in found[0].fix
+    assert _what(moe, schedule="1f1b", **fold) == []
+    assert _what(moe, schedule="gpipe", **{**fold, "sequence_parallel": False}) == []
+    assert _what(facts, schedule="gpipe", **fold) == []
+    gpipe = ParallelConfig(schedule="gpipe", **{**fold, "checkpoint": "none"})
+    assert Checkpoint.MATMULS not in partial_policies(moe, gpipe)
+    assert Checkpoint.MATMULS in partial_policies(moe, gpipe.with_(schedule="1f1b"))
 
 
 def test_etp_needs_a_family_that_splits_an_expert_and_a_width_it_divides():
