@@ -42,6 +42,7 @@ the CPU fused-attention op (../shared/design/FINDINGS.md). A vocabulary-sharded 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 import torch
 from torch import nn
@@ -243,7 +244,7 @@ def _style(name: str, style: Style, plan: Plan, parts: ModelParts, sections: int
     return ColwiseParallel(input_layouts=Replicate())
 
 
-def _inside(name: str, modules: frozenset[str]) -> bool:
+def _inside(name: str, modules: Collection[str]) -> bool:
     return any(name == m or name.startswith(m + ".") for m in modules)
 
 
@@ -258,7 +259,7 @@ def _stream(name: str, plan: Plan, token_modules: frozenset[str],
     blocks run sequence-parallel or not (``passes/expert_parallel.py``: ``TokenShards``)."""
     if _inside(name, token_modules):
         return Shard(0)
-    if _inside(name, frozenset(whole)):
+    if _inside(name, whole):
         return Replicate()
     return Shard(1) if sequence_parallel(plan) else Replicate()
 
@@ -321,7 +322,7 @@ def apply_tensor_parallel(stage: nn.Module, plan: Plan, tp_mesh: DeviceMesh,
                 # embedding's: a first chunk may hold the embedding step alone)
                 extra[f"{parts.blocks}.{info.lead}"] = PrepareBlockInput(
                     Replicate(), desired=Shard(1), use_local_output=True)
-            last_block = info.lead + sum(plan.stage_blocks) - 1 if info is not None else -1
+            last_block = info.lead + sum(plan.stage_blocks) - 1 if info is not None else None
             if info is not None and held and (info.last or last_block in held):
                 # and back after the container's last module: the finish runs on the whole
                 # sequence (a one-block stage's block takes both, so this one is applied on

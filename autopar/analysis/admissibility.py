@@ -486,6 +486,13 @@ def moe_problem(facts: ModelFacts, config: ParallelConfig) -> Problem | None:
     return None
 
 
+def matmuls_runs(facts: ModelFacts, config: ParallelConfig) -> bool:
+    """Whether the engine runs the ``matmuls`` policy for the model of ``facts`` in the layout
+    of ``config``, whatever its policies (``matmuls_problem``)."""
+    return (not facts.num_experts or not config.experts_fold_tp or config.pp == 1
+            or config.schedule is Schedule.ONE_F_ONE_B)
+
+
 def matmuls_problem(facts: ModelFacts, config: ParallelConfig) -> Problem | None:
     """The ``matmuls`` policy (a selective checkpoint, ``passes/checkpointing.py``) of a block
     holding mixture-of-experts layers under the experts' fold over tp, pipelined by the GPipe
@@ -496,9 +503,7 @@ def matmuls_problem(facts: ModelFacts, config: ParallelConfig) -> Problem | None
     backward but not found in storage"; ``autopar verify --model tiny-moe --tp 2 --pp 2
     --schedule gpipe --sequence-parallel --checkpoint matmuls``, 2026-11-29). 1F1B runs it."""
     policies = config.checkpoint if isinstance(config.checkpoint, tuple) else (config.checkpoint,)
-    if (Checkpoint.MATMULS not in policies or not facts.num_experts
-            or not config.experts_fold_tp or config.pp == 1
-            or config.schedule is Schedule.ONE_F_ONE_B):
+    if Checkpoint.MATMULS not in policies or matmuls_runs(facts, config):
         return None
     return Problem(
         f"checkpoint='matmuls' with the {config.schedule.value} schedule and the experts' mesh "

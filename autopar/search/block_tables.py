@@ -27,7 +27,7 @@ from autopar.costmodel.step import tp_collective_s
 from autopar.core.layout import Layout, Shard, Strategy, Style, shard_of
 from autopar.costmodel.workload import LayerCost, OpCost, Phase, SavedTensor, TPCollective
 from autopar.analysis.graph import GraphIR, NodeInfo
-from autopar.analysis.ops import kept_by_matmuls, strategies_for
+from autopar.analysis.ops import kept_by_matmuls, outer_regions, strategies_for
 from autopar.analysis.ops.loss import LOSS_PARALLEL_TRANSIENT_BYTES
 from autopar.analysis.ops.stream import residual_stream
 from autopar.search.backward_walk import backward_moments, saved_as_held
@@ -106,6 +106,7 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
     splits ``tp`` divides are offered."""
     real = [n for n in nodes if n.out is not None]
     forced = forced_splits(graph, real, tp) if split_weights else frozenset()
+    outer = outer_regions(graph, real)
     names = {n.name for n in real}
     readers: dict[str, int] = {}
     for n in real:
@@ -134,7 +135,7 @@ def strategy_graph(graph: GraphIR, nodes: list[NodeInfo], sp: bool, *,
             if i in index:
                 producers.append(index[i])
                 tensors.append(i)
-        strategies = strategies_for(n, graph, sp, stream, tp, forced)
+        strategies = strategies_for(n, graph, sp, stream, tp, forced, outer)
         if fixed and n.name in fixed:
             strategies = [st for st in strategies if st.name == fixed[n.name]] or strategies
         # rules see every graph-node input; keep the layouts of the ones inside this layer

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from autopar.core.layout import Style, splittable
 from autopar.analysis.graph import GraphIR, NodeInfo
-from autopar.analysis.ops import is_weight_gemm, outer_region
+from autopar.analysis.ops import is_weight_gemm, outer_regions
 
 ROUTER_DEPTH = 3
 """How many ops after a linear a top-k makes it a router (the softmax and a view between)."""
@@ -59,6 +59,7 @@ def forced_splits(graph: GraphIR, nodes: list[NodeInfo], tp: int) -> frozenset[s
     for n in linears:
         by_module.setdefault(n.module_path.rpartition(".")[0], []).append(n)
     upstream = _upstream_linears(nodes, {n.name for n in linears})
+    outer = outer_regions(graph, nodes)
     forced: set[str] = set()
     for members in by_module.values():
         names = {n.name for n in members}
@@ -67,7 +68,7 @@ def forced_splits(graph: GraphIR, nodes: list[NodeInfo], tp: int) -> frozenset[s
         # (ops/gemm.py: DeepSeek's dense first layers): a module elsewhere that needs one is
         # left to the solve, which keeps it whole
         if all(splittable(*graph.layers[n.module_path], kind, tp)
-               and (kind is Style.COLUMN or n.block is not None or outer_region(n, graph)[0])
+               and (kind is Style.COLUMN or n.block is not None or outer.get(n.name, (False, False))[0])
                for n, kind in zip(members, kinds)):
             forced.update(names)
     return frozenset(forced)

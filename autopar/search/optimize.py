@@ -83,7 +83,7 @@ from autopar.costmodel.step import (estimate_step, exceeds_memory, floor_terms_s
                                     stage_recompute_s, tp_comm_s, tp_gemm_s)
 from autopar.costmodel.topology import mesh_groups
 from autopar.costmodel.workload import Workload
-from autopar.analysis.admissibility import ModelFacts, matmuls_problem
+from autopar.analysis.admissibility import ModelFacts, matmuls_runs
 from autopar.search.space import SpaceStats, outer_candidates
 
 POLICIES = (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.MATMULS, Checkpoint.MOE,
@@ -95,10 +95,9 @@ def partial_policies(facts: ModelFacts, config: ParallelConfig | None = None
     """The policies between ``none`` and ``full`` the search tries for the model of ``facts``:
     selective and matmuls, and moe where it has MoE layers the engine can checkpoint
     (``admissibility.moe_problem``); of a candidate ``config``, not matmuls where the engine
-    cannot run it there (``admissibility.matmuls_problem``)."""
+    cannot run it there (``admissibility.matmuls_runs``)."""
     moe = bool(facts.num_experts) and facts.moe_modules_refused is None
-    matmuls = config is None or matmuls_problem(
-        facts, config.with_(checkpoint=Checkpoint.MATMULS)) is None
+    matmuls = config is None or matmuls_runs(facts, config)
     return ((Checkpoint.SELECTIVE,) + ((Checkpoint.MATMULS,) if matmuls else ())
             + ((Checkpoint.MOE,) if moe else ()))
 

@@ -46,7 +46,7 @@ from autopar.analysis.ops import (
     view,
 )
 from autopar.analysis.ops.fusion import find_fusions, fused_bytes
-from autopar.analysis.ops.gemm import attention_core, is_expert_gemm, is_weight_gemm, outer_region
+from autopar.analysis.ops.gemm import attention_core, is_expert_gemm, is_weight_gemm, outer_regions
 from autopar.analysis.ops.registry import (
     CANONICAL_OPS,
     FAMILIES,
@@ -81,7 +81,7 @@ __all__ = [
     "CANONICAL_OPS", "FAMILIES", "OP_NAMES", "PATTERNS", "VIEW", "FusionPattern", "OpFamily",
     "Saver", "family_of", "find_fusions", "forward_bytes", "forward_flop",
     "attention_core", "fused_bytes", "has_rule", "is_expert_gemm", "is_known", "is_weight_gemm",
-    "is_weight_op", "kept_by_matmuls", "kind_of", "ops_without_rules", "outer_region", "register",
+    "is_weight_op", "kept_by_matmuls", "kind_of", "ops_without_rules", "outer_regions", "register",
     "returns_input", "save", "storage_of", "strategies_for",
     "unregister",
 ]

@@ -16,7 +16,6 @@ Ops: ``linear`` (``nn.Linear``, ``F.linear``, ATen ``addmm``), ``matmul`` (``mm`
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Sequence
 
 from autopar.core.layout import Layout, Strategy, Style
@@ -160,32 +159,21 @@ def feeds_weight_gemm(node: NodeInfo, graph: GraphIR) -> bool:
     return False
 
 
-_OUTER: dict[int, tuple[weakref.ref, dict[str, tuple[bool, bool]]]] = {}
-"""``outer_region``'s answers by graph (a weak reference, checked before use)."""
-
-
-def outer_region(node: NodeInfo, graph: GraphIR) -> tuple[bool, bool]:
-    """For a weight GEMM of one of ``graph.outer_layers``: (whether another weight GEMM of its
-    module -- the attention, the MLP -- runs before it, whether one runs after it): where a row
-    split can close a column split's region inside the module, as in a block (the engine's
-    rule, ``autopar.analysis.admissibility.layer_problems``). (False, False) for any other
-    node outside the blocks."""
-    known = _OUTER.get(id(graph))
-    if known is None or known[0]() is not graph:
-        modules: dict[str, list[str]] = {}
-        if graph.outer_layers:
-            for n in graph.nodes:
-                path = n.module_path
-                if n.block is None and "." in path and any(
-                        path.startswith(layer + ".") for layer in graph.outer_layers) \
-                        and is_weight_gemm(n, graph):
-                    modules.setdefault(path.rsplit(".", 1)[0], []).append(n.name)
-        found = {name: (k > 0, k < len(names) - 1)
-                 for names in modules.values() for k, name in enumerate(names)}
-        for key in [k for k, (ref, _) in _OUTER.items() if ref() is None]:
-            del _OUTER[key]
-        known = _OUTER[id(graph)] = (weakref.ref(graph), found)
-    return known[1].get(node.name, (False, False))
+def outer_regions(graph: GraphIR, nodes: Sequence[NodeInfo]) -> dict[str, tuple[bool, bool]]:
+    """For each weight GEMM among ``nodes`` (a layer's, in order) of one of ``graph.
+    outer_layers``: (whether another weight GEMM of its module -- the attention, the MLP --
+    runs before it, whether one runs after it): where a row split can close a column split's
+    region inside the module, as in a block (the engine's rule, ``autopar.analysis.
+    admissibility.layer_problems``). Empty for a layer with none."""
+    modules: dict[str, list[str]] = {}
+    for n in nodes:
+        path = n.module_path
+        if n.block is None and "." in path and any(
+                path.startswith(layer + ".") for layer in graph.outer_layers) \
+                and is_weight_gemm(n, graph):
+            modules.setdefault(path.rsplit(".", 1)[0], []).append(n.name)
+    return {name: (k > 0, k < len(names) - 1)
+            for names in modules.values() for k, name in enumerate(names)}
 
 
 def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
@@ -194,7 +182,7 @@ def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     added once after the reduction, output partial sums). A split is offered only where the
     engine can run it (``RuleContext.can_split``), and a row split only inside the repeated
     blocks and the whole layers outside them that the engine splits alike (``GraphIR.
-    outer_layers``: DeepSeek's dense first layers; ``outer_region``): the engine runs one after
+    outer_layers``: DeepSeek's dense first layers; ``RuleContext.outer``): the engine runs one after
     a column split in the same module (attention, MLP). Elsewhere outside the blocks there is
     none: there a column split is offered to the last weight GEMM only (the head;
     ``feeds_weight_gemm``), not to a layer before the blocks whose region no row split could
@@ -208,7 +196,8 @@ def weight_gemm_rule(node: NodeInfo, ctx: RuleContext) -> list[Strategy]:
     (``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel``) that the plan is applied
     with."""
     normed = feeds_width_norm(node, ctx.graph)
-    before, after = outer_region(node, ctx.graph) if node.block is None else (True, True)
+    before, after = ctx.outer.get(node.name, (False, False)) if node.block is None \
+        else (True, True)
     split = [s for s in (Strategy(Style.COLUMN, (Layout.R_PARTIAL_GRAD,), Layout.S,
                                   divides=True, shards_params=True),
                          Strategy(Style.ROW, (Layout.S,), Layout.P, divides=True,

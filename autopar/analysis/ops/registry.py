@@ -300,11 +300,12 @@ def moe_sequence_strategy(node: NodeInfo, ctx: RuleContext) -> Strategy:
 
 def strategies_for(node: NodeInfo, graph: GraphIR, sequence_parallel: bool,
                    stream: frozenset[str] = frozenset(), tp: int = 1,
-                   forced: frozenset[str] = frozenset()) -> list[Strategy]:
+                   forced: frozenset[str] = frozenset(),
+                   outer: Mapping[str, tuple[bool, bool]] | None = None) -> list[Strategy]:
     """The candidate strategies of ``node``; an op without a rule (``has_rule``) gets the one
-    replicated strategy."""
+    replicated strategy. ``outer``: the layer's ``ops.gemm.outer_regions``."""
     ctx = RuleContext(graph, tuple(i for i in node.inputs if graph.has_node(i)),
-                      sequence_parallel, stream, tp, forced)
+                      sequence_parallel, stream, tp, forced, outer or {})
     if sequence_parallel and graph.in_moe_layer(node):
         return [moe_sequence_strategy(node, ctx)]
     fn = rule_of(node)

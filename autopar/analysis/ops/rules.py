@@ -12,8 +12,8 @@ plan's report.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from autopar.core.layout import LAYOUT_STYLE, Layout, Strategy, Style, splittable
 from autopar.analysis.graph import GraphIR, NodeInfo
@@ -35,6 +35,9 @@ class RuleContext:
     forced: frozenset[str] = frozenset()
     """The weight GEMMs that must be split over the tp ranks (column or row), for a plan whose
     tp degree the user fixed, e.g. to verify the sharded program (``search.forced``)."""
+    outer: Mapping[str, tuple[bool, bool]] = field(default_factory=dict)
+    """For the weight GEMMs of the layer's ``GraphIR.outer_layers``: (a weight GEMM of their
+    module runs before, one runs after) -- ``ops.gemm.outer_regions``."""
 
     def can_split(self, node: NodeInfo, style: Style) -> bool:
         """Whether the engine can split ``node``'s layer by ``style`` (an ``nn.Linear`` by
