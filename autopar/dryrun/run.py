@@ -59,6 +59,7 @@ from autopar.core.estimate import StageMemory
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.core.specs import Precision
+from autopar.dryrun.fake_setup import fake_setup
 from autopar.dryrun.gpu_kernels import gpu_saved_tensors
 from autopar.dryrun.memory_account import KINDS, MemoryAccount
 from autopar.dryrun.steady import microbatches_to_run, shortened
@@ -375,7 +376,7 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
     run = microbatches_to_run(c, train, pp_rank) if steady and step else in_step
     whole = plan  # the estimate the role is held to
     plan = shortened(plan, run) if run < in_step else plan
-    with _fake_world(rank, c.world_size), _mesh_tensors_real():
+    with _fake_world(rank, c.world_size), _mesh_tensors_real(), fake_setup(rank):
         mesh = device_mesh(plan, "cpu")
         model = spec.build("meta")
         if train.precision is Precision.BF16_PURE:
