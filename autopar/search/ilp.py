@@ -62,6 +62,15 @@ tie-break preferring low strategy indices (weight :math:`s \cdot k_i`, fixed pse
 (A second lexicographic solve would do the same for the MILPs but cost 2-37x the first; the back
 ends may therefore pick different ones of several equal-cost plans.)
 
+Reduction
+---------
+Before the back end sees it, ``solve`` eliminates every op of one or two neighbours (in the
+pairs left once the separable ones are folded) by dynamic programming (``ilp_reduce``): exact,
+ties to the lower strategy index. A transformer block's chains of norms, projections and adds
+go, and the back end gets the ops of three or more neighbours, or nothing (a GPT block's 93
+ops, DeepSeek-V3's 128 to 4: 55-108 ms of HiGHS to 3 and 17 ms here). ``reduce=False`` hands
+it the whole program.
+
 Time limit
 ----------
 A solve that hits ``time_limit_s`` returns status ``FEASIBLE`` with the best plan found and its
@@ -75,6 +84,7 @@ forbidden pair). CP-SAT gets that plan as its hint, a first solution to improve 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from autopar.core.errors import AutoparError
@@ -86,6 +96,7 @@ from autopar.search.ilp_backends import (
     solve_cp_sat,
     solve_mip,
 )
+from autopar.search.ilp_reduce import reduce_problem, split_separable
 from autopar.search.ilp_types import (
     BlockProblem,
     Edge,
@@ -200,20 +211,6 @@ def pair_costs(problem: BlockProblem) -> dict[tuple[int, int], list[list[float]]
     return pairs
 
 
-def _split_separable(matrix: list[list[float]]) -> tuple[list[float], list[float]] | None:
-    """(u, v) with matrix[a][b] == u[a] + v[b] (to 1e-12 relative), or None."""
-    if not all(math.isfinite(c) for row in matrix for c in row):
-        return None  # a forbidden pair needs its product variable
-    u = [row[0] for row in matrix]
-    v = [matrix[0][b] - matrix[0][0] for b in range(len(matrix[0]))]
-    tol = 1e-12 * max(max(abs(c) for row in matrix for c in row), 1e-300)
-    for a, row in enumerate(matrix):
-        for b, c in enumerate(row):
-            if abs(c - u[a] - v[b]) > tol:
-                return None
-    return u, v
-
-
 def add_one_strategy_constraint(
     lp: LinearProgram, problem: BlockProblem
 ) -> tuple[tuple[int, ...], ...]:
@@ -246,7 +243,7 @@ def add_edge_product_constraint(
             else:
                 lp.add_row([xa], [1.0], 0, 0, f"forbidden[{i}][{a}]")
         return None
-    split = _split_separable(cost)
+    split = split_separable(cost)
     if split is not None:
         for a, xa in enumerate(x[i]):
             lp.add_cost(xa, split[0][a])
@@ -306,8 +303,11 @@ def solve(
     time_limit_s: float = 10.0,
     num_workers: int = 8,
     backend: Backend | str = DEFAULT_BACKEND,
+    reduce: bool = True,
 ) -> Solution:
     """Pick per-op strategies, tied across the blocks, minimising compute plus resharding time.
+    ``reduce`` (the default) first eliminates the ops of one or two neighbours exactly
+    (``ilp_reduce``), so the back end sees only the ops left, or none.
 
     Returns status ``OPTIMAL``, or ``FEASIBLE`` (time limit hit: the best found and its gap; or
     nothing found: every op's first allowed strategy, gap inf). When the solve finishes, the
@@ -321,6 +321,38 @@ def solve(
         raise AutoparError(
             f"num_workers must be an integer >= 1, got {num_workers!r}", where="num_workers"
         )
+    reduction, reduce_s = None, 0.0
+    if reduce:
+        start = time.perf_counter()
+        reduction = reduce_problem(problem, pair_costs(problem))
+        reduce_s = time.perf_counter() - start
+    if reduction is not None and reduction.core is None:  # the network reduced away
+        strategy = reduction.expand({}, len(problem.ops))
+        return Solution(strategy=strategy, objective_s=evaluate(problem, strategy).time_s,
+                        status=SolveStatus.OPTIMAL, gap=0.0, wall_s=reduce_s)
+    whole = problem if reduction is None else reduction.core
+    assert whole is not None
+    raw, chosen = _solve_whole(whole, backend, time_limit_s, num_workers)
+    if chosen is None:
+        strategy, status, gap = first_allowed(problem), SolveStatus.FEASIBLE, math.inf
+    else:
+        strategy, gap = chosen, raw.gap
+        if reduction is not None:
+            strategy = reduction.expand(dict(zip(reduction.left, strategy)), len(problem.ops))
+        status = SolveStatus.OPTIMAL if raw.status is RawStatus.OPTIMAL else SolveStatus.FEASIBLE
+    return Solution(
+        strategy=strategy,
+        objective_s=evaluate(problem, strategy).time_s,
+        status=status,
+        gap=gap,
+        wall_s=reduce_s + raw.wall_s,
+    )
+
+
+def _solve_whole(problem: BlockProblem, backend: Backend, time_limit_s: float,
+                 num_workers: int) -> tuple[RawResult, tuple[int, ...] | None]:
+    """The back end's answer to ``problem``'s whole program and the strategy per op it
+    decodes to (None where it found no plan)."""
     model = build_model(problem, integral=backend is Backend.CP_SAT)
     raw: RawResult
     if backend is Backend.CP_SAT:
@@ -331,18 +363,7 @@ def solve(
         )
     else:
         raw = solve_mip(model.lp, backend, time_limit_s=time_limit_s, num_workers=num_workers)
-    if raw.values is None:
-        strategy, status, gap = first_allowed(problem), SolveStatus.FEASIBLE, math.inf
-    else:
-        strategy, gap = _decode(model, raw.values), raw.gap
-        status = SolveStatus.OPTIMAL if raw.status is RawStatus.OPTIMAL else SolveStatus.FEASIBLE
-    return Solution(
-        strategy=strategy,
-        objective_s=evaluate(problem, strategy).time_s,
-        status=status,
-        gap=gap,
-        wall_s=raw.wall_s,
-    )
+    return raw, None if raw.values is None else _decode(model, raw.values)
 
 
 # ------------------------------------------------------------------------------------ explaining

@@ -366,8 +366,8 @@ def test_time_limit_returns_feasible_with_a_gap() -> None:
 def test_a_back_end_answer_is_decoded_with_its_status_and_gap(
     monkeypatch: pytest.MonkeyPatch, raw_status: RawStatus, status: SolveStatus
 ) -> None:
-    """What ``solve`` makes of a back end's answer: the plan read off x, the time re-evaluated
-    from the tables, status and gap passed on."""
+    """What ``solve`` makes of a back end's answer to the whole program (``reduce=False``): the
+    plan read off x, the time re-evaluated from the tables, status and gap passed on."""
     problem = megatron_mlp()
     plan = (0, 2, 0, 1, 0)
     model = build_model(problem)
@@ -375,12 +375,12 @@ def test_a_back_end_answer_is_decoded_with_its_status_and_gap(
     gap = 0.0 if raw_status is RawStatus.OPTIMAL else 0.25
     answer = RawResult(raw_status, tuple(float(values[v]) for v in range(len(values))), gap, 0.5)
     monkeypatch.setattr(ilp, "solve_mip", lambda *args, **kwargs: answer)
-    sol = solve(problem)
+    sol = solve(problem, reduce=False)
     assert (sol.strategy, sol.status, sol.gap, sol.wall_s) == (plan, status, gap, 0.5)
     assert sol.objective_s == evaluate(problem, plan).time_s
     nothing = RawResult(RawStatus.NO_SOLUTION, None, math.inf, 0.5)
     monkeypatch.setattr(ilp, "solve_mip", lambda *args, **kwargs: nothing)
-    sol = solve(problem)
+    sol = solve(problem, reduce=False)
     assert (sol.strategy, sol.status, sol.gap) == ((0, 0, 0, 0, 0), SolveStatus.FEASIBLE, math.inf)
 
 
