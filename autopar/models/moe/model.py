@@ -12,8 +12,8 @@ every expert gets ``C = min(T, ceil(capacity_factor * top_k * T / E))`` slots fo
 seq tokens of the call. Assignments are ranked choice-major (all first choices before any second
 choice, token order within), an assignment's slot is its rank among those of its expert (a
 stable sort by expert: ``routing.capacity_slots``), and assignments past slot C - 1 are dropped:
-that expert adds nothing for that token (Switch). The kept tokens are scattered with
-``index_add`` into an (E * C + 1, h) buffer whose last row collects the dropped ones, the experts
+that expert adds nothing for that token (Switch). Each of the E * C slots gathers the row of the
+token it holds (a zero row where it holds none; ``routing.dispatch_capacity``), the experts
 run as three ``torch.bmm`` over (E, C, h), so each expert matmul costs exactly 2 * E * C * h * f
 FLOPs, and outputs are gathered back by slot and summed with the routing weights. Every shape is static given the input's shape; nothing branches
 on data.
