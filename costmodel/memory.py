@@ -237,8 +237,13 @@ def _sized(tensors: Iterable[SavedTensor], split: Split,
     """Bytes of ``tensors`` for one micro-batch on one GPU; ``fp8``: the ops that keep an FP8
     copy of what they save (``fp8_savers``) -- a tensor only they save is kept in one byte an
     element, one that others save too in its dtype and the copy's byte."""
+    tensors = list(tensors)
+    kept = {t.name for t in tensors}
     total = 0.0
     for t in tensors:
+        if t.widened_from is not None and split.act_bytes >= t.bytes_per_element:
+            if t.widened_from in kept:
+                continue  # fp32 activations: the cast is a view of a tensor counted already
         size = t.bytes_per_element if t.bytes_per_element is not None else split.act_bytes
         if fp8 and t.bytes_per_element is None and t.savers:
             in_fp8 = [s in fp8 for s in t.savers]

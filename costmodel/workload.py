@@ -107,6 +107,11 @@ class SavedTensor:
     savers: tuple[str, ...] = ()
     """The nodes that keep it for their backward, in the forward's order (a fused kernel's
     saves: the last node of its chain); none for what only the ``matmuls`` policy caches."""
+    widened_from: str | None = None
+    """For a cast to fp32 (``WIDEN``) of the activation named here: a 4-byte copy where the
+    activations are narrower (bf16, fp16), the same storage as that activation where they are
+    fp32 -- counted then only where that activation is not kept as well
+    (``costmodel.memory._sized``)."""
     stage_output: bool = False
     """The tensor the loss reads (the logits; the hidden state under the fused loss): a pipeline's
     last stage's output, which torch's schedule passes to ``stage_backward`` and so holds while

@@ -71,7 +71,8 @@ from autopar.analysis.tracing_errors import (
     quiet_torch_logs,
     untraceable_error,
 )
-from autopar.analysis.ops import CANONICAL_OPS, OP_NAMES, VIEW, forward_bytes, forward_flop, is_known
+from autopar.analysis.ops import (CANONICAL_OPS, OP_NAMES, VIEW, WIDEN, forward_bytes, forward_flop,
+                                 is_known)
 from autopar.analysis.ops.opaque import counted_flop
 from autopar.analysis.ops.naming import canonical_op, is_skipped, unmapped_ops
 
@@ -536,12 +537,20 @@ def _node_info(
         scalars.extend((a, getattr(module, a)) for a in _MODULE_ATTRS if hasattr(module, a))
     scalars.extend(named)
     outputs = _tensor_metas(node.meta.get("val"))
+    # a cast the code writes to fp32 (x.float(), x.to(torch.float32)), not to a dtype it reads
+    # from a tensor (x.to(q.dtype), fp32 only because the trace is); torch.export writes the
+    # dtype it read as a constant, so its casts cannot be told apart and stay views
+    names_fp32 = not isinstance(node.target, torch._ops.OpOverload) and (
+        raw == "float" or any(leaf is torch.float32 for leaf in flat_args))
     op = canonical_op(raw, operands, outputs, tensor_index=tensor_index and raw == "getitem",
-                      first_contiguous=first_contiguous)
+                      first_contiguous=first_contiguous, names_fp32=names_fp32)
     if (not is_known(op) and isinstance(node.target, torch._ops.OpOverload)
             and node.target.is_view):
         op = VIEW  # ATen's schema says its output aliases its input (numpy_T, mT): no data moved
-    if op == VIEW and n_tensor_args and n_const_args == n_tensor_args and not inputs:
+    weights_only = bool(n_tensor_args) and n_const_args == n_tensor_args and not inputs
+    if op == WIDEN and weights_only:
+        op = VIEW  # a weight's fp32 copy: a weight of its consumer, as the weight itself
+    if op == VIEW and weights_only:
         const[node.name] = tuple(params)  # a view of weights: folded into its consumer
         return None
     param_bytes = sum(param_nbytes.get(name, 0) for name in params)

@@ -49,6 +49,7 @@ from autopar.analysis.ops import (
     kept_by_matmuls,
     kind_of,
     ops_without_rules,
+    WIDEN,
     save,
     storage_of,
 )
@@ -76,6 +77,20 @@ class _Saver:
 
     def keep(self, name: str) -> None:
         base = storage_of(self.graph, name, self.inside)
+        if self.graph.has_node(base) and (src := self.graph.node(base)).op == WIDEN \
+                and src.inputs:
+            # a cast to fp32 keeps its input (the view it is in fp32, what a checkpoint of the
+            # region keeps) and, where the activations are narrower, its own 4-byte copy
+            self.keep(src.inputs[0])
+            if base not in self.seen and src.out is not None:
+                self.seen[base] = SavedTensor(
+                    base, src.out.numel / self.graph.batch, Shard.REPLICATED, 4.0,
+                    savers=(self.current,),
+                    widened_from=storage_of(self.graph, src.inputs[0], self.inside))
+            elif base in self.seen and self.current not in self.seen[base].savers:
+                t = self.seen[base]
+                self.seen[base] = replace(t, savers=(*t.savers, self.current))
+            return
         if base in self.seen:
             t = self.seen[base]
             if self.current not in t.savers:

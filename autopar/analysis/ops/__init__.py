@@ -53,6 +53,7 @@ from autopar.analysis.ops.registry import (
     OP_NAMES,
     PATTERNS,
     VIEW,
+    WIDEN,
     FusionPattern,
     OpFamily,
     Saver,
@@ -78,7 +79,8 @@ FAMILY_MODULES = (gemm, conv, attention, norm, activation, elementwise, dropout,
 """The modules declaring the families (importing each registers its families)."""
 
 __all__ = [
-    "CANONICAL_OPS", "FAMILIES", "OP_NAMES", "PATTERNS", "VIEW", "FusionPattern", "OpFamily",
+    "CANONICAL_OPS", "FAMILIES", "OP_NAMES", "PATTERNS", "VIEW", "WIDEN", "FusionPattern",
+    "OpFamily",
     "Saver", "family_of", "find_fusions", "forward_bytes", "forward_flop",
     "attention_core", "fused_bytes", "has_rule", "is_expert_gemm", "is_known", "is_weight_gemm",
     "is_weight_op", "kept_by_matmuls", "kind_of", "ops_without_rules", "outer_regions", "register",

@@ -4,7 +4,11 @@
   products (``outer`` a broadcast one), ``where`` and ``masked_fill``; comparisons, logical ops
   (and, or, not), casts and copies move data only.
 * Saved: a product (``mul``, ``div``) of two activations keeps both, and one by a parameter
-  (a norm's weight) keeps its input; everything else keeps nothing.
+  (a norm's weight) keeps its input; everything else keeps nothing. A cast the code writes to
+  fp32 (``x.float()``, ``x.to(torch.float32)``: ``WIDEN``) is a view in the fp32 trace but a
+  4-byte copy where the model runs in bf16 or fp16: what keeps it keeps that copy, and its
+  input (``analysis.workload``; a router's fp32 input, 112 MiB a DeepSeek-V3 layer and
+  micro-batch).
 * Strategies: any split passes through (``elementwise_rule``).
 * Fusions: ``rope`` (``x * cos + rotate_half(x) * sin``: the chain ``neg, cat, mul, add`` with
   ``x * cos`` joining the add), the kernel of ``autopar.kernels``, which saves only the cos and
@@ -15,7 +19,8 @@ from __future__ import annotations
 
 from autopar.core.layout import Layout, Strategy
 from autopar.analysis.graph import NodeInfo
-from autopar.analysis.ops.registry import VIEW, FusionPattern, OpFamily, Saver, register, saves_nothing
+from autopar.analysis.ops.registry import (VIEW, WIDEN, FusionPattern, OpFamily, Saver, register,
+                                          saves_nothing)
 from autopar.analysis.ops.rules import RuleContext, follow, seq
 
 
@@ -67,7 +72,7 @@ SELECT = register(OpFamily(
     flop_per_element={"masked_fill": 1, "where": 1}, saves=saves_nothing, rule=elementwise_rule))
 
 CAST = register(OpFamily(
-    "cast", ops=("cast", "contiguous", "copy", "fill", "bool", "long"),
+    "cast", ops=("cast", "contiguous", "copy", "fill", "bool", "long", WIDEN),
     # a cast to the same dtype and a copy of a contiguous tensor are views (``naming``)
     aliases={"to": "cast", "_to_copy": "cast", "type_as": "cast", "float": "cast",
              "half": "cast", "bfloat16": "cast", "type": "cast", "clone": "contiguous",

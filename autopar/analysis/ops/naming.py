@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import torch
+
 from autopar.analysis.graph import GraphIR, TensorMeta
-from autopar.analysis.ops.registry import CANONICAL_OPS, OP_NAMES, VIEW
+from autopar.analysis.ops.registry import CANONICAL_OPS, OP_NAMES, VIEW, WIDEN
 
 _SKIPPED = frozenset({"_assert_tensor_metadata", "_assert_scalar", "_assert_async",
                       "sym_constrain_range_for_size", "sym_constrain_range"})
@@ -37,13 +39,17 @@ def canonical_op(
     *,
     tensor_index: bool = False,
     first_contiguous: bool = False,
+    names_fp32: bool = False,
 ) -> str:
     """The canonical op of a node whose raw name is ``raw`` (see ``OP_NAMES``).
 
     ``operands`` are the node's tensor operands (``TensorMeta``), ``tensor_index`` says that a
     ``getitem`` indexes with a tensor (a gather, not a view), and ``first_contiguous`` that the
     first operand is already contiguous (``contiguous`` is then a no-op view). A cast to the
-    dtype the tensor has is a view too.
+    dtype the tensor has is a view too, but for one that names fp32 (``names_fp32``:
+    ``x.float()``, ``x.to(torch.float32)``) of an fp32 tensor: ``WIDEN``, which a model traced
+    in fp32 and run in bf16 or fp16 runs as a copy into a 4-byte tensor (a router's or a
+    norm's fp32 input), and in fp32 as the view it is.
     """
     if not outputs:
         return VIEW  # size arithmetic and attribute reads (x.shape, s // heads): no data moved
@@ -53,7 +59,7 @@ def canonical_op(
     if op == "cast":
         src = operands[0] if operands else None
         if isinstance(src, TensorMeta) and outputs and outputs[0].dtype == src.dtype:
-            return VIEW
+            return WIDEN if names_fp32 and src.dtype is torch.float32 else VIEW
     if op == "contiguous" and raw == "contiguous" and first_contiguous:
         return VIEW
     return op

@@ -38,6 +38,10 @@ from autopar.analysis.ops.rules import Rule, RuleContext, replicated
 
 VIEW = "view"
 """The canonical op of everything that moves no data (views, reshapes, getitem, size reads)."""
+WIDEN = "widen"
+"""The canonical op of a cast to fp32 of a tensor traced in fp32 (``naming.canonical_op``): a
+view there, a copy into 4-byte elements where the model runs in bf16 or fp16. What keeps its
+output keeps that copy (``costmodel.workload.SavedTensor.widened``)."""
 
 
 class Saver(Protocol):

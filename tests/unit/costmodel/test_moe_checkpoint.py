@@ -4,13 +4,15 @@ all-to-alls issued again; every other op of the block as under ``none``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import autopar
 from autopar import TrainSpec
 from autopar.core.specs import Checkpoint
 from autopar.costmodel.compute import Split, reruns
-from autopar.costmodel.memory import recompute_working_bytes, saved_bytes
+from autopar.costmodel.memory import _sized, recompute_working_bytes, saved_bytes
 from autopar.costmodel.moe import ep_alltoalls
 from autopar.models.training import ModelSpec
 
@@ -65,3 +67,23 @@ def test_moe_issues_the_forward_all_to_alls_again_in_the_backward(overrides, exp
     block = autopar.workload_of(ModelSpec("tiny-moe", overrides).build("meta"), TRAIN).block
     assert ep_alltoalls(block, Checkpoint.MOE) == expected
     assert ep_alltoalls(block, Checkpoint.SELECTIVE) == (expected[0], 2)
+
+
+def test_the_routers_fp32_input_is_a_copy_in_bf16_and_a_view_in_fp32():
+    """The router casts its input to fp32 (``Fp32Linear``): in bf16 it keeps a 4-byte copy of
+    the layer's input beside the input, in fp32 the input itself (the dry run's account found
+    the copy: 32 MiB a qwen3-30b-a3b layer and micro-batch, ``bench/results/memory_grid.md``)."""
+    block = _block("tiny-moe")
+    copies = [t for t in block.saved if t.widened_from is not None]
+    assert len(copies) == 1
+    copy = copies[0]
+    assert copy.bytes_per_element == 4.0 and copy.moe_layer
+    source = next(t for t in block.saved if t.name == copy.widened_from)
+    assert not source.moe_layer  # the layer's input, kept under the moe policy too
+    fp32 = replace(SPLIT, act_bytes=4.0, compute_dtype="fp32")
+    one = _sized([copy], SPLIT)
+    assert one == pytest.approx(copy.elements * 4.0 * SPLIT.scale(copy.shard))
+    assert _sized([copy, source], SPLIT) == pytest.approx(one + _sized([source], SPLIT))
+    # fp32: the cast is a view of its input, counted once
+    assert _sized([copy, source], fp32) == pytest.approx(_sized([source], fp32))
+    assert _sized([copy], fp32) == pytest.approx(one)
