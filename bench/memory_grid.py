@@ -115,6 +115,10 @@ GRID = [
     # mixtures of experts (issue 30): Qwen3-style 128 x top-8, the experts' mesh folded over
     # tp, DeepSeek-style shared experts and dense first layers with MLA, Mixtral-style 8 x top-2
     # with a capacity, pipelining, the moe checkpoint policy
+    # one expert a rank (Mixtral at ep 8) over 2 expert-dp ranks: FSDP2 shards each expert
+    # along its hidden dim (passes/data_parallel.py:expert_dp_placement)
+    Case("mixtral-ep8-edp2-zero2", "mixtral-8x7b", "hgx-h100-80g", 2, 16, 4096,
+         dict(dp=16, ep=8, zero=2, micro_batch=1), layers=2),
     Case("qwen3-30b-ep8", "qwen3-30b-a3b", "hgx-h100-80g", 1, 16, 4096,
          dict(dp=8, ep=8, zero=1, micro_batch=1), layers=4),
     Case("qwen3-30b-fold-tp2-ep8", "qwen3-30b-a3b", "hgx-h100-80g", 1, 16, 4096,

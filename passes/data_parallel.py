@@ -37,12 +37,12 @@ fp16 plans also run with dynamic loss scaling (``passes/loss_scaling.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Shard
+from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -101,6 +101,23 @@ def dp_placement(param: nn.Parameter) -> Shard | None:
     return Shard(1) if param.ndim == 2 and is_sectioned(param) else None
 
 
+def expert_dp_placement(edp: int) -> Callable[[nn.Parameter], Shard | None]:
+    """FSDP2's shard of an expert's parameter over the ``edp`` expert data-parallel ranks: dim 0
+    (``dp_placement``) where the rank's experts divide evenly among them, else the first dim
+    that does. After ep a rank holds ``E / ep`` experts along dim 0 of the stacked weights --
+    one for Mixtral-8x7B at ep 8 -- which FSDP2 would cut into ``edp`` uneven parts: the
+    first edp rank holding every expert whole (weights, gradients, optimizer states), the
+    others none (Mixtral-8x7B at dp 64, ep 8, ZeRO-2: 223 GiB on that rank where the plan
+    priced 74, each expert's states divided by edp)."""
+    def place(param: nn.Parameter) -> Shard | None:
+        local = param.to_local() if isinstance(param, DTensor) else param
+        if local.ndim == 0 or local.size(0) % edp == 0:
+            return dp_placement(param)
+        return next((Shard(d) for d in range(1, local.ndim) if local.size(d) % edp == 0),
+                    dp_placement(param))
+    return place
+
+
 def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Plan,
                         mesh: DeviceMesh, experts: Iterable[nn.Module] = (),
                         expert_dp_mesh: DeviceMesh | None = None) -> None:
@@ -122,7 +139,8 @@ def apply_data_parallel(stage: nn.Module, blocks: Iterable[nn.Module], plan: Pla
                   shard_placement_fn=dp_placement,
                   ignored_params=_zero_size(stage, policy.param_dtype))
     for module in experts:
-        fully_shard(module, **{**kwargs, "mesh": expert_dp_mesh})
+        fully_shard(module, **{**kwargs, "mesh": expert_dp_mesh,
+                               "shard_placement_fn": expert_dp_placement(expert_dp_mesh.size())})
     if experts_only:
         # one dense replica (dp x cp = 1) whose tp ranks hold the same experts under the fold
         # (ep < tp): only the experts' gradients reduce, over those ranks

@@ -121,6 +121,11 @@ CASES = {
     # loss included, so fp32 tolerances hold (measured: gradients <= 4e-6 of each tensor's max)
     "ep2xdp2-moe": (MOE, dict(dp=4, ep=2, zero=1, micro_batch=1), 8),
     "ep2-zero0-moe": (MOE, dict(dp=2, ep=2, micro_batch=2), 8),
+    # one expert a rank over 2 expert-dp ranks: FSDP2 shards each expert along its hidden
+    # dim, not the expert dim its one row cannot split (passes/data_parallel.py:
+    # expert_dp_placement)
+    "ep2xdp2-one-expert-a-rank-moe": (ModelSpec("tiny-moe", {"num_experts": 2}),
+                                      dict(dp=4, ep=2, zero=1, micro_batch=1), 8),
     "ep2-dropless-moe": (MOE_DROPLESS, dict(dp=4, ep=2, zero=2, micro_batch=1), 8),
     "ep2-dropless-ckpt-zero3-moe": (MOE_DROPLESS, dict(dp=2, ep=2, zero=3, checkpoint="full",
                                                        micro_batch=1), 4),

@@ -24,7 +24,7 @@ SAMPLE = ("8b-fsdp-full", "8b-zero1-matmuls", "8b-ddp-fp32", "8b-tp4-nosp-pure",
           "qwen3-30b-ep8", "qwen3-30b-fold-tp2-ep8", "qwen3-30b-ep8-moe-ckpt", "dsv3-pp2-ep8",
           # the dense first layers split over tp (their embedding's whole gradient apart)
           "dsv3-tp2-sp-ep8",
-          "mixtral-ep2-zero3", "mixtral-ep8-etp2-zero1",
+          "mixtral-ep2-zero3", "mixtral-ep8-etp2-zero1", "mixtral-ep8-edp2-zero2",
           # context parallelism: the gathered K/V and the query chunks' causal attention, with
           # tp + SP and under pp
           "8b-cp4-tp2-sp", "70b-cp4-pp2",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 import autopar
 from autopar import ParallelConfig, TrainSpec
@@ -54,3 +55,18 @@ def test_a_low_grad_dtype_is_refused_where_the_gradients_are_not_made_in_it():
     assert TrainSpec(global_batch=8, precision="fp16", grad_dtype="fp16").to_dict()[
         "grad_dtype"] == "fp16"
     assert "grad_dtype" not in TrainSpec(global_batch=8).to_dict()  # plans' JSON as before
+
+
+def test_experts_fewer_than_their_dp_ranks_shard_along_the_hidden_dim():
+    """One expert a rank (Mixtral at ep 8) over 2 expert-dp ranks: the stacked weight's expert
+    dim (1) cannot be split, so the first dim that can is; where the experts divide evenly FSDP2
+    keeps its dim 0; where no dim divides, dim 0 as before."""
+    from torch.distributed.tensor import Shard
+
+    from autopar.passes.data_parallel import expert_dp_placement
+
+    place = expert_dp_placement(2)
+    assert place(nn.Parameter(torch.empty(1, 64, 48, device="meta"))) == Shard(1)
+    assert place(nn.Parameter(torch.empty(1, 3, 48, device="meta"))) == Shard(2)
+    assert place(nn.Parameter(torch.empty(4, 64, 48, device="meta"))) is None
+    assert place(nn.Parameter(torch.empty(1, 3, 5, device="meta"))) is None
