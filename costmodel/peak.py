@@ -29,10 +29,8 @@ the moments priced here, each with what the engine holds then:
   of the micro-batch are still kept, and the block's recomputation (where checkpointed) runs
   beside them.
 * ``end of backward`` (a stage holding the embedding): the embedding's backward of a
-  micro-batch. Under pipelining every unit is gathered; the first micro-batch's keeps the
-  others in flight and every unit's gradient accumulator but the root unit's (made at its
-  post-backward, after this), a later one's every accumulator and one micro-batch fewer in
-  flight (the larger of the two); without, the units have been resharded after
+  micro-batch. Under pipelining every micro-batch's end of backward but the last keeps the
+  others in flight and every unit gathered; without, the units have been resharded after
   their backward but the stage's root unit (embedding, final norm, head). DTensor's backward
   of a vocabulary-sharded embedding (``RowwiseParallel``) makes the gradient of the whole
   table on every tensor-parallel rank, and FSDP2 accumulates it whole: the embedding's
@@ -175,17 +173,14 @@ def stage_peak(p: StageParams, a: StageActivations, precision: Precision,
         # beside the other micro-batches in flight (under pipelining)
         embedding_grad = (p.root + grad_extra) * low
         if pipelined:
-            # the first micro-batch's: the other micro-batches in flight, every unit's
-            # accumulator but the root's own (made at its post-backward, after this); a later
-            # one's: every accumulator, one micro-batch fewer in flight (the schedule's next
-            # forward comes after this backward)
-            first_end = moment(whole, accumulators - (p.root + grad_extra) * reduce
-                               + embedding_grad, max(a.in_flight - 1.0, 0.0) * a.kept)
-            found["end of backward"] = first_end if microbatches == 1 else max(
-                first_end,
-                moment(whole, accumulators + embedding_grad,
-                       max(min(a.in_flight - 1.0, microbatches - 2.0), 0.0) * a.kept),
-                key=lambda kinds: sum(kinds.values()))
+            # the first micro-batch's: the others in flight, and at the root's post-backward
+            # its fp32 accumulators made while its compute-dtype gradient is alive (the dry run
+            # of 70b-pp2-gpipe-sel: the whole table's 2004 MiB in bf16 beside its 4008 MiB
+            # accumulator); an upper bound where the root has many parameters, which FSDP2
+            # converts one by one
+            found["end of backward"] = moment(
+                whole, accumulators + embedding_grad,
+                max(a.in_flight - 1.0, 0.0) * a.kept)
         else:
             # the blocks' gradients, reduced to their share of the shard
             reduced = accumulators if accumulates else \

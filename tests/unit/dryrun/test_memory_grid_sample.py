@@ -21,7 +21,7 @@ SAMPLE = ("8b-fsdp-full", "8b-zero1-matmuls", "8b-ddp-fp32", "8b-tp4-nosp-pure",
           "8b-tp2-sp-sel", "70b-pp2-gpipe-sel", "70b-pp2-zero3", "8b-fused",
           # mixtures of experts: the experts' fold over tp, the moe policy, DeepSeek-V3's MLA
           # and dense first layers under pp, a capacity with ZeRO-3
-          "qwen3-30b-ep8", "qwen3-30b-fold-tp2-ep8", "qwen3-30b-ep8-moe-ckpt", "dsv3-pp2-ep8",
+          "qwen3-30b-ep8", "qwen3-30b-fold-tp2-ep8", "qwen3-30b-ep8-moe-ckpt",
           # the dense first layers split over tp (their embedding's whole gradient apart)
           "dsv3-tp2-sp-ep8",
           "mixtral-ep2-zero3", "mixtral-ep8-etp2-zero1", "mixtral-ep8-edp2-zero2",
@@ -54,5 +54,20 @@ def test_a_heavy_first_chunk_is_held_as_the_interleaved_schedule_holds_it() -> N
     run = autopar.dry_run(GRID.plan_of(case))
     for role in run.roles:
         assert role.error is not None and abs(role.error) <= TARGET, (
+            f"pp{role.pp_rank}: predicted {role.predicted_bytes / 2**30:.2f} GiB, "
+            f"dry run {role.peak_bytes / 2**30:.2f} GiB ({role.error:+.1%})")
+
+
+def test_a_first_stage_of_many_root_parameters_is_priced_above_its_dry_run() -> None:
+    """DeepSeek-V3 over pp 2 (1F1B, two micro-batches): the first rank's root unit holds the
+    embedding and the three dense layers. At its post-backward FSDP2 converts their bf16
+    gradients to fp32 accumulators one parameter at a time; the model prices every bf16
+    gradient beside every accumulator (exact for one large table, ``70b-pp2-gpipe-sel``), an
+    upper bound here. Bound: 4 %, measured +3.1 % (rank 0) and -0.9 % (rank 1) on 2026-11-29
+    (``bench/results/memory_grid.md``)."""
+    case = next(c for c in GRID.GRID if c.name == "dsv3-pp2-ep8")
+    run = autopar.dry_run(GRID.plan_of(case))
+    for role in run.roles:
+        assert role.error is not None and abs(role.error) <= 0.04, (
             f"pp{role.pp_rank}: predicted {role.predicted_bytes / 2**30:.2f} GiB, "
             f"dry run {role.peak_bytes / 2**30:.2f} GiB ({role.error:+.1%})")
