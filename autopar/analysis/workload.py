@@ -73,30 +73,23 @@ class _Saver:
         src = self.graph.node(name)
         if src.out is None or not src.out.dtype.is_floating_point:
             return None
+        if src.op == WIDEN and src.inputs:  # a 4-byte copy in bf16, its input in fp32
+            return SavedTensor(name, src.out.numel / self.graph.batch, Shard.REPLICATED, 4.0,
+                               widened_from=storage_of(self.graph, src.inputs[0], self.inside))
         return SavedTensor(name, src.out.numel / self.graph.batch, Shard.REPLICATED)
 
     def keep(self, name: str) -> None:
         base = storage_of(self.graph, name, self.inside)
-        if self.graph.has_node(base) and (src := self.graph.node(base)).op == WIDEN \
-                and src.inputs:
-            # a cast to fp32 keeps its input (the view it is in fp32, what a checkpoint of the
-            # region keeps) and, where the activations are narrower, its own 4-byte copy
-            self.keep(src.inputs[0])
-            if base not in self.seen and src.out is not None:
-                self.seen[base] = SavedTensor(
-                    base, src.out.numel / self.graph.batch, Shard.REPLICATED, 4.0,
-                    savers=(self.current,),
-                    widened_from=storage_of(self.graph, src.inputs[0], self.inside))
-            elif base in self.seen and self.current not in self.seen[base].savers:
-                t = self.seen[base]
-                self.seen[base] = replace(t, savers=(*t.savers, self.current))
-            return
         if base in self.seen:
             t = self.seen[base]
             if self.current not in t.savers:
                 self.seen[base] = replace(t, savers=(*t.savers, self.current))
         elif (t := self.activation(base)) is not None:
             self.seen[base] = replace(t, savers=(self.current,))
+            if t.widened_from is not None:
+                # a cast to fp32 keeps its input too: the view it is in fp32, what a
+                # checkpoint of the region keeps
+                self.keep(self.graph.node(base).inputs[0])
 
     def extra(self, key: str, elements: float, size: float | None, *, transient: bool = False,
               per_token: bool = True) -> None:

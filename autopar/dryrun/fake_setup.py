@@ -86,15 +86,6 @@ class _Chunks(Sequence):
         return self._cache[i]
 
 
-def _chunk_on_demand(tensor: torch.Tensor, num_chunks: int, dim: int) -> Sequence:
-    if tensor.size(dim) == 0:  # torch.chunk's own answer for an empty dimension
-        chunks = list(torch.chunk(tensor, num_chunks, dim=dim))
-        while len(chunks) < num_chunks:
-            chunks.append(chunks[0].new_empty(0))
-        return chunks
-    return _Chunks(tensor, num_chunks, dim)
-
-
 @contextmanager
 def chunks_on_demand() -> Iterator[None]:
     """While held, FSDP2 makes a parameter's shard chunks when it reads them (module
@@ -108,7 +99,12 @@ def chunks_on_demand() -> Iterator[None]:
     if made is None:
         yield
         return
-    _fsdp_param._chunk_with_empty = _chunk_on_demand
+    def on_demand(tensor: torch.Tensor, num_chunks: int, dim: int) -> Sequence:
+        if tensor.size(dim) == 0:  # torch's own answer for an empty dimension
+            return made(tensor, num_chunks, dim)
+        return _Chunks(tensor, num_chunks, dim)
+
+    _fsdp_param._chunk_with_empty = on_demand
     try:
         yield
     finally:

@@ -8,7 +8,15 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from autopar.dryrun.fake_setup import _chunk_on_demand, chunks_on_demand, own_groups_only
+from autopar.dryrun.fake_setup import chunks_on_demand, own_groups_only
+
+
+def _chunk_on_demand(tensor: torch.Tensor, num_chunks: int, dim: int):
+    """FSDP2's ``_chunk_with_empty`` as it is while ``chunks_on_demand`` is held."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    with chunks_on_demand():
+        return _fsdp_param._chunk_with_empty(tensor, num_chunks, dim)
 
 
 @pytest.mark.parametrize("size, chunks", [(10, 4), (9, 4), (8, 8), (1, 128), (300, 128),
