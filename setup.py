@@ -1,7 +1,7 @@
 """The package list for setuptools: ``autopar`` and every package under its folders.
 
-``pyproject.toml`` maps ``autopar.costmodel``, ``autopar.passes`` and ``autopar.kernels`` to the
-top-level folders ``costmodel/``, ``passes/`` and ``kernels/`` (``package-dir``), which its
+``pyproject.toml`` maps ``autopar.costmodel`` and ``autopar.passes`` to the top-level folders
+``costmodel/`` and ``passes/`` (``package-dir``), which its
 ``packages.find`` form cannot follow; so the packages are found here, and a new one (a model
 family's folder, ``autopar/models/<family>/``) goes into the wheel without being listed. Folders
 without an ``__init__.py`` count (``autopar/core`` is a namespace package).
@@ -9,8 +9,7 @@ without an ``__init__.py`` count (``autopar/core`` is a namespace package).
 
 from setuptools import find_namespace_packages, setup
 
-FOLDERS = {"autopar": "autopar", "autopar.costmodel": "costmodel", "autopar.passes": "passes",
-           "autopar.kernels": "kernels"}
+FOLDERS = {"autopar": "autopar", "autopar.costmodel": "costmodel", "autopar.passes": "passes"}
 """Package -> its folder, as ``[tool.setuptools.package-dir]`` maps them."""
 
 

@@ -7,6 +7,7 @@
     python bench/dry_run_405b.py --markdown         # the table for bench/results/dry_run_405b.md
     python bench/dry_run_405b.py --plan F.json      # another plan (autopar plan --json F.json)
     python bench/dry_run_405b.py --all-microbatches # every micro-batch of each role's step
+    python bench/dry_run_405b.py --every-role       # every role run, none read off its alikes
 
 The plan is issue 12's: llama3-405b, hgx-h100-80g with 2048 nodes, tp8 pp16 dp128, ZeRO-1,
 sequence parallel, the interleaved schedule with 2 chunks per rank, micro-batch 1, global
@@ -14,7 +15,8 @@ batch 2048 of 8192 tokens (16 micro-batches per rank). Target: every role within
 2-core CPU machine. Issue 32's plan is the one ``autopar plan --model llama3-405b --cluster
 hgx-h100-80g --nodes 2048 --global-batch 2048 --seq-len 8192 --tp 8 --pp 16 --schedule
 interleaved --json F.json`` chooses (``--plan F.json``). Prints, per pipeline rank, the
-micro-batches its dry run ran of the step's (``autopar/dryrun/steady.py``), the seconds the
+micro-batches its dry run ran of the step's (``autopar/dryrun/steady.py``) or the alike ranks
+its peak was read off (``autopar/dryrun/alike.py``; ``--every-role`` runs each), the seconds the
 role took where it ran, its peak (GiB = 2^30 bytes) and the collectives it issued; then the dry run's wall time, the user
 CPU seconds of this process and of the worker processes, and the load average over the run
 (other jobs on the machine share its cores: wall times are only comparable at equal load).
@@ -104,6 +106,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--plan", metavar="F", help="dry-run this plan file instead of issue 12's")
     p.add_argument("--all-microbatches", action="store_true",
                    help="run every micro-batch of each role's step")
+    p.add_argument("--every-role", action="store_true",
+                   help="run every role, none read off its alike neighbours")
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args(argv)
 
@@ -119,7 +123,7 @@ def main(argv: list[str]) -> int:
         cpu0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
         began = time.perf_counter()
         run = dry_run(plan, workers=args.workers, pp_ranks=args.pp_rank, progress=progress,
-                      all_microbatches=args.all_microbatches)
+                      all_microbatches=args.all_microbatches, every_role=args.every_role)
         wall = time.perf_counter() - began
         cpu_self = resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu0
     cpu_workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
@@ -144,13 +148,17 @@ def main(argv: list[str]) -> int:
     for r in run.roles:
         comm = ", ".join(f"{k} {v}" for k, v in r.collectives.items() if k != "wait_tensor")
         err = "-" if r.error is None else f"{r.error:+.2%}"
+        ran = (f"none: read off {','.join(map(str, r.inferred_from))}" if r.inferred_from
+               else f"{r.microbatches} of {r.step_microbatches}")
         print(f"| {r.pp_rank} | {','.join(map(str, r.stages))} | {r.blocks} | "
-              f"{r.microbatches} of {r.step_microbatches} | {r.seconds:.1f} | "
+              f"{ran} | {'-' if r.inferred_from else f'{r.seconds:.1f}'} | "
               f"{r.peak_bytes / GIB:.2f} | {err} | {comm} |")
     print(f"\n{len(run.roles)} roles in {wall:.1f} s wall with {workers} process"
           f"{'es' if workers > 1 else ''} (target {TARGET_S:.0f} s: "
           f"{'met' if wall <= TARGET_S else 'NOT met'}); user CPU {cpu_self:.1f} s here, "
           f"{cpu_workers:.1f} s in worker processes; load average {load.summary()}.")
+    for note in run.notes[1:]:
+        print(f"\n{note}.")
     if same is not None:
         print(f"Peaks and their kinds against {args.compare}: "
               f"{'identical' if same else 'DIFFERENT'}.")

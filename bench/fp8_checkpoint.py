@@ -2,7 +2,7 @@
 (2048 -> 8192 -> 2048, 8192 tokens) in bf16 and fp8 under no checkpointing, full, and the
 matmuls policy (``passes/checkpointing.py:matmuls_context``, which saves ``aten.mm``'s outputs:
 on torchao's subclass the GEMM's output, not its FP8 operands), forward+backward milliseconds
-(``triton.testing.do_bench``'s median, as ``bench/kernels.py``); ``--profile`` adds the GPU
+(``triton.testing.do_bench``'s median, as ``bench/fused_kernels.py``); ``--profile`` adds the GPU
 kernels of none and matmuls in fp8 (torch.profiler). Results: bench/results/fp8_linear.md.
 
     python bench/fp8_checkpoint.py [--profile]

@@ -4,7 +4,7 @@ prices. Prints a markdown table; needs CUDA and torchao.
 
     python bench/fp8_linear.py [--tokens 8192]
 
-Times are ``triton.testing.do_bench``'s medians, as ``bench/kernels.py`` takes them.
+Times are ``triton.testing.do_bench``'s medians, as ``bench/fused_kernels.py`` takes them.
 """
 
 from __future__ import annotations

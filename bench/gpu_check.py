@@ -14,7 +14,7 @@ after every part, so what ran is kept even if the run call itself is cut off.
    no build isolation); every later command imports autopar from there (``PYTHONPATH``, and
    ``PYTHONSAFEPATH`` so that the tree's ``autopar/`` folder does not shadow it); then
    ``pytest tests/gpu``.
-2. **kernels** (150 s): ``bench/kernels.py --markdown`` -- each fused kernel's bandwidth against
+2. **kernels** (150 s): ``bench/fused_kernels.py --markdown`` -- each fused kernel's bandwidth against
    a copy, its speed against eager and ``torch.compile``, forward and backward (in two runs,
    ``KERNEL_GROUPS``, so that a slow ``torch.compile`` costs only its group's rows); then
    ``bench/fp8_linear.py``, torchao's float8 linear against bf16's, eager and compiled (what
@@ -91,7 +91,7 @@ PART5_CASES = {
         "--fusions", "rms_norm,swiglu,rope,linear_cross_entropy"),
 }
 KERNEL_GROUPS = ("rms_norm,layer_norm,swiglu,gelu", "rope,linear_cross_entropy")
-"""Part 2's runs of ``bench/kernels.py`` (``--only``), the bandwidth-bound norms and
+"""Part 2's runs of ``bench/fused_kernels.py`` (``--only``), the bandwidth-bound norms and
 activations first."""
 REFUSAL = {"kernels": "needs a CUDA GPU", "profile": "no CUDA GPU", "verify": "no CUDA GPU"}
 """What each CUDA command says when it refuses on a machine without one (``--dry``)."""
@@ -390,13 +390,13 @@ def part_environment(check: Check) -> Result:
 
 # ---------------------------------------------------------------------------------- parts 2-5
 def part_kernels(check: Check) -> Result:
-    """``bench/kernels.py --markdown`` once per group of ``KERNEL_GROUPS``: a group that runs
+    """``bench/fused_kernels.py --markdown`` once per group of ``KERNEL_GROUPS``: a group that runs
     out of time loses its own rows only."""
     body, data, failed = [], {}, []
     for group in KERNEL_GROUPS:
-        cmd = check.python("bench/kernels.py", "--markdown", "--only", group)
+        cmd = check.python("bench/fused_kernels.py", "--markdown", "--only", group)
         if check.dry:
-            return dry_refusal(cmd, REFUSAL["kernels"], "bench/kernels.py")
+            return dry_refusal(cmd, REFUSAL["kernels"], "bench/fused_kernels.py")
         data[group] = cmd.stdout
         if cmd.rc != 0:
             failed.append(group)
@@ -510,7 +510,7 @@ class Part:
 
 PARTS = (
     Part(1, "environment", "Environment, wheels, tests/gpu", 70, part_environment),
-    Part(2, "kernels", "Fused kernels (bench/kernels.py, bench/fp8_linear.py)", 150,
+    Part(2, "kernels", "Fused kernels (bench/fused_kernels.py, bench/fp8_linear.py)", 150,
          part_kernels),
     Part(3, "profile", "autopar profile on the GPU", 60, part_profile),
     Part(4, "step", "A real step against the prediction (bench/gpu_step.py)", 150, part_step),

@@ -19,7 +19,7 @@
 #
 # Parts and budgets (bench/gpu_check.py's PARTS; a part may use what earlier parts left):
 #   1 environment, wheels, autopar's wheel, pytest tests/gpu    70 s
-#   2 bench/kernels.py and bench/fp8_linear.py (vs copy, eager) 150 s
+#   2 bench/fused_kernels.py and bench/fp8_linear.py (vs copy, eager) 150 s
 #   3 autopar profile --nproc 1 --device cuda                    60 s
 #   4 bench/gpu_step.py (1B Llama step vs estimate, dry run)    150 s
 #   5 autopar verify --device cuda, three dp = 1 plans           80 s

@@ -43,6 +43,10 @@ BRIDGE_DEPENDENCIES = (
     # it accepts (huggingface-hub<2, tokenizers<=0.23.0, httpx, typer)
     "transformers==5.12.1", "huggingface-hub==1.33.0", "tokenizers==0.22.2", "httpx==0.28.1",
     "httpcore==1.0.9", "h11==0.16.0", "anyio==4.16.0", "typer==0.29.2",
+    # Hugging Face's kernels as that transformers wants it (its extra: >=0.12.0,<0.13): the
+    # environment's newer one, which transformers 5.25 depends on, refuses 5.12.1's kernel
+    # table ("Either a revision or a version must be specified")
+    "kernels==0.12.3",
     # the recipes' common module imports Bridge's data builders, which import megatron-energon
     # (megatron-core's dev extra pins ~=7.0) and what it imports
     "megatron-energon==7.4.1", "multi-storage-client==0.51.0", "opentelemetry-api==1.43.0",

@@ -13,8 +13,10 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 def load(script: str, name: str) -> ModuleType:
     """``bench/<script>.py`` as the module ``name`` (once per run; dataclasses look their
-    module up in ``sys.modules``). A name of its own keeps ``bench/kernels.py`` from
-    shadowing the ``kernels`` package."""
+    module up in ``sys.modules``). A name of its own keeps a script from shadowing a package of
+    its name (the bench scripts put ``bench/`` first on ``sys.path``; the fused kernels' timing
+    script is ``fused_kernels.py``, not ``kernels.py``, for Hugging Face's ``kernels`` package,
+    which transformers imports)."""
     return load_file(BENCH / f"{script}.py", name)
 
 

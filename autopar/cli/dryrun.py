@@ -43,6 +43,10 @@ def add_dryrun_parser(sub: argparse._SubParsersAction,
                    help="run every micro-batch of the step (default: the fewest that reach "
                         "every memory state of the step, which find the same peak; the "
                         "collectives are counted in the micro-batches run)")
+    p.add_argument("--every-role", action="store_true",
+                   help="run every pipeline rank's role (default: of four or more adjacent "
+                        "ranks running the same program, run three and read the others' peaks "
+                        "off them where those step evenly)")
     p.add_argument("--json", default=None, metavar="F", help="also write the result as JSON")
     return p
 
@@ -75,8 +79,11 @@ def cmd_dryrun(args: argparse.Namespace, console: Console) -> int:
                   f"(fake process group, fake tensors)", highlight=False)
     with dry_run_progress() as progress:
         result = dry_run(plan, spec, progress=progress, pp_ranks=args.pp_rank,
-                         workers=args.workers, all_microbatches=args.all_microbatches)
+                         workers=args.workers, all_microbatches=args.all_microbatches,
+                         every_role=args.every_role)
     console.print(dry_run_table(result))
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False)
     console.print(f"peak {result.peak_bytes / GIB:.2f} GiB of {plan.estimate.usable_memory_bytes / GIB:.2f}"
                   f" GiB usable: {'fits' if result.fits else 'DOES NOT FIT'}; "
                   f"{len(result.roles)} roles in {result.wall_s:.1f} s", highlight=False)

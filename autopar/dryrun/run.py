@@ -59,6 +59,7 @@ from autopar.core.estimate import StageMemory
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.core.specs import Precision
+from autopar.dryrun.alike import extrapolated, families
 from autopar.dryrun.fake_setup import fake_setup
 from autopar.dryrun.gpu_kernels import gpu_saved_tensors
 from autopar.dryrun.memory_account import KINDS, MemoryAccount
@@ -94,6 +95,10 @@ class RoleRun:
     predicted: StageMemory | None
     """The plan's estimate for this pipeline rank."""
     seconds: float
+    inferred_from: tuple[int, ...] = ()
+    """The alike pipeline ranks whose dry runs this role's peak was read off
+    (``autopar/dryrun/alike.py``), where it was not run itself (``microbatches`` 0, no
+    collectives); empty where it ran."""
 
     @property
     def predicted_bytes(self) -> float | None:
@@ -112,7 +117,7 @@ class RoleRun:
                 "peak_breakdown": dict(self.peak_breakdown),
                 "collectives": dict(self.collectives),
                 "predicted_bytes": self.predicted_bytes, "error": self.error,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "inferred_from": list(self.inferred_from)}
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,7 @@ def dry_run(plan: Plan, model: ModelSpec | None = None, *,
             progress: ProgressFn | None = None,
             pp_ranks: Sequence[int] | None = None,
             workers: int | None = None,
-            all_microbatches: bool = False) -> DryRun:
+            all_microbatches: bool = False, every_role: bool = False) -> DryRun:
     """Run one step of every rank role of ``plan`` on fake tensors (see the module docstring).
 
     ``model`` names the model when the plan does not record one (``Plan.spec_for``). Refuses
@@ -165,7 +170,13 @@ def dry_run(plan: Plan, model: ModelSpec | None = None, *,
     memory state the whole step does (``autopar/dryrun/steady.py``), and adds back what the
     rest would hold for the whole step (their token ids, their losses): the same peak, byte
     for byte, in a fraction of the time (``RoleRun.microbatches``); ``all_microbatches`` runs
-    every one of them, for the collectives of the whole step."""
+    every one of them, for the collectives of the whole step, and every role.
+
+    Of four or more adjacent pipeline ranks running the same program (neither the first nor
+    the last), the three with the fewest micro-batches in flight are run and the others' peaks
+    read off them where those step by the same bytes from rank to rank
+    (``autopar/dryrun/alike.py``; ``RoleRun.inferred_from``, and a note says which);
+    ``every_role`` runs each of them too."""
     from autopar.passes.mesh import executable_spec
 
     check_dry_run_call(workers)
@@ -179,18 +190,72 @@ def dry_run(plan: Plan, model: ModelSpec | None = None, *,
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else os.cpu_count() or 1
-    workers = min(workers, len(wanted))
-    runs = _RoleRuns(plan, spec, wanted, progress, steady=not all_microbatches)
-    with _old_objects_frozen():
-        if workers == 1:
-            runs.here()
-        else:
-            runs.side_by_side(workers - 1)
+    # alike ranks read off three of them (alike.py), unless every micro-batch is asked for
+    found = () if all_microbatches or every_role else families(plan, wanted)
+    later = {r for f in found for r in f.inferred}
+    done: dict[int, RoleRun] = {}
+    first = [r for r in wanted if r not in later]
+    _run_roles(plan, spec, first, done, progress, len(wanted), workers, all_microbatches)
+    rest = []
+    notes = ["fake tensors on the CPU: attention runs the CPU kernels, whose saved tensors "
+             "match the fused GPU kernels' in size but for their small statistics"]
+    for family in found:
+        read = extrapolated(family, {r: done[r].peak_breakdown for r in family.run})
+        if read is None:
+            rest += family.inferred
+            continue
+        for r, breakdown in read.items():
+            done[r] = _inferred_role(plan, done[family.run[0]], r, breakdown, family.run)
+        notes.append(f"pipeline ranks {_ranges(family.inferred)} read off ranks "
+                     f"{_ranges(family.run)}, which run the same program: their peaks step by "
+                     "the same bytes from rank to rank (autopar/dryrun/alike.py)")
+    if rest:
+        _run_roles(plan, spec, sorted(rest), done, progress, len(wanted), workers,
+                   all_microbatches, before=len(done))
     if progress is not None:
         progress(len(wanted), len(wanted), "done")
-    notes = ("fake tensors on the CPU: attention runs the CPU kernels, whose saved tensors "
-             "match the fused GPU kernels' in size but for their small statistics",)
-    return DryRun(plan, runs.roles(), time.perf_counter() - start, notes)
+    return DryRun(plan, tuple(done[r] for r in wanted), time.perf_counter() - start,
+                  tuple(notes))
+
+
+def _run_roles(plan: Plan, spec: ModelSpec, ranks: list[int], done: dict[int, RoleRun],
+               progress: ProgressFn | None, total: int, workers: int, all_microbatches: bool,
+               before: int = 0) -> None:
+    """Dry-run the roles of ``ranks`` into ``done``: in this process, or side by side in up to
+    ``workers`` processes; ``progress`` counts them among ``total`` roles, ``before`` done."""
+    if not ranks:
+        return
+    within = None if progress is None else (
+        lambda n, _total, what: progress(before + n, total, what))
+    runs = _RoleRuns(plan, spec, ranks, within, steady=not all_microbatches)
+    with _old_objects_frozen():
+        if min(workers, len(ranks)) == 1:
+            runs.here()
+        else:
+            runs.side_by_side(min(workers, len(ranks)) - 1)
+    done.update(zip(ranks, runs.roles()))
+
+
+def _inferred_role(plan: Plan, like: RoleRun, pp_rank: int, breakdown: dict[str, float],
+                   run: tuple[int, ...]) -> RoleRun:
+    """``pp_rank``'s role read off the alike ranks ``run`` (``alike.extrapolated``), ``like``
+    the first of them: its program's stages and blocks, the peak ``breakdown``."""
+    c = plan.config
+    stages = tuple(s - like.pp_rank + pp_rank for s in like.stages)
+    predicted = (plan.estimate.stage_memory[pp_rank]
+                 if pp_rank < len(plan.estimate.stage_memory) else None)
+    return RoleRun(pp_rank=pp_rank, rank=role_rank(plan, pp_rank), stages=stages,
+                   blocks=like.blocks, microbatches=0, step_microbatches=c.microbatches(plan.train),
+                   peak_bytes=sum(breakdown.values()), peak_breakdown=breakdown, collectives={},
+                   predicted=predicted, seconds=0.0, inferred_from=run)
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    """``1-11`` for adjacent ranks, else comma-separated."""
+    ranks = sorted(ranks)
+    if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
 
 
 def check_dry_run_call(workers: int | None) -> None:

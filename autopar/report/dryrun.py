@@ -13,7 +13,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from autopar.dryrun.plan_check import CheckedPlan
-    from autopar.dryrun.run import DryRun
+    from autopar.dryrun.run import DryRun, RoleRun
 
 GIB = 2**30
 
@@ -21,7 +21,8 @@ GIB = 2**30
 def dry_run_table(result: DryRun, title: str | None = None, detail: bool = True) -> Table:
     """Per pipeline rank: predicted and dry-run peak (GiB), the error, whether the dry run fits
     the usable memory; with ``detail``, also the micro-batches the role ran of the step's
-    (``autopar/dryrun/steady.py``), the dry run's kinds at its peak and the collectives issued
+    (``autopar/dryrun/steady.py``) or the alike ranks its peak was read off
+    (``autopar/dryrun/alike.py``), the dry run's kinds at its peak and the collectives issued
     in those micro-batches."""
     usable = result.plan.estimate.usable_memory_bytes
     table = Table(title=title or "memory per rank role: predicted (plan) and dry run "
@@ -36,7 +37,7 @@ def dry_run_table(result: DryRun, title: str | None = None, detail: bool = True)
         pred = "-" if r.predicted_bytes is None else _gib(r.predicted_bytes)
         err = "-" if r.error is None else f"{r.error:+.1%}"
         row = [str(r.pp_rank), ",".join(map(str, r.stages)), str(r.blocks),
-               *((f"{r.microbatches} of {r.step_microbatches}",) if detail else ()), pred,
+               *((_microbatches(r),) if detail else ()), pred,
                _gib(r.peak_bytes), err, "yes" if r.peak_bytes <= usable else "NO",
                *(_gib(r.peak_breakdown[k]) for k in kinds)]
         if detail:
@@ -44,6 +45,13 @@ def dry_run_table(result: DryRun, title: str | None = None, detail: bool = True)
                                  if k != "wait_tensor"))
         table.add_row(*row)
     return table
+
+
+def _microbatches(r: RoleRun) -> str:
+    """The micro-batches a role ran of its step's, or the ranks its peak was read off."""
+    if r.inferred_from:
+        return f"none: read off {','.join(map(str, r.inferred_from))}"
+    return f"{r.microbatches} of {r.step_microbatches}"
 
 
 def _gib(n: float) -> str:

@@ -12,7 +12,7 @@ from types import ModuleType
 import torch
 from bench_scripts import BENCH, load
 
-BENCH_SCRIPT = BENCH / "kernels.py"
+BENCH_SCRIPT = BENCH / "fused_kernels.py"
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}
 """Relative tolerance by the dtype of the inputs (the fused loss returns fp32 for bf16 inputs
@@ -61,5 +61,5 @@ def assert_matches_reference(op: Callable, reference: Callable, inputs: Sequence
 
 
 def bench_module() -> ModuleType:
-    """``bench/kernels.py`` as the module ``bench_kernels``."""
-    return load("kernels", "bench_kernels")
+    """``bench/fused_kernels.py`` as the module ``bench_kernels``."""
+    return load("fused_kernels", "bench_kernels")

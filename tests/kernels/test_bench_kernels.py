@@ -1,4 +1,4 @@
-"""bench/kernels.py without a GPU: a clear refusal, and its tables from given measurements."""
+"""bench/fused_kernels.py without a GPU: a clear refusal, and its tables from given measurements."""
 
 from __future__ import annotations
 

@@ -157,7 +157,7 @@ def test_a_command_past_its_part_budget_is_killed_and_recorded(tmp_path) -> None
 
 def test_part_2_times_every_kernel_of_the_benchmark_once() -> None:
     ops = [op for group in CHECK.KERNEL_GROUPS for op in group.split(",")]
-    assert sorted(ops) == sorted(load("kernels", "bench_kernels").OPS)
+    assert sorted(ops) == sorted(load("fused_kernels", "bench_kernels").OPS)
 
 
 def test_the_docs_give_the_run_call_the_script_budgets_for() -> None:

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = {"autopar": "autopar", "costmodel": "autopar.costmodel", "passes": "autopar.passes",
-           "kernels": "autopar.kernels"}
+SOURCES = {"autopar": "autopar", "costmodel": "autopar.costmodel", "passes": "autopar.passes"}
 """Source folder -> the package it installs as (pyproject's ``package-dir``)."""
 
 LAYERS: dict[str, tuple[str, ...]] = {

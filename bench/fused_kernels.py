@@ -1,8 +1,8 @@
 """Time the fused kernels of ``autopar.kernels`` against eager PyTorch and ``torch.compile``.
 
-    python bench/kernels.py                                   # rich table
-    python bench/kernels.py --markdown > bench/results/kernels-h100.md   # the whole results file
-    python bench/kernels.py --only rms_norm,linear_cross_entropy --quick
+    python bench/fused_kernels.py                                   # rich table
+    python bench/fused_kernels.py --markdown > bench/results/kernels-h100.md   # the whole results file
+    python bench/fused_kernels.py --only rms_norm,linear_cross_entropy --quick
 
 Needs a CUDA GPU (and Triton's compiler, not its interpreter): without one it says so and exits
 with status 2.
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ helpers, also
 
 from machine import machine_lines  # noqa: E402
 
-COMMAND = "python bench/kernels.py --markdown"
+COMMAND = "python bench/fused_kernels.py --markdown"
 GB = 1e9
 COPY_BYTES = 2**30
 BANDWIDTH_TARGET = 0.85
@@ -266,11 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     if wanted - set(OPS):
         parser.error(f"unknown ops {sorted(wanted - set(OPS))}; the ops are {', '.join(OPS)}")
     if not torch.cuda.is_available():
-        print("bench/kernels.py needs a CUDA GPU: none is visible here "
+        print("bench/fused_kernels.py needs a CUDA GPU: none is visible here "
               "(torch.cuda.is_available() is False).", file=sys.stderr)
         return 2
     if os.environ.get("TRITON_INTERPRET") == "1":
-        print("bench/kernels.py times compiled kernels: unset TRITON_INTERPRET.", file=sys.stderr)
+        print("bench/fused_kernels.py times compiled kernels: unset TRITON_INTERPRET.", file=sys.stderr)
         return 2
     import triton
 
