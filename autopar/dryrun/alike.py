@@ -84,13 +84,17 @@ def families(plan: Plan, wanted: Sequence[int]) -> tuple[Family, ...]:
     c = plan.config
     if c.pp < RUN + 2 or c.schedule is Schedule.GPIPE:
         return ()
+    try:
+        chunks_of = {r: rank_chunks(plan, r) for r in range(1, c.pp - 1)}
+    except ValueError:  # blocks per rank the interleaved cut does not give: run every role
+        return ()
     chosen = set(wanted)
     runs: list[list[int]] = []
     for r in range(1, c.pp - 1):
-        chunks = rank_chunks(plan, r)
+        chunks = chunks_of[r]
         if r not in chosen or len(set(chunks)) != 1:
             runs.append([])
-        elif runs and runs[-1] and rank_chunks(plan, runs[-1][-1]) == chunks:
+        elif runs and runs[-1] and chunks_of[runs[-1][-1]] == chunks:
             runs[-1].append(r)
         else:
             runs.append([r])

@@ -20,6 +20,11 @@ the processes it spawns to run roles side by side, ``workers``):
    micro-batches, the last 3), and what the others would hold all step is added back: the
    peak is the whole step's, byte for byte (``tests/unit/dryrun/test_steady.py``).
 
+Of four or more adjacent pipeline ranks that run the same program, only the three with the
+fewest micro-batches in flight are run, and the others' peaks are read off them where they step
+evenly from rank to rank (``autopar/dryrun/alike.py``: llama3-405b's ranks 1-11 off 12-14, byte
+for byte the roles' own, ``tests/unit/dryrun/test_alike.py``); ``every_role`` runs them all.
+
 What a tensor account cannot see -- the CUDA context, NCCL's workspaces, the caching
 allocator's fragmentation -- is not in the dry run; the memory model names it
 (``costmodel/memory.py``).

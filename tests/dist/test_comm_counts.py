@@ -61,15 +61,16 @@ def _predicted(spec: ModelSpec, train: TrainSpec, config: ParallelConfig) -> Cou
 
 
 def _counted(plan, spec: ModelSpec) -> Counter:
+    """The functional collectives of a forward and backward, by kind (``_Collectives``, not
+    ``CommDebugMode``: its module tracker loses its place in transformers 5.25's Llama --
+    ``IndexError`` in ``_CommModeModuleTracker._fw_set_module_hook`` -- and the counts here need
+    no module)."""
     program = autopar.parallelize(spec.build("cpu"), plan, autopar.device_mesh(plan))
     tokens = torch.randint(256, (2, plan.train.seq_len // plan.config.cp))
-    with CommDebugMode() as comm:
+    with _Collectives() as comm:
         loss = program.loss(program.modules[0](tokens), tokens)
         loss.backward()
-    counted = Counter()
-    for op, n in comm.get_comm_counts().items():
-        counted[KIND.get(str(op), str(op))] += n
-    return counted
+    return comm.counts
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])

@@ -79,6 +79,18 @@ def plans() -> dict[str, tuple]:
     return out
 
 
+def refused_here(case: str) -> str | None:
+    """Why DeepSpeed's accelerator on this machine refuses ``case``, or None: fp16 on a CPU
+    whose oneDNN has no fp16 (DeepSpeed's ``CPU_Accelerator.is_fp16_supported``, which its
+    engine's sanity check reads: "Type fp16 is not supported on your device"; an AMD EPYC here
+    in 2026-12, where the Intel Xeon of the earlier runs has AVX512-FP16)."""
+    from deepspeed.accelerator import get_accelerator
+
+    if CASES[case][1] == "fp16" and not get_accelerator().is_fp16_supported():
+        return f"DeepSpeed's {get_accelerator().device_name()} accelerator has no fp16 here"
+    return None
+
+
 @pytest.fixture(scope="module")
 def readbacks(tmp_path_factory, compiled_optimizers, plans) -> dict[str, list[dict]]:
     """Every case's two ranks' readbacks, the cases in two launches of 2 processes (each case
@@ -86,9 +98,11 @@ def readbacks(tmp_path_factory, compiled_optimizers, plans) -> dict[str, list[di
     out = tmp_path_factory.mktemp("deepspeed")
     # AutoTP and a PipelineModule leave their groups in DeepSpeed's globals, which a later
     # engine would take for its own: the tp case runs last, the pipeline in a launch of its own
-    plain = sorted((c for c in CASES if CASES[c][0].pp == 1), key=lambda c: (c[:2] == "tp", c))
+    # a case this machine's accelerator refuses is left out: one that fails ends its launch
+    runnable = [c for c in CASES if refused_here(c) is None]
+    plain = sorted((c for c in runnable if CASES[c][0].pp == 1), key=lambda c: (c[:2] == "tp", c))
     got: dict[str, list] = {}
-    for launch in (plain, sorted(c for c in CASES if CASES[c][0].pp > 1)):
+    for launch in (plain, sorted(c for c in runnable if CASES[c][0].pp > 1)):
         args = []
         for case in launch:
             name, _, plan = plans[case]
@@ -124,6 +138,8 @@ def compiled_optimizers() -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_deepspeed_initialize_runs_the_plan(case, plans, readbacks):
+    if (why := refused_here(case)) is not None:
+        pytest.skip(why)
     config, precision = CASES[case]
     _, model, plan = plans[case]
     whole_q = plan_q_rows(model)
