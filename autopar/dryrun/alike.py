@@ -23,8 +23,9 @@ the three with the fewest micro-batches in flight (the last three: the cheapest 
 
 it reads every other rank's peak off that step (``RoleRun.inferred_from``). Otherwise it runs
 them too. ``tests/unit/dryrun/test_alike.py`` holds the read-off peaks, byte for byte, to the
-ones the roles' own dry runs find on 1F1B, interleaved and context-parallel plans; llama3-405b's
-plan on 16,384 GPUs runs 5 of its 16 roles (``bench/results/dry_run_405b.md``).
+ones the roles' own dry runs find on 1F1B, interleaved and context-parallel plans, and
+``bench/dry_run_alike.py`` on pp-16 plans of two and four chunks a rank; llama3-405b's plan on
+16,384 GPUs runs 5 of its 16 roles (``bench/results/dry_run_405b.md``).
 """
 
 from __future__ import annotations
