@@ -54,6 +54,18 @@ def _microbatches(r: RoleRun) -> str:
     return f"{r.microbatches} of {r.step_microbatches}"
 
 
+def read_off_lines(result: DryRun) -> list[str]:
+    """One line per group of roles whose peaks were read off the same alike ranks
+    (``RoleRun.inferred_from``, ``autopar/dryrun/alike.py``) rather than run."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for r in result.roles:
+        if r.inferred_from:
+            groups.setdefault(r.inferred_from, []).append(r.pp_rank)
+    return [f"pipeline ranks {', '.join(map(str, ranks))}: read off ranks "
+            f"{', '.join(map(str, run))}, which run the same program (not run themselves)"
+            for run, ranks in groups.items()]
+
+
 def _gib(n: float) -> str:
     """Bytes in GiB: two decimals from 1 GiB, three significant digits below, down to a
     millionth (a tiny model's MiB would all read 0.00)."""
@@ -77,6 +89,8 @@ def check_report(checked: Sequence[CheckedPlan], width: int = 110) -> str:
             continue
         console.print(dry_run_table(c.run, title=f"{title} ({c.run.wall_s:.1f} s)",
                                     detail=False), crop=False)
+        for line in read_off_lines(c.run):
+            console.print(line, highlight=False)
     kept = [c for c in checked if c.kept]
     if kept:
         console.print(f"kept {kept[0].label} {kept[0].plan.summary()}"

@@ -10,6 +10,7 @@ import autopar
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import ParallelConfig, TrainSpec
 from autopar.dryrun.alike import Family, extrapolated, families, in_flight_at_most
+from autopar.report.dryrun import read_off_lines
 
 
 def _plan(model: str = "tiny-llama", layers: int = 8, **config):
@@ -46,6 +47,10 @@ def test_the_read_off_peaks_are_the_roles_own(name: str) -> None:
         assert (a.stages, a.blocks, a.rank, a.predicted) == (b.stages, b.blocks, b.rank,
                                                              b.predicted)
     assert any("read off ranks 4-6" in n for n in read.notes)
+    # plan --check's report says so too (its per-role table has no column for it)
+    assert read_off_lines(read) == ["pipeline ranks 1, 2, 3: read off ranks 4, 5, 6, which run "
+                                    "the same program (not run themselves)"]
+    assert read_off_lines(every) == []
     # a role read off its neighbours ran nothing of its own
     assert all(r.microbatches == 0 and not r.collectives for r in read.roles if r.inferred_from)
 
