@@ -38,6 +38,7 @@ import autopar
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import ParallelConfig, TrainSpec
 from autopar.dryrun.run import dry_run
+from autopar.report.dryrun import microbatches_text, read_off_lines
 
 from machine import machine_lines
 
@@ -148,17 +149,15 @@ def main(argv: list[str]) -> int:
     for r in run.roles:
         comm = ", ".join(f"{k} {v}" for k, v in r.collectives.items() if k != "wait_tensor")
         err = "-" if r.error is None else f"{r.error:+.2%}"
-        ran = (f"none: read off {','.join(map(str, r.inferred_from))}" if r.inferred_from
-               else f"{r.microbatches} of {r.step_microbatches}")
         print(f"| {r.pp_rank} | {','.join(map(str, r.stages))} | {r.blocks} | "
-              f"{ran} | {'-' if r.inferred_from else f'{r.seconds:.1f}'} | "
+              f"{microbatches_text(r)} | {'-' if r.inferred_from else f'{r.seconds:.1f}'} | "
               f"{r.peak_bytes / GIB:.2f} | {err} | {comm} |")
     print(f"\n{len(run.roles)} roles in {wall:.1f} s wall with {workers} process"
           f"{'es' if workers > 1 else ''} (target {TARGET_S:.0f} s: "
           f"{'met' if wall <= TARGET_S else 'NOT met'}); user CPU {cpu_self:.1f} s here, "
           f"{cpu_workers:.1f} s in worker processes; load average {load.summary()}.")
-    for note in run.notes[1:]:
-        print(f"\n{note}.")
+    for line in read_off_lines(run):
+        print(f"\n{line}.")
     if same is not None:
         print(f"Peaks and their kinds against {args.compare}: "
               f"{'identical' if same else 'DIFFERENT'}.")

@@ -19,9 +19,9 @@ import time
 import torch
 
 import autopar
+from autopar.core.estimate import block_ranges
 from autopar.core.model_spec import ModelSpec
 from autopar.core.specs import ParallelConfig, TrainSpec
-from autopar.dryrun.alike import families
 
 CASES = {
     # one block a chunk: every chunk of a rank holds the same blocks
@@ -48,7 +48,6 @@ def main(argv: list[str]) -> int:
     rows, same_all = [], True
     for name, (layers, layout, n) in CASES.items():
         plan = plan_of(layers, layout, n)
-        found = families(plan, range(plan.config.pp))
         began = time.perf_counter()
         read = autopar.dry_run(plan, workers=1)
         read_s = time.perf_counter() - began
@@ -58,8 +57,8 @@ def main(argv: list[str]) -> int:
         same = all(a.peak_breakdown == b.peak_breakdown
                    for a, b in zip(every.roles, read.roles))
         same_all &= same
-        what = "; ".join(f"{f.inferred[0]}-{f.inferred[-1]} off {f.run[0]}-{f.run[-1]}"
-                         for f in found) or "none"
+        what = "; ".join(f"{block_ranges(ranks)} off {block_ranges(run)}"
+                         for run, ranks in read.read_off.items()) or "none"
         rows.append((name, plan.summary(), what, "identical" if same else "DIFFERENT",
                      f"{every_s:.1f}", f"{read_s:.1f}"))
     header = ("plan", "summary", "ranks read off", "peaks and kinds", "every role s",

@@ -53,9 +53,8 @@ class Family:
 
 def rank_chunks(plan: Plan, pp_rank: int) -> tuple[int, ...]:
     """Blocks of each of ``pp_rank``'s model chunks (chunk ``i`` on rank ``i % pp``)."""
-    c = plan.config
-    chunks = c.virtual_stages if c.schedule is Schedule.INTERLEAVED else 1
-    return tuple(stage_chunks(plan.stage_blocks, chunks)[pp_rank::c.pp])
+    c = plan.config  # virtual_stages is 1 but under the interleaved schedule (ParallelConfig)
+    return tuple(stage_chunks(plan.stage_blocks, c.virtual_stages)[pp_rank::c.pp])
 
 
 def in_flight_at_most(plan: Plan, pp_rank: int) -> tuple[int, frozenset[tuple]]:
@@ -65,7 +64,7 @@ def in_flight_at_most(plan: Plan, pp_rank: int) -> tuple[int, frozenset[tuple]]:
     the counts by chunk summed (the rank's chunks hold as many blocks each): what else is live
     then (receives, gradients made, parameters gathered)."""
     c = plan.config
-    chunks = c.virtual_stages if c.schedule is Schedule.INTERLEAVED else 1
+    chunks = c.virtual_stages
     actions = schedule_actions(c.schedule, c.pp, chunks, pp_rank, c.microbatches(plan.train),
                                gathered_stages(c.zero, chunks))
     states = memory_states(actions, chunks)

@@ -60,7 +60,7 @@ from torch.distributed.tensor import DTensor
 
 from autopar.core.collectives import COLLECTIVE_OPS
 from autopar.core.errors import AutoparError
-from autopar.core.estimate import StageMemory
+from autopar.core.estimate import StageMemory, block_ranges
 from autopar.core.model_spec import ModelSpec
 from autopar.core.plan import Plan
 from autopar.core.specs import Precision
@@ -142,6 +142,16 @@ class DryRun:
     def fits(self) -> bool:
         return self.peak_bytes <= self.plan.estimate.usable_memory_bytes
 
+    @property
+    def read_off(self) -> dict[tuple[int, ...], tuple[int, ...]]:
+        """The pipeline ranks whose peaks were read off alike ranks (``autopar/dryrun/alike.py``)
+        rather than run, by the ranks they were read off."""
+        out: dict[tuple[int, ...], tuple[int, ...]] = {}
+        for r in self.roles:
+            if r.inferred_from:
+                out[r.inferred_from] = out.get(r.inferred_from, ()) + (r.pp_rank,)
+        return out
+
     def to_dict(self) -> dict[str, object]:
         return {"plan": self.plan.summary(), "world_size": self.plan.config.world_size,
                 "peak_bytes": self.peak_bytes, "usable_bytes":
@@ -211,9 +221,9 @@ def dry_run(plan: Plan, model: ModelSpec | None = None, *,
             continue
         for r, breakdown in read.items():
             done[r] = _inferred_role(plan, done[family.run[0]], r, breakdown, family.run)
-        notes.append(f"pipeline ranks {_ranges(family.inferred)} read off ranks "
-                     f"{_ranges(family.run)}, which run the same program: their peaks step by "
-                     "the same bytes from rank to rank (autopar/dryrun/alike.py)")
+        notes.append(f"pipeline ranks {block_ranges(family.inferred)} read off ranks "
+                     f"{block_ranges(family.run)}, which run the same program: their peaks step "
+                     "by the same bytes from rank to rank (autopar/dryrun/alike.py)")
     if rest:
         _run_roles(plan, spec, sorted(rest), done, progress, len(wanted), workers,
                    all_microbatches, before=len(done))
@@ -233,11 +243,12 @@ def _run_roles(plan: Plan, spec: ModelSpec, ranks: list[int], done: dict[int, Ro
     within = None if progress is None else (
         lambda n, _total, what: progress(before + n, total, what))
     runs = _RoleRuns(plan, spec, ranks, within, steady=not all_microbatches)
+    processes = min(workers, len(ranks))
     with _old_objects_frozen():
-        if min(workers, len(ranks)) == 1:
+        if processes == 1:
             runs.here()
         else:
-            runs.side_by_side(min(workers, len(ranks)) - 1)
+            runs.side_by_side(processes - 1)
     done.update(zip(ranks, runs.roles()))
 
 
@@ -245,22 +256,17 @@ def _inferred_role(plan: Plan, like: RoleRun, pp_rank: int, breakdown: dict[str,
                    run: tuple[int, ...]) -> RoleRun:
     """``pp_rank``'s role read off the alike ranks ``run`` (``alike.extrapolated``), ``like``
     the first of them: its program's stages and blocks, the peak ``breakdown``."""
-    c = plan.config
     stages = tuple(s - like.pp_rank + pp_rank for s in like.stages)
-    predicted = (plan.estimate.stage_memory[pp_rank]
-                 if pp_rank < len(plan.estimate.stage_memory) else None)
     return RoleRun(pp_rank=pp_rank, rank=role_rank(plan, pp_rank), stages=stages,
-                   blocks=like.blocks, microbatches=0, step_microbatches=c.microbatches(plan.train),
+                   blocks=like.blocks, microbatches=0, step_microbatches=like.step_microbatches,
                    peak_bytes=sum(breakdown.values()), peak_breakdown=breakdown, collectives={},
-                   predicted=predicted, seconds=0.0, inferred_from=run)
+                   predicted=_predicted(plan, pp_rank), seconds=0.0, inferred_from=run)
 
 
-def _ranges(ranks: Sequence[int]) -> str:
-    """``1-11`` for adjacent ranks, else comma-separated."""
-    ranks = sorted(ranks)
-    if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(map(str, ranks))
+def _predicted(plan: Plan, pp_rank: int) -> StageMemory | None:
+    """The plan's estimate for ``pp_rank``'s stage, where it has one."""
+    stages = plan.estimate.stage_memory
+    return stages[pp_rank] if pp_rank < len(stages) else None
 
 
 def check_dry_run_call(workers: int | None) -> None:
@@ -491,14 +497,12 @@ def _run_role(plan: Plan, spec: ModelSpec, pp_rank: int, shapes: dict[str, torch
     peak_breakdown = {k: float(account.peak_breakdown[k]) for k in KINDS}
     peak_breakdown["activations"] += (in_step - run) * _batch_bytes(c.cp, tokens, targets, run,
                                                                     loss)
-    predicted = (whole.estimate.stage_memory[pp_rank]
-                 if pp_rank < len(whole.estimate.stage_memory) else None)
     return RoleRun(
         pp_rank=pp_rank, rank=rank, stages=stages,
         blocks=sum(held_blocks(m) for m in program.modules),
         microbatches=run, step_microbatches=in_step,
         peak_bytes=sum(peak_breakdown.values()), peak_breakdown=peak_breakdown,
-        collectives=_collectives(account.collectives), predicted=predicted,
+        collectives=_collectives(account.collectives), predicted=_predicted(whole, pp_rank),
         seconds=time.perf_counter() - began)
 
 

@@ -37,7 +37,7 @@ def dry_run_table(result: DryRun, title: str | None = None, detail: bool = True)
         pred = "-" if r.predicted_bytes is None else _gib(r.predicted_bytes)
         err = "-" if r.error is None else f"{r.error:+.1%}"
         row = [str(r.pp_rank), ",".join(map(str, r.stages)), str(r.blocks),
-               *((_microbatches(r),) if detail else ()), pred,
+               *((microbatches_text(r),) if detail else ()), pred,
                _gib(r.peak_bytes), err, "yes" if r.peak_bytes <= usable else "NO",
                *(_gib(r.peak_breakdown[k]) for k in kinds)]
         if detail:
@@ -47,7 +47,7 @@ def dry_run_table(result: DryRun, title: str | None = None, detail: bool = True)
     return table
 
 
-def _microbatches(r: RoleRun) -> str:
+def microbatches_text(r: RoleRun) -> str:
     """The micro-batches a role ran of its step's, or the ranks its peak was read off."""
     if r.inferred_from:
         return f"none: read off {','.join(map(str, r.inferred_from))}"
@@ -56,14 +56,10 @@ def _microbatches(r: RoleRun) -> str:
 
 def read_off_lines(result: DryRun) -> list[str]:
     """One line per group of roles whose peaks were read off the same alike ranks
-    (``RoleRun.inferred_from``, ``autopar/dryrun/alike.py``) rather than run."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for r in result.roles:
-        if r.inferred_from:
-            groups.setdefault(r.inferred_from, []).append(r.pp_rank)
+    (``DryRun.read_off``) rather than run."""
     return [f"pipeline ranks {', '.join(map(str, ranks))}: read off ranks "
             f"{', '.join(map(str, run))}, which run the same program (not run themselves)"
-            for run, ranks in groups.items()]
+            for run, ranks in result.read_off.items()]
 
 
 def _gib(n: float) -> str:
